@@ -1,0 +1,138 @@
+#include "dtcore/bootstrap/hostlist.h"
+
+#include <charconv>
+
+#include "dtcore/common/error.h"
+
+namespace dtcore {
+namespace {
+
+// Splits at commas that are not inside brackets.
+std::vector<std::string_view> split_top_level(std::string_view text, std::string_view source) {
+  std::vector<std::string_view> parts;
+  int depth = 0;
+  size_t start = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (c == '[') {
+      DTCORE_CHECK(depth == 0, ConfigError, source, "='", text, "' has nested '[' at position ", i,
+                   ". Fix: give a SLURM hostlist such as gpu[01-04,07],cpu3.");
+      ++depth;
+    } else if (c == ']') {
+      DTCORE_CHECK(depth == 1, ConfigError, source, "='", text, "' has an unmatched ']' at position ", i,
+                   ". Fix: give a SLURM hostlist such as gpu[01-04,07],cpu3.");
+      --depth;
+    } else if (c == ',' && depth == 0) {
+      parts.push_back(text.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  DTCORE_CHECK(depth == 0, ConfigError, source, "='", text,
+               "' has an unclosed '['. Fix: give a SLURM hostlist such as gpu[01-04,07],cpu3.");
+  parts.push_back(text.substr(start));
+  return parts;
+}
+
+long parse_number(std::string_view digits, std::string_view text, std::string_view source) {
+  long value = -1;
+  auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+  DTCORE_CHECK(ec == std::errc() && ptr == digits.data() + digits.size() && !digits.empty(), ConfigError,
+               source, "='", text, "' has '", digits, "' where a number belongs in a range.",
+               " Fix: give a SLURM hostlist such as gpu[01-04,07],cpu3.");
+  return value;
+}
+
+// Expands one bracket body "01-04,07" into zero-padded strings.
+std::vector<std::string> expand_range_list(std::string_view body, std::string_view text, std::string_view source) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= body.size()) {
+    size_t comma = body.find(',', start);
+    std::string_view item = body.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    size_t dash = item.find('-');
+    std::string_view lo_s = item.substr(0, dash);
+    std::string_view hi_s = dash == std::string_view::npos ? lo_s : item.substr(dash + 1);
+    long lo = parse_number(lo_s, text, source);
+    long hi = parse_number(hi_s, text, source);
+    DTCORE_CHECK(lo <= hi, ConfigError, source, "='", text, "' has the range ", item,
+                 " that runs backwards. Fix: write the smaller number first.");
+    DTCORE_CHECK(hi - lo < 1000000, ConfigError, source, "='", text, "' has the range ", item,
+                 " of more than a million hosts.");
+    size_t width = lo_s.size();  // SLURM keeps the zero padding of the lower bound
+    for (long v = lo; v <= hi; ++v) {
+      std::string s = std::to_string(v);
+      if (s.size() < width) s.insert(0, width - s.size(), '0');
+      out.push_back(std::move(s));
+    }
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+// Expands one top-level item, which may hold several bracket groups ("rack[1-2]-gpu[01-02]").
+void expand_item(std::string_view item, std::string_view text, std::string_view source, std::vector<std::string>& out,
+                 size_t limit) {
+  std::vector<std::string> partial{""};
+  size_t pos = 0;
+  while (pos < item.size()) {
+    size_t open = item.find('[', pos);
+    std::string_view literal = item.substr(pos, open == std::string_view::npos ? std::string_view::npos : open - pos);
+    for (auto& p : partial) p.append(literal);
+    if (open == std::string_view::npos) break;
+    size_t close = item.find(']', open);  // balanced: checked by split_top_level
+    auto choices = expand_range_list(item.substr(open + 1, close - open - 1), text, source);
+    std::vector<std::string> next;
+    for (const auto& p : partial) {
+      for (const auto& c : choices) {
+        next.push_back(p + c);
+        if (next.size() >= limit) break;
+      }
+      if (next.size() >= limit) break;
+    }
+    partial = std::move(next);
+    pos = close + 1;
+  }
+  for (auto& p : partial) {
+    if (out.size() >= limit) return;
+    out.push_back(std::move(p));
+  }
+}
+
+std::vector<std::string> expand(std::string_view text, std::string_view source, size_t limit) {
+  std::vector<std::string> hosts;
+  for (std::string_view item : split_top_level(text, source)) {
+    if (item.empty()) continue;
+    expand_item(item, text, source, hosts, limit);
+    if (hosts.size() >= limit) break;
+  }
+  DTCORE_CHECK(!hosts.empty(), ConfigError, source, "='", text,
+               "' names no host. Fix: set MASTER_ADDR to rank 0's host, or run under srun, which sets it.");
+  return hosts;
+}
+
+}  // namespace
+
+std::vector<std::string> expand_hostlist(std::string_view text, std::string_view source) {
+  return expand(text, source, static_cast<size_t>(-1));
+}
+
+std::string first_host(std::string_view text, std::string_view source) { return expand(text, source, 1).front(); }
+
+std::vector<int> expand_tasks_per_node(std::string_view text, std::string_view source) {
+  std::vector<int> out;
+  for (std::string_view item : split_top_level(text, source)) {
+    size_t paren = item.find('(');
+    int count = static_cast<int>(parse_number(item.substr(0, paren), text, source));
+    long repeat = 1;
+    if (paren != std::string_view::npos) {
+      DTCORE_CHECK(item.size() > paren + 3 && item.substr(paren, 2) == "(x" && item.back() == ')', ConfigError, source,
+                   "='", text, "' has '", item, "' where N or N(xK) belongs.");
+      repeat = parse_number(item.substr(paren + 2, item.size() - paren - 3), text, source);
+    }
+    out.insert(out.end(), static_cast<size_t>(repeat), count);
+  }
+  return out;
+}
+
+}  // namespace dtcore

@@ -1,0 +1,43 @@
+// Launcher detection: turns any launcher's environment into one WorldSpec.
+//
+// Precedence, per field: init() arguments beat DTCORE_* variables, which beat the launcher's
+// variables; what none of them gives is derived (e.g. node rank = rank / local world size) or
+// defaulted, and the field's `source` says which. Detection order, first match wins:
+//   accelerate (ACCELERATE_*) > torchrun (TORCHELASTIC_RUN_ID) > Open MPI (OMPI_COMM_WORLD_RANK)
+//   > MPICH/Intel MPI (PMI_RANK) > SLURM (SLURM_PROCID) > plain RANK/WORLD_SIZE > single process.
+// torchrun and mpirun inside a SLURM allocation therefore win over the allocation's SLURM_*.
+// Values are parsed, not validated: check_world() (validate.h) judges them.
+// Thread safety: pure functions of their arguments.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "dtcore/bootstrap/world_spec.h"
+#include "dtcore/common/env.h"
+
+namespace dtcore {
+
+// The init() arguments that override the environment; unset fields defer to it.
+struct WorldOverrides {
+  std::optional<int> rank;
+  std::optional<int> world_size;
+  std::optional<int> local_rank;
+  std::optional<int> local_world_size;
+  std::optional<int> node_rank;
+  std::optional<int> num_nodes;
+  std::optional<std::string> master_addr;
+  std::optional<int> master_port;
+};
+
+Launcher detect_launcher(const Env& env);
+
+// Throws ConfigError for a value that is not an integer, or a required variable that is
+// missing, naming the variable, its value and the fix.
+WorldSpec read_world(const Env& env, const WorldOverrides& overrides = {});
+
+// The port a SLURM job uses when MASTER_PORT is unset: the same on every rank of the job,
+// different across concurrent jobs, below the Linux ephemeral range. 15000 + job_id % 15000.
+int slurm_default_port(long job_id);
+
+}  // namespace dtcore

@@ -1,0 +1,362 @@
+#include "dtcore/bootstrap/rendezvous.h"
+
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <thread>
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "dtcore/common/error.h"
+#include "dtcore/common/log.h"
+
+// Note [Rendezvous keys]
+// All keys live under "dtcore/attempt_<restart count>/" so that a torchrun agent store that
+// outlives a restart never mixes attempts. Below that prefix:
+//   roster/started    add() counter of ranks connected to the store (a failing server waits for them)
+//   roster/claim/<r>  add() counter: a second claim of rank r means two processes share a rank
+//   roster/<r>        rank r's encoded RosterEntry
+//   roster/joined     add() counter of registered ranks
+//   roster/all        rank 0's verdict on success: all entries, one per rank, separated by \x1e
+//   roster/abort      any rank's verdict on failure: the message every rank raises
+//   roster/abort_ack  add() counter: ranks that raised the abort (the server lingers for them)
+// Waiting is done by polling check()/add(), not store->wait(): c10d logs a warning with a stack
+// trace for every wait that times out, and dtcore prints its own progress lines instead.
+
+namespace dtcore {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr char kRecordSep = '\x1e';
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+std::string clean(const std::exception& e) {
+  if (auto* ce = dynamic_cast<const c10::Error*>(&e)) return ce->what_without_backtrace();
+  return e.what();
+}
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+// Growing poll interval: fast when ranks arrive together, light on the store when they do not.
+class Backoff {
+ public:
+  void sleep() {
+    std::this_thread::sleep_for(delay_);
+    delay_ = std::min(delay_ * 2, milliseconds(200));
+  }
+
+ private:
+  milliseconds delay_{5};
+};
+
+// True once something accepts TCP connections at host:port (a plain socket, so c10d's client
+// never logs its retry warnings while rank 0 is still starting).
+bool port_accepts(const std::string& host, int port, milliseconds wait) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return false;
+  bool ok = false;
+  for (addrinfo* ai = res; ai != nullptr && !ok; ai = ai->ai_next) {
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) continue;
+    int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+    if (rc == 0) {
+      ok = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd pfd{fd, POLLOUT, 0};
+      if (poll(&pfd, 1, static_cast<int>(wait.count())) == 1) {
+        int err = 0;
+        socklen_t len = sizeof(err);
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+        ok = err == 0;
+      }
+    }
+    close(fd);
+  }
+  freeaddrinfo(res);
+  return ok;
+}
+
+bool is_addr_in_use(const std::string& msg) {
+  return msg.find("EADDRINUSE") != std::string::npos || msg.find("ddress already in use") != std::string::npos;
+}
+
+struct Context {
+  const WorldSpec& spec;
+  const RendezvousOptions& options;
+  Clock::time_point start;
+  Clock::time_point deadline;
+  std::string where;  // "host:port"
+
+  double elapsed() const { return seconds_between(start, Clock::now()); }
+  double left() const { return std::max(0.0, seconds_between(Clock::now(), deadline)); }
+  milliseconds left_ms() const {
+    return std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
+  }
+};
+
+c10::intrusive_ptr<c10d::TCPStore> serve(const Context& c, bool& uses_libuv) {
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(c.spec.master_port.value);
+  opts.isServer = true;
+  opts.waitWorkers = false;  // dtcore waits itself, naming who is missing
+  opts.timeout = c.left_ms();
+  // Chosen explicitly: "auto" asks for libuv and falls back to the classic backend, so "use_libuv
+  // was requested but PyTorch was built without libuv support" never reaches a user.
+  opts.useLibUV = c.options.libuv != "0";
+  for (;;) {
+    try {
+      auto store = c10::make_intrusive<c10d::TCPStore>(c.spec.master_addr.value, opts);
+      uses_libuv = store->isLibUvBackend();
+      return store;
+    } catch (const std::exception& e) {
+      std::string msg = clean(e);
+      if (is_addr_in_use(msg)) {
+        DTCORE_CHECK(false, RendezvousError, "the master port ", c.where, " is already in use on this host, so rank 0 ",
+                     "cannot serve the rendezvous store there (", c.spec.master_port.source, "). Another job or a "
+                     "leftover process holds it. Fix: choose a free port for the whole job (MASTER_PORT=<port>, "
+                     "torchrun --master_port=<port>, or init(master_port=)), or find the holder with "
+                     "`ss -ltnp 'sport = :", c.spec.master_port.value, "'`.");
+      }
+      if (opts.useLibUV && c.options.libuv == "auto" && msg.find("libuv") != std::string::npos) {
+        log::debug("rendezvous: this torch has no libuv store backend; using the classic one");
+        opts.useLibUV = false;
+        continue;
+      }
+      DTCORE_CHECK(false, RendezvousError, "rank 0 could not start the rendezvous store at ", c.where, ": ", msg,
+                   " Fix: check that MASTER_ADDR names this host and MASTER_PORT is a port it may listen on.");
+    }
+  }
+}
+
+c10::intrusive_ptr<c10d::TCPStore> connect(const Context& c, const std::string& server) {
+  // Wait for the port with our own probe (and progress lines), then connect once.
+  auto next_log = Clock::now() + c.options.log_interval;
+  Backoff backoff;
+  while (!port_accepts(c.spec.master_addr.value, c.spec.master_port.value, milliseconds(500))) {
+    DTCORE_CHECK(Clock::now() < c.deadline, RendezvousError, "rendezvous timed out after ",
+                 static_cast<int>(c.elapsed()), " s on rank ", c.spec.rank.value, ": nothing accepts connections at ",
+                 c.where, ", where ", server, " should serve the rendezvous store. Missing ranks: 0 (", server,
+                 " is not running or not reachable). Fix: check that ", server, " was started and that MASTER_ADDR=",
+                 c.spec.master_addr.value, " and MASTER_PORT=", c.spec.master_port.value,
+                 " name its host and port as this host can reach them.");
+    if (Clock::now() >= next_log) {
+      log::info("rendezvous: waiting for ", server, " to serve the store at ", c.where, " (",
+                static_cast<int>(c.left()), " s left)");
+      next_log = Clock::now() + c.options.log_interval;
+    }
+    backoff.sleep();
+  }
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(c.spec.master_port.value);
+  opts.isServer = false;
+  opts.waitWorkers = false;
+  opts.timeout = c.left_ms();
+  opts.useLibUV = c.options.libuv != "0";  // ignored by clients, set for clarity
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(c.spec.master_addr.value, opts);
+  } catch (const std::exception& e) {
+    DTCORE_CHECK(false, RendezvousError, "rank ", c.spec.rank.value, " reached ", c.where,
+                 " but could not talk to a rendezvous store there: ", clean(e),
+                 " Fix: check that MASTER_PORT is this job's and not another program's.");
+  }
+  return {};  // unreachable
+}
+
+std::vector<int> missing_ranks(c10d::Store& store, int world) {
+  std::vector<int> missing;
+  for (int r = 0; r < world; ++r) {
+    if (!store.check({"roster/" + std::to_string(r)})) missing.push_back(r);
+  }
+  return missing;
+}
+
+std::string timeout_message(const Context& c, const std::vector<int>& missing) {
+  int world = c.spec.world_size.value;
+  return detail::cat("rendezvous timed out after ", static_cast<int>(c.elapsed() + 0.5), " s: ",
+                     world - static_cast<int>(missing.size()), " of ", world, " ranks joined at ", c.where,
+                     "; missing rank", missing.size() == 1 ? " " : "s ", format_ranks(missing),
+                     ". Fix: check that the missing ranks were started (all nodes of the job, with the same "
+                     "WORLD_SIZE) and can reach ", c.where, "; to wait longer, raise init(timeout=) or DTCORE_TIMEOUT.");
+}
+
+// After a failure, the rank that serves the store waits (at most a second) until every rank that
+// started has read the failure, so that they raise it instead of "lost the store".
+void linger_for_readers(c10d::Store& store, bool serving) {
+  if (!serving) return;
+  auto until = Clock::now() + milliseconds(1000);
+  Backoff backoff;
+  while (Clock::now() < until && store.add("roster/abort_ack", 0) < store.add("roster/started", 0)) backoff.sleep();
+}
+
+// Publishes a failure that every rank raises, and raises it here.
+[[noreturn]] void abort_all(c10d::Store& store, const std::string& message, bool serving) {
+  try {
+    store.set("roster/abort", bytes(message));
+    store.add("roster/abort_ack", 1);
+    linger_for_readers(store, serving);
+  } catch (const std::exception&) {
+    // The store is gone: the others will report its loss. Our own message is what matters here.
+  }
+  throw RendezvousError(message);
+}
+
+// Raises the failure another rank published.
+[[noreturn]] void raise_abort(c10d::Store& store, bool serving) {
+  std::string message = text(store.get("roster/abort"));
+  try {
+    store.add("roster/abort_ack", 1);
+    linger_for_readers(store, serving);
+  } catch (const std::exception&) {
+  }
+  throw RendezvousError(message);
+}
+
+void wait_as_rank0(const Context& c, c10d::Store& store, bool serving) {
+  const int world = c.spec.world_size.value;
+  auto next_log = Clock::now() + c.options.log_interval;
+  Backoff backoff;
+  for (;;) {
+    int64_t joined = store.add("roster/joined", 0);
+    if (joined >= world) return;
+    if (store.check({"roster/abort"})) raise_abort(store, serving);
+    if (Clock::now() >= c.deadline) abort_all(store, timeout_message(c, missing_ranks(store, world)), serving);
+    if (Clock::now() >= next_log) {
+      auto missing = missing_ranks(store, world);
+      log::info("rendezvous: ", world - static_cast<int>(missing.size()), "/", world, " ranks joined at ", c.where,
+                "; missing rank", missing.size() == 1 ? " " : "s ", format_ranks(missing), " (",
+                static_cast<int>(c.left()), " s left)");
+      next_log = Clock::now() + c.options.log_interval;
+    }
+    backoff.sleep();
+  }
+}
+
+void wait_for_verdict(const Context& c, c10d::Store& store) {
+  auto next_log = Clock::now() + c.options.log_interval;
+  Backoff backoff;
+  for (;;) {
+    if (store.check({"roster/all"})) return;
+    if (store.check({"roster/abort"})) raise_abort(store, false);
+    if (Clock::now() >= c.deadline) {
+      throw RendezvousError(timeout_message(c, missing_ranks(store, c.spec.world_size.value)));
+    }
+    if (Clock::now() >= next_log) {
+      log::info("rendezvous: rank ", c.spec.rank.value, " waiting for the others; ", store.add("roster/joined", 0),
+                "/", c.spec.world_size.value, " joined (", static_cast<int>(c.left()), " s left)");
+      next_log = Clock::now() + c.options.log_interval;
+    }
+    backoff.sleep();
+  }
+}
+
+std::vector<RosterEntry> split_roster(const std::string& all) {
+  std::vector<RosterEntry> out;
+  size_t start = 0;
+  while (start < all.size()) {
+    size_t end = all.find(kRecordSep, start);
+    if (end == std::string::npos) end = all.size();
+    out.push_back(RosterEntry::decode(all.substr(start, end - start)));
+    start = end + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry self, const RendezvousOptions& options) {
+  Context c{spec, options, Clock::now(), Clock::now() + options.timeout,
+            detail::cat(spec.master_addr.value, ":", spec.master_port.value)};
+  const int rank = spec.rank.value;
+  const int world = spec.world_size.value;
+  const std::string server = spec.use_agent_store ? std::string("the torchrun agent") : std::string("rank 0");
+  std::unique_ptr<Rendezvous> rdzv(new Rendezvous());
+
+  c10::intrusive_ptr<c10d::TCPStore> tcp;
+  const bool serving = rank == 0 && !spec.use_agent_store;
+  if (serving) {
+    tcp = serve(c, rdzv->uses_libuv_);
+  } else {
+    tcp = connect(c, server);
+  }
+  rdzv->port_ = tcp->getPort();
+  c.where = detail::cat(spec.master_addr.value, ":", rdzv->port_);
+  rdzv->tcp_store_ = tcp;
+  rdzv->store_ = c10::make_intrusive<c10d::PrefixStore>("dtcore/attempt_" + std::to_string(spec.restart_count), tcp);
+  c10d::Store& store = *rdzv->store_;
+  log::debug("rendezvous: ", serving ? "serving" : "connected to", " the store at ",
+             c.where, rdzv->uses_libuv_ ? " (libuv)" : "");
+
+  try {
+    store.add("roster/started", 1);
+    self.rank = rank;
+    if (store.add("roster/claim/" + std::to_string(rank), 1) > 1) {
+      std::string other = "another process";
+      if (store.check({"roster/" + std::to_string(rank)})) {
+        auto e = RosterEntry::decode(text(store.get("roster/" + std::to_string(rank))));
+        other = detail::cat("host ", e.host, ", pid ", e.pid);
+      }
+      abort_all(store,
+                detail::cat("two processes claim rank ", rank, ": ", other, " and host ", self.host, ", pid ",
+                            self.pid, ". Fix: give every process a distinct rank (", spec.rank.source,
+                            "); the launcher does this when it starts them."),
+                serving);
+    }
+    store.set("roster/" + std::to_string(rank), bytes(self.encode()));
+    store.add("roster/joined", 1);
+
+    if (rank == 0) {
+      wait_as_rank0(c, store, serving);
+      std::vector<std::string> keys;
+      for (int r = 0; r < world; ++r) keys.push_back("roster/" + std::to_string(r));
+      std::string all;
+      for (const auto& value : store.multiGet(keys)) {
+        rdzv->roster_.push_back(RosterEntry::decode(text(value)));
+        all += text(value) + kRecordSep;
+      }
+      std::string problem = compare_fingerprints(rdzv->roster_);
+      if (problem.empty()) problem = find_shared_devices(rdzv->roster_);
+      if (!problem.empty()) abort_all(store, problem, serving);
+      store.set("roster/all", bytes(all));
+      log::info("rendezvous: all ", world, " ranks joined at ", c.where, " in ", static_cast<int>(c.elapsed() * 1000),
+                " ms");
+    } else {
+      wait_for_verdict(c, store);
+    }
+  } catch (const RendezvousError&) {
+    throw;
+  } catch (const std::exception& e) {
+    DTCORE_CHECK(false, RendezvousError, "rank ", rank, " lost the rendezvous store at ", c.where, " (served by ",
+                 server, ") after ", static_cast<int>(c.elapsed()), " s: ", clean(e), " ", server,
+                 " has probably exited; its own log says why. Fix: look at ", server,
+                 "'s error first; this rank only lost its connection.");
+  }
+  // Operations after rendezvous (communicator set-up) get the full timeout of their own.
+  rdzv->tcp_store_->setTimeout(options.timeout);
+  return rdzv;
+}
+
+const std::vector<RosterEntry>& Rendezvous::roster() {
+  if (roster_.empty()) {
+    roster_ = split_roster(text(store_->get("roster/all")));
+  }
+  return roster_;
+}
+
+}  // namespace dtcore

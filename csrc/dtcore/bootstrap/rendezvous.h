@@ -1,0 +1,55 @@
+// Rendezvous: every rank meets every other through c10d's TCPStore, or says who is missing.
+//
+// Rank 0 serves the store at master_addr:master_port (under torchrun's agent store, everyone is
+// a client of the agent's). Each rank registers a roster entry; rank 0 waits for all of them,
+// logging every `log_interval` who has joined and who is missing, then checks that the
+// fingerprints agree and publishes the roster. At `timeout` (counted from join()'s start) every
+// started rank throws RendezvousError naming the missing ranks. See Note [Rendezvous keys].
+//
+// Ownership: a Rendezvous owns the store connection (and on rank 0 the server); destroying it
+// stops the server. Thread safety: join() is a blocking call; the accessors are const and the
+// store may be used from several threads as c10d allows.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "dtcore/bootstrap/roster.h"
+#include "dtcore/bootstrap/world_spec.h"
+
+namespace dtcore {
+
+struct RendezvousOptions {
+  std::chrono::milliseconds timeout{300'000};
+  std::chrono::milliseconds log_interval{5'000};
+  std::string libuv = "auto";  // the server's backend: "auto" (libuv if this torch has it), "1", "0"
+};
+
+class Rendezvous {
+ public:
+  // Blocks until every rank has joined and agreed, or throws RendezvousError.
+  static std::unique_ptr<Rendezvous> join(const WorldSpec& spec, RosterEntry self, const RendezvousOptions& options);
+
+  // The store, namespaced to this job attempt; communicators add their own prefixes.
+  c10::intrusive_ptr<c10d::Store> store() const { return store_; }
+  // The port the store really listens on (the chosen one when the spec asked for a free port).
+  int port() const { return port_; }
+  bool uses_libuv() const { return uses_libuv_; }
+  // Every rank's entry, indexed by rank (fetched from the store once, on first use off rank 0).
+  const std::vector<RosterEntry>& roster();
+
+ private:
+  Rendezvous() = default;
+
+  c10::intrusive_ptr<c10d::Store> tcp_store_;  // the raw TCPStore (owns the server on rank 0)
+  c10::intrusive_ptr<c10d::Store> store_;      // tcp_store_ under this job attempt's prefix
+  int port_ = 0;
+  bool uses_libuv_ = false;
+  std::vector<RosterEntry> roster_;
+};
+
+}  // namespace dtcore

@@ -1,0 +1,37 @@
+// The roster: one entry per rank, registered in the rendezvous store.
+//
+// An entry says who a rank is (host, pid, local rank, device) and what it runs (the
+// fingerprint: torch, dtcore, NCCL, CUDA, C++ ABI, backend, world size, job id). Rank 0
+// compares fingerprints, which must agree on every rank, and reports the odd ranks by number
+// and host. Thread safety: plain values and pure functions.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dtcore {
+
+struct RosterEntry {
+  int rank = -1;
+  std::string host;
+  long pid = 0;
+  int local_rank = 0;
+  std::string device;                              // "cpu", "cuda:3"
+  std::map<std::string, std::string> fingerprint;  // must be equal across ranks
+
+  std::string encode() const;
+  static RosterEntry decode(const std::string& text);  // ConfigError on a malformed entry
+};
+
+// "0-3,5,7-8" from {0,1,2,3,5,7,8}.
+std::string format_ranks(std::vector<int> ranks);
+
+// "" when every fingerprint field agrees across `roster`; otherwise a message that names, for
+// each differing field, the values with the ranks and hosts that have them.
+std::string compare_fingerprints(const std::vector<RosterEntry>& roster);
+
+// "" when no two ranks on one host share a local rank (they would share a GPU); else a message.
+std::string find_shared_devices(const std::vector<RosterEntry>& roster);
+
+}  // namespace dtcore

@@ -1,0 +1,40 @@
+// Validation of a WorldSpec, before any CUDA call and before any socket is opened.
+//
+// check_world() returns every problem found (so that the resource checker can report them item
+// by item); validate_world() throws one ConfigError that lists them all. Each problem names the
+// variable, its value and the fix. Thread safety: pure, except for the DNS lookup of the master.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtcore/bootstrap/world_spec.h"
+
+namespace dtcore {
+
+struct Problem {
+  std::string variable;  // where the value came from, e.g. "LOCAL_RANK"
+  std::string value;     // as seen
+  std::string message;   // what is wrong
+  std::string fix;       // what to do
+
+  std::string to_string() const;
+};
+
+struct WorldCheckOptions {
+  std::string backend = "gloo";  // the resolved backend: "nccl" or "gloo"
+  int visible_gpus = -1;         // CUDA devices this process sees; -1 when not known
+  bool resolve_master = true;    // look up master_addr (skipped by tests that need no DNS)
+  std::string host;              // this host's name, for messages
+};
+
+std::vector<Problem> check_world(const WorldSpec& spec, const WorldCheckOptions& options);
+
+// Throws ConfigError listing every problem; returns when there is none.
+void validate_world(const WorldSpec& spec, const WorldCheckOptions& options);
+
+// nullopt when `host` resolves to an address, else the resolver's message.
+std::optional<std::string> resolve_error(const std::string& host);
+
+}  // namespace dtcore

@@ -1,0 +1,47 @@
+// GlooCommunicator: dtcore's collectives on CPU tensors, through the Gloo inside libtorch.
+//
+// torch's wheel ships Gloo's library but not its headers, so the Gloo process group is created
+// on the Python side (torch.distributed.ProcessGroupGloo, on dtcore's rendezvous store) and
+// handed over as a c10d::Backend; this class drives it through that interface. Gloo runs each
+// collective on its own worker threads, so calls return at once and overlap with the caller.
+// Gloo has no average: Avg is a sum divided by the world size when the Work completes.
+//
+// Ownership: holds a reference to the backend. Thread safety: see communicator.h.
+#pragma once
+
+#include <functional>
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include "dtcore/comm/communicator.h"
+
+namespace dtcore {
+
+// Called when a collective fails, to name dead or stalled ranks (e.g. from store heartbeats);
+// returns "" when it knows nothing more.
+using FailureDiagnosis = std::function<std::string()>;
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout,
+                   FailureDiagnosis diagnosis = {});
+
+  std::string_view backend() const override { return "gloo"; }
+  std::shared_ptr<Work> allreduce(const at::Tensor& tensor, ReduceOp op) override;
+  std::shared_ptr<Work> reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
+  std::shared_ptr<Work> all_gather(const at::Tensor& output, const at::Tensor& input) override;
+  std::shared_ptr<Work> broadcast(const at::Tensor& tensor, int root) override;
+  std::shared_ptr<Work> barrier() override;
+
+ protected:
+  bool accepts_device(const at::Tensor& t) const override { return t.device().is_cpu(); }
+
+ private:
+  std::shared_ptr<Work> launch(std::string what, const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
+                               at::Tensor divide_on_completion = {});
+
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  FailureDiagnosis diagnosis_;
+};
+
+}  // namespace dtcore

@@ -1,0 +1,33 @@
+#include "dtcore/common/env.h"
+
+extern char** environ;  // POSIX
+
+namespace dtcore {
+
+Env Env::from_process() {
+  std::map<std::string, std::string, std::less<>> vars;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string_view entry(*e);
+    auto eq = entry.find('=');
+    if (eq == std::string_view::npos) {
+      continue;
+    }
+    vars.emplace(std::string(entry.substr(0, eq)), std::string(entry.substr(eq + 1)));
+  }
+  return Env(std::move(vars));
+}
+
+std::optional<std::string> Env::get(std::string_view name) const {
+  auto it = vars_.find(name);
+  if (it == vars_.end() || it->second.empty()) {
+    return std::nullopt;
+  }
+  return it->second;
+}
+
+bool Env::has_prefix(std::string_view prefix) const {
+  auto it = vars_.lower_bound(prefix);
+  return it != vars_.end() && std::string_view(it->first).starts_with(prefix);
+}
+
+}  // namespace dtcore

@@ -1,0 +1,34 @@
+// Env: a read-only snapshot of environment variables.
+//
+// Bootstrap code reads the environment only through an Env, so that tests can hand it any
+// launcher's variables without touching the process environment, and so that a whole init()
+// sees one consistent snapshot. Thread safety: immutable after construction.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace dtcore {
+
+class Env {
+ public:
+  Env() = default;
+  explicit Env(std::map<std::string, std::string, std::less<>> vars) : vars_(std::move(vars)) {}
+
+  // The current process environment.
+  static Env from_process();
+
+  // The value of `name`; a variable set to the empty string counts as unset.
+  std::optional<std::string> get(std::string_view name) const;
+  bool has(std::string_view name) const { return get(name).has_value(); }
+
+  // True when any variable starts with `prefix` (e.g. "ACCELERATE_").
+  bool has_prefix(std::string_view prefix) const;
+
+ private:
+  std::map<std::string, std::string, std::less<>> vars_;
+};
+
+}  // namespace dtcore

@@ -1,0 +1,41 @@
+"""dtcore: distributed training that starts right or says exactly why not.
+
+    import dtcore
+    ctx = dtcore.init()          # under torchrun, SLURM, mpirun, accelerate, or alone
+    dtcore.all_reduce(t, op="avg")
+"""
+
+from ._guard import check_torch_matches_build as _check_torch_matches_build
+
+_check_torch_matches_build()  # before _C: a mismatched torch fails here, clearly
+
+from . import _logging  # noqa: E402  (joins Python logging to the C++ sinks)
+from ._C import (  # noqa: E402
+    CheckpointError,
+    CommError,
+    ConfigError,
+    DtcoreError,
+    RendezvousError,
+)
+from ._C import __version__  # noqa: E402
+from ._collectives import all_reduce, barrier, broadcast, is_main_process, main_process_first  # noqa: E402
+from ._context import Context, get_context, init, is_initialized, shutdown  # noqa: E402
+
+__all__ = [
+    "__version__",
+    "Context",
+    "init",
+    "get_context",
+    "is_initialized",
+    "shutdown",
+    "barrier",
+    "all_reduce",
+    "broadcast",
+    "is_main_process",
+    "main_process_first",
+    "DtcoreError",
+    "ConfigError",
+    "RendezvousError",
+    "CommError",
+    "CheckpointError",
+]

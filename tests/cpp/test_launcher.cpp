@@ -1,0 +1,218 @@
+// Launcher detection, reading each launcher's variables, and precedence of the sources.
+#include <gtest/gtest.h>
+
+#include "dtcore/bootstrap/launcher.h"
+#include "dtcore/common/error.h"
+
+using namespace dtcore;
+
+namespace {
+Env env(std::map<std::string, std::string, std::less<>> vars) { return Env(std::move(vars)); }
+
+std::map<std::string, std::string, std::less<>> torchrun_vars() {
+  return {{"TORCHELASTIC_RUN_ID", "job1"}, {"RANK", "5"},       {"WORLD_SIZE", "16"},     {"LOCAL_RANK", "5"},
+          {"LOCAL_WORLD_SIZE", "8"},       {"GROUP_RANK", "0"}, {"GROUP_WORLD_SIZE", "2"}, {"MASTER_ADDR", "node-a"},
+          {"MASTER_PORT", "29400"},        {"TORCHELASTIC_USE_AGENT_STORE", "True"},       {"TORCHELASTIC_RESTART_COUNT", "2"}};
+}
+}  // namespace
+
+TEST(Launcher, SingleProcessWithoutAnyLauncher) {
+  WorldSpec s = read_world(env({{"HOME", "/root"}}));
+  EXPECT_EQ(s.launcher, Launcher::Single);
+  EXPECT_EQ(s.rank.value, 0);
+  EXPECT_EQ(s.world_size.value, 1);
+  EXPECT_EQ(s.local_world_size.value, 1);
+  EXPECT_EQ(s.num_nodes.value, 1);
+  EXPECT_EQ(s.master_addr.value, "127.0.0.1");
+  EXPECT_EQ(s.master_port.value, 0);  // a free port is chosen
+}
+
+TEST(Launcher, Torchrun) {
+  WorldSpec s = read_world(env(torchrun_vars()));
+  EXPECT_EQ(s.launcher, Launcher::Torchrun);
+  EXPECT_EQ(s.rank.value, 5);
+  EXPECT_EQ(s.rank.source, "RANK");
+  EXPECT_EQ(s.world_size.value, 16);
+  EXPECT_EQ(s.local_rank.value, 5);
+  EXPECT_EQ(s.local_world_size.value, 8);
+  EXPECT_EQ(s.node_rank.value, 0);
+  EXPECT_EQ(s.num_nodes.value, 2);
+  EXPECT_EQ(s.master_addr.value, "node-a");
+  EXPECT_EQ(s.master_port.value, 29400);
+  EXPECT_TRUE(s.use_agent_store);
+  EXPECT_EQ(s.restart_count, 2);
+}
+
+TEST(Launcher, TorchrunMissingVariableSaysWhichAndWhy) {
+  auto vars = torchrun_vars();
+  vars.erase("LOCAL_WORLD_SIZE");
+  try {
+    read_world(env(vars));
+    FAIL() << "accepted a torchrun environment without LOCAL_WORLD_SIZE";
+  } catch (const ConfigError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("LOCAL_WORLD_SIZE is not set"), std::string::npos) << m;
+    EXPECT_NE(m.find("torchrun"), std::string::npos) << m;
+  }
+}
+
+TEST(Launcher, Accelerate) {
+  WorldSpec s = read_world(env({{"ACCELERATE_MIXED_PRECISION", "bf16"}, {"RANK", "1"}, {"WORLD_SIZE", "2"},
+                                {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+                                {"MASTER_PORT", "29500"}, {"TORCHELASTIC_RUN_ID", "x"}}));
+  EXPECT_EQ(s.launcher, Launcher::Accelerate);  // accelerate runs torchrun underneath; it is named as such
+  EXPECT_EQ(s.rank.value, 1);
+  EXPECT_EQ(s.world_size.value, 2);
+  WorldSpec one = read_world(env({{"ACCELERATE_USE_CPU", "true"}}));
+  EXPECT_EQ(one.launcher, Launcher::Accelerate);
+  EXPECT_EQ(one.world_size.value, 1);
+}
+
+TEST(Launcher, SlurmWithCompressedNodelist) {
+  WorldSpec s = read_world(env({{"SLURM_PROCID", "9"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "1"},
+                                {"SLURM_NODEID", "1"}, {"SLURM_NNODES", "2"}, {"SLURM_TASKS_PER_NODE", "8(x2)"},
+                                {"SLURM_JOB_NODELIST", "gpu[01-04,07],cpu3"}, {"SLURM_JOB_ID", "123456"}}));
+  EXPECT_EQ(s.launcher, Launcher::Slurm);
+  EXPECT_EQ(s.rank.value, 9);
+  EXPECT_EQ(s.world_size.value, 16);
+  EXPECT_EQ(s.local_rank.value, 1);
+  EXPECT_EQ(s.local_world_size.value, 8);
+  EXPECT_EQ(s.node_rank.value, 1);
+  EXPECT_EQ(s.num_nodes.value, 2);
+  EXPECT_EQ(s.master_addr.value, "gpu01");
+  EXPECT_EQ(s.master_addr.source, "first host of SLURM_JOB_NODELIST");
+  EXPECT_EQ(s.master_port.value, slurm_default_port(123456));
+  EXPECT_NE(s.master_port.source.find("SLURM_JOB_ID"), std::string::npos);
+  ASSERT_TRUE(s.tasks_over_nodes.has_value());
+  EXPECT_EQ(s.tasks_over_nodes->value, 16);
+}
+
+TEST(Launcher, SlurmStepNodelistWinsAndMasterAddrWinsOverBoth) {
+  auto vars = std::map<std::string, std::string, std::less<>>{
+      {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_NODELIST", "b[2-3]"}, {"SLURM_JOB_NODELIST", "a[1-9]"}};
+  EXPECT_EQ(read_world(env(vars)).master_addr.value, "b2");
+  vars["MASTER_ADDR"] = "explicit-host";
+  EXPECT_EQ(read_world(env(vars)).master_addr.value, "explicit-host");
+}
+
+TEST(Launcher, SlurmDefaultPortIsStableAndBelowEphemeralRange) {
+  EXPECT_EQ(slurm_default_port(42), slurm_default_port(42));
+  EXPECT_NE(slurm_default_port(42), slurm_default_port(43));
+  for (long id : {0L, 1L, 14999L, 15000L, 987654321L}) {
+    EXPECT_GE(slurm_default_port(id), 15000);
+    EXPECT_LT(slurm_default_port(id), 30000);
+  }
+}
+
+TEST(Launcher, OpenMpiDerivesNodesFromLocalSize) {
+  WorldSpec s = read_world(env({{"OMPI_COMM_WORLD_RANK", "6"}, {"OMPI_COMM_WORLD_SIZE", "8"},
+                                {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+                                {"MASTER_ADDR", "head"}}));
+  EXPECT_EQ(s.launcher, Launcher::OpenMPI);
+  EXPECT_EQ(s.rank.value, 6);
+  EXPECT_EQ(s.local_rank.value, 2);
+  EXPECT_EQ(s.node_rank.value, 1);
+  EXPECT_EQ(s.num_nodes.value, 2);
+  EXPECT_EQ(s.master_port.value, 29500);
+}
+
+TEST(Launcher, OpenMpiOnSeveralNodesNeedsMasterAddr) {
+  try {
+    read_world(env({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "8"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                    {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}}));
+    FAIL() << "a two-node Open MPI job without MASTER_ADDR was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("mpirun -x MASTER_ADDR"), std::string::npos) << e.what();
+  }
+  // One node: loopback is right.
+  WorldSpec s = read_world(env({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                                {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}));
+  EXPECT_EQ(s.master_addr.value, "127.0.0.1");
+}
+
+TEST(Launcher, MpichAndIntelMpi) {
+  WorldSpec s = read_world(env({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"},
+                                {"MPI_LOCALNRANKS", "2"}, {"MASTER_ADDR", "head"}}));
+  EXPECT_EQ(s.launcher, Launcher::Mpich);
+  EXPECT_EQ(s.rank.value, 3);
+  EXPECT_EQ(s.world_size.value, 4);
+  EXPECT_EQ(s.local_rank.value, 1);
+  EXPECT_EQ(s.local_world_size.value, 2);
+  EXPECT_EQ(s.node_rank.value, 1);
+}
+
+TEST(Launcher, TorchrunInsideSlurmAllocationIsTorchrun) {
+  auto vars = torchrun_vars();
+  vars["SLURM_PROCID"] = "0";
+  vars["SLURM_NTASKS"] = "1";
+  EXPECT_EQ(read_world(env(vars)).launcher, Launcher::Torchrun);
+  auto mpi = std::map<std::string, std::string, std::less<>>{
+      {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}};
+  EXPECT_EQ(read_world(env(mpi)).launcher, Launcher::OpenMPI);
+}
+
+TEST(Launcher, PlainRankAndWorldSize) {
+  WorldSpec s = read_world(env({{"RANK", "1"}, {"WORLD_SIZE", "3"}}));
+  EXPECT_EQ(s.launcher, Launcher::Env);
+  EXPECT_EQ(s.local_world_size.value, 3);  // assumed one node
+  EXPECT_EQ(s.local_rank.value, 1);
+  EXPECT_EQ(s.master_addr.value, "127.0.0.1");
+  EXPECT_EQ(s.master_port.value, 29500);
+}
+
+TEST(Precedence, DtcoreVariablesBeatLauncherAndArgumentsBeatBoth) {
+  auto vars = torchrun_vars();
+  vars["DTCORE_RANK"] = "7";
+  vars["DTCORE_MASTER_PORT"] = "31000";
+  vars["DTCORE_MASTER_ADDR"] = "override-host";
+  WorldSpec s = read_world(env(vars));
+  EXPECT_EQ(s.rank.value, 7);
+  EXPECT_EQ(s.rank.source, "DTCORE_RANK");
+  EXPECT_EQ(s.master_port.value, 31000);
+  EXPECT_EQ(s.master_addr.value, "override-host");
+  EXPECT_EQ(s.world_size.source, "WORLD_SIZE");  // untouched fields keep the launcher's
+
+  WorldOverrides o;
+  o.rank = 3;
+  o.master_port = 32000;
+  WorldSpec t = read_world(env(vars), o);
+  EXPECT_EQ(t.rank.value, 3);
+  EXPECT_EQ(t.rank.source, "init(rank=)");
+  EXPECT_EQ(t.master_port.value, 32000);
+  EXPECT_EQ(t.launcher, Launcher::Torchrun);
+}
+
+TEST(Precedence, ArgumentsAloneMakeAWorld) {
+  WorldOverrides o;
+  o.rank = 1;
+  o.world_size = 2;
+  WorldSpec s = read_world(env({}), o);
+  EXPECT_EQ(s.launcher, Launcher::Env);
+  EXPECT_EQ(s.rank.value, 1);
+  EXPECT_EQ(s.world_size.value, 2);
+}
+
+TEST(Errors, NonIntegerValuesNameVariableValueAndFix) {
+  auto vars = torchrun_vars();
+  vars["RANK"] = "one";
+  try {
+    read_world(env(vars));
+    FAIL();
+  } catch (const ConfigError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("RANK='one' is not an integer"), std::string::npos) << m;
+    EXPECT_NE(m.find("Fix:"), std::string::npos) << m;
+  }
+  EXPECT_THROW(read_world(env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4x"}})), ConfigError);
+  EXPECT_THROW(read_world(env({{"RANK", "0"}, {"WORLD_SIZE", "99999999999"}})), ConfigError);
+}
+
+TEST(Errors, RankWithoutWorldSizeAndWorldSizeWithoutRank) {
+  EXPECT_THROW(read_world(env({{"DTCORE_RANK", "2"}})), ConfigError);
+  try {
+    read_world(env({{"WORLD_SIZE", "4"}}));
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("RANK is not set"), std::string::npos) << e.what();
+  }
+}

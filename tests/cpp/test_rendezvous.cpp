@@ -1,0 +1,181 @@
+// Store rendezvous on loopback: ranks are threads of this process, each with its own store client.
+#include <gtest/gtest.h>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "dtcore/bootstrap/launcher.h"
+#include "dtcore/bootstrap/rendezvous.h"
+#include "dtcore/common/error.h"
+
+using namespace dtcore;
+using namespace std::chrono_literals;
+
+namespace {
+
+// A port nobody listens on right now (bind to 0, read it back, close).
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+WorldSpec spec_for(int rank, int world, int port) {
+  WorldOverrides o;
+  o.rank = rank;
+  o.world_size = world;
+  o.master_addr = "127.0.0.1";
+  o.master_port = port;
+  return read_world(Env(), o);
+}
+
+RosterEntry entry(int rank, const std::string& torch = "2.13.0") {
+  RosterEntry e;
+  e.host = "host" + std::to_string(rank / 2);
+  e.pid = 1000 + rank;
+  e.local_rank = rank % 2;
+  e.device = "cpu";
+  e.fingerprint = {{"torch", torch}, {"dtcore", "0.1.0"}, {"backend", "gloo"}};
+  return e;
+}
+
+RendezvousOptions options(std::chrono::milliseconds timeout) {
+  RendezvousOptions o;
+  o.timeout = timeout;
+  o.log_interval = 500ms;
+  return o;
+}
+
+// Runs join() for the given ranks concurrently; returns each rank's error text ("" on success).
+std::vector<std::string> join_all(const std::vector<int>& ranks, int world, int port,
+                                  std::chrono::milliseconds timeout, const std::vector<RosterEntry>& entries) {
+  std::vector<std::future<std::string>> futures;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    int rank = ranks[i];
+    RosterEntry e = entries[i];
+    futures.push_back(std::async(std::launch::async, [=] {
+      try {
+        auto r = Rendezvous::join(spec_for(rank, world, port), e, options(timeout));
+        if (static_cast<int>(r->roster().size()) != world) return std::string("incomplete roster");
+        // Rank 0 serves the store: it leaves last, once everyone has fetched the roster.
+        if (rank != 0) {
+          r->store()->add("test/done", 1);
+        } else {
+          while (r->store()->add("test/done", 0) < static_cast<int64_t>(world - 1)) std::this_thread::sleep_for(5ms);
+        }
+        return std::string();
+      } catch (const std::exception& ex) {
+        return std::string(ex.what());
+      }
+    }));
+  }
+  std::vector<std::string> out;
+  for (auto& f : futures) out.push_back(f.get());
+  return out;
+}
+
+}  // namespace
+
+TEST(Rendezvous, ThreeRanksJoinAndShareTheRoster) {
+  int port = free_port();
+  auto errors = join_all({0, 1, 2}, 3, port, 20s, {entry(0), entry(1), entry(2)});
+  for (const auto& e : errors) EXPECT_EQ(e, "");
+}
+
+TEST(Rendezvous, SingleProcessGetsAFreePort) {
+  auto r = Rendezvous::join(read_world(Env()), entry(0), options(5s));
+  EXPECT_GT(r->port(), 0);
+  EXPECT_EQ(r->roster().size(), 1u);
+}
+
+TEST(Rendezvous, MissingRankIsNamedByEveryStartedRankWithinTimeoutPlusTwoSeconds) {
+  int port = free_port();
+  auto start = std::chrono::steady_clock::now();
+  auto errors = join_all({0, 1}, 3, port, 2s, {entry(0), entry(1)});
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(took, 4.0);
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("rendezvous timed out"), std::string::npos) << e;
+    EXPECT_NE(e.find("missing rank 2"), std::string::npos) << e;
+    EXPECT_NE(e.find("2 of 3 ranks joined"), std::string::npos) << e;
+  }
+}
+
+TEST(Rendezvous, MissingRankZeroIsNamedByTheOthers) {
+  int port = free_port();
+  auto errors = join_all({1}, 2, port, 1500ms, {entry(1)});
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0].find("Missing ranks: 0"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find(std::to_string(port)), std::string::npos) << errors[0];
+}
+
+TEST(Rendezvous, TakenPortNamesHostPortAndFix) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  int port = ntohs(addr.sin_port);
+  try {
+    Rendezvous::join(spec_for(0, 2, port), entry(0), options(2s));
+    ADD_FAILURE() << "served on a taken port";
+  } catch (const RendezvousError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("127.0.0.1:" + std::to_string(port) + " is already in use"), std::string::npos) << m;
+    EXPECT_NE(m.find("MASTER_PORT"), std::string::npos) << m;
+  }
+  close(fd);
+}
+
+TEST(Rendezvous, VersionMismatchNamesRanksAndValues) {
+  int port = free_port();
+  auto errors = join_all({0, 1, 2}, 3, port, 20s, {entry(0), entry(1), entry(2, "2.12.0")});
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("torch differs"), std::string::npos) << e;
+    EXPECT_NE(e.find("'2.12.0' on rank 2 (host host1)"), std::string::npos) << e;
+    EXPECT_NE(e.find("'2.13.0' on ranks 0-1 (host host0)"), std::string::npos) << e;
+  }
+}
+
+TEST(Rendezvous, TwoProcessesClaimingOneRank) {
+  int port = free_port();
+  auto errors = join_all({0, 1, 1}, 3, port, 5s, {entry(0), entry(1), entry(1)});
+  int named = 0;
+  for (const auto& e : errors) named += e.find("two processes claim rank 1") != std::string::npos;
+  EXPECT_EQ(named, 3) << errors[0] << "\n" << errors[1] << "\n" << errors[2];
+}
+
+TEST(Rendezvous, SharedLocalRankOnOneHost) {
+  int port = free_port();
+  RosterEntry a = entry(0), b = entry(1);
+  b.host = a.host;
+  b.local_rank = a.local_rank;
+  auto errors = join_all({0, 1}, 2, port, 5s, {a, b});
+  for (const auto& e : errors) EXPECT_NE(e.find("same local rank"), std::string::npos) << e;
+}
+
+TEST(Roster, EncodeDecodeAndRankFormatting) {
+  RosterEntry e = entry(5);
+  e.rank = 5;
+  RosterEntry d = RosterEntry::decode(e.encode());
+  EXPECT_EQ(d.rank, 5);
+  EXPECT_EQ(d.host, e.host);
+  EXPECT_EQ(d.fingerprint, e.fingerprint);
+  EXPECT_EQ(format_ranks({5, 0, 1, 2, 3, 7, 8}), "0-3,5,7-8");
+  EXPECT_EQ(format_ranks({}), "");
+  EXPECT_THROW(RosterEntry::decode("host=x\n"), RendezvousError);  // no rank: not ours
+}

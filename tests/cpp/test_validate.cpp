@@ -1,0 +1,146 @@
+// Every validation error: named variable, value, and a fix.
+#include <gtest/gtest.h>
+
+#include "dtcore/bootstrap/launcher.h"
+#include "dtcore/bootstrap/validate.h"
+#include "dtcore/common/error.h"
+
+using namespace dtcore;
+
+namespace {
+
+WorldSpec torchrun(int rank, int world, int local_rank, int local_world, int nodes) {
+  return read_world(Env({{"TORCHELASTIC_RUN_ID", "j"},
+                         {"RANK", std::to_string(rank)},
+                         {"WORLD_SIZE", std::to_string(world)},
+                         {"LOCAL_RANK", std::to_string(local_rank)},
+                         {"LOCAL_WORLD_SIZE", std::to_string(local_world)},
+                         {"GROUP_WORLD_SIZE", std::to_string(nodes)},
+                         {"MASTER_ADDR", "127.0.0.1"},
+                         {"MASTER_PORT", "29500"}}));
+}
+
+WorldCheckOptions gloo() {
+  WorldCheckOptions o;
+  o.backend = "gloo";
+  o.host = "testhost";
+  return o;
+}
+
+// The single problem check_world reports; fails the test unless there is exactly one.
+Problem only_problem(const WorldSpec& s, const WorldCheckOptions& o) {
+  auto problems = check_world(s, o);
+  EXPECT_EQ(problems.size(), 1u);
+  if (problems.size() != 1) {
+    for (const auto& p : problems) ADD_FAILURE() << "problem: " << p.to_string();
+  }
+  return problems.empty() ? Problem{} : problems.front();
+}
+
+void expect_mentions(const Problem& p, std::initializer_list<const char*> parts) {
+  std::string text = p.to_string();
+  for (const char* part : parts) EXPECT_NE(text.find(part), std::string::npos) << "'" << part << "' not in: " << text;
+  EXPECT_FALSE(p.fix.empty());
+}
+
+}  // namespace
+
+TEST(Validate, AGoodWorldHasNoProblem) {
+  EXPECT_TRUE(check_world(torchrun(3, 8, 3, 4, 2), gloo()).empty());
+  EXPECT_NO_THROW(validate_world(torchrun(0, 1, 0, 1, 1), gloo()));
+}
+
+TEST(Validate, RankNotBelowWorldSize) {
+  auto problems = check_world(torchrun(4, 4, 0, 4, 1), gloo());
+  ASSERT_FALSE(problems.empty());
+  expect_mentions(problems.front(), {"RANK=4", "0..3", "WORLD_SIZE=4"});
+  EXPECT_EQ(problems.front().variable, "RANK");
+  EXPECT_EQ(problems.front().value, "4");
+}
+
+TEST(Validate, LocalRankNotBelowLocalWorldSize) {
+  auto problems = check_world(torchrun(2, 4, 2, 2, 2), gloo());
+  ASSERT_EQ(problems.size(), 1u);
+  expect_mentions(problems.front(), {"LOCAL_RANK=2", "LOCAL_WORLD_SIZE=2"});
+}
+
+TEST(Validate, WorldSizeIsNotNodesTimesLocalWorldSize) {
+  auto problems = check_world(torchrun(0, 12, 0, 8, 2), gloo());
+  ASSERT_EQ(problems.size(), 1u);
+  expect_mentions(problems.front(), {"WORLD_SIZE=12", "GROUP_WORLD_SIZE=2", "LOCAL_WORLD_SIZE=8", "16", "--nnodes"});
+}
+
+TEST(Validate, SlurmTaskCountDisagreesWithTasksPerNode) {
+  WorldSpec s = read_world(Env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "10"}, {"SLURM_NODEID", "0"},
+                                {"SLURM_NNODES", "2"}, {"SLURM_TASKS_PER_NODE", "4(x2)"}, {"MASTER_ADDR", "127.0.0.1"}}));
+  auto problems = check_world(s, gloo());
+  ASSERT_EQ(problems.size(), 1u);
+  expect_mentions(problems.front(), {"SLURM_NTASKS=10", "8 tasks", "SLURM_TASKS_PER_NODE"});
+  // Uneven but consistent nodes are fine.
+  WorldSpec ok = read_world(Env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "11"}, {"SLURM_NODEID", "2"},
+                                 {"SLURM_NNODES", "3"}, {"SLURM_LOCALID", "0"}, {"SLURM_TASKS_PER_NODE", "4(x2),3"},
+                                 {"MASTER_ADDR", "127.0.0.1"}}));
+  EXPECT_EQ(ok.local_world_size.value, 3);
+  EXPECT_TRUE(check_world(ok, gloo()).empty());
+}
+
+TEST(Validate, NodeRankOutOfRange) {
+  WorldSpec s = torchrun(0, 8, 0, 4, 2);
+  s.node_rank = {2, "GROUP_RANK"};
+  expect_mentions(only_problem(s, gloo()), {"GROUP_RANK=2", "0..1"});
+}
+
+TEST(Validate, LocalRankBeyondVisibleGpusIsTheInvalidDeviceOrdinalCase) {
+  // 2 nodes x 8 GPUs started as 1 x 16: local rank 9 on a host with 8 GPUs.
+  WorldSpec s = torchrun(9, 16, 9, 16, 1);
+  WorldCheckOptions o = gloo();
+  o.backend = "nccl";
+  o.visible_gpus = 8;
+  Problem p = only_problem(s, o);
+  expect_mentions(p, {"LOCAL_RANK=9", "sees only 8 GPU", "invalid device ordinal", "2 nodes x 8 GPUs started as 1 x 16",
+                      "--nproc_per_node=8", "testhost"});
+  o.backend = "gloo";  // CPU jobs do not need a GPU per rank
+  EXPECT_TRUE(check_world(s, o).empty());
+}
+
+TEST(Validate, PortOutOfRange) {
+  WorldSpec s = torchrun(0, 2, 0, 2, 1);
+  s.master_port = {70000, "MASTER_PORT"};
+  expect_mentions(only_problem(s, gloo()), {"MASTER_PORT=70000", "1..65535"});
+  s.master_port = {0, "MASTER_PORT"};  // only a single process may ask for "any port"
+  expect_mentions(only_problem(s, gloo()), {"MASTER_PORT=0"});
+}
+
+TEST(Validate, MasterAddressThatDoesNotResolve) {
+  WorldSpec s = torchrun(0, 2, 0, 2, 1);
+  s.master_addr = {"no-such-host.invalid", "MASTER_ADDR"};
+  expect_mentions(only_problem(s, gloo()), {"MASTER_ADDR=no-such-host.invalid", "does not resolve"});
+  WorldCheckOptions o = gloo();
+  o.resolve_master = false;
+  EXPECT_TRUE(check_world(s, o).empty());
+}
+
+TEST(Validate, ValidateWorldListsEveryProblemInOneConfigError) {
+  WorldSpec s = torchrun(5, 4, 3, 2, 1);  // rank, local rank and nodes x local all wrong
+  try {
+    validate_world(s, gloo());
+    FAIL();
+  } catch (const ConfigError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("RANK=5"), std::string::npos) << m;
+    EXPECT_NE(m.find("LOCAL_RANK=3"), std::string::npos) << m;
+    EXPECT_NE(m.find("launcher: torchrun"), std::string::npos) << m;
+    EXPECT_NE(m.find("testhost"), std::string::npos) << m;
+  }
+}
+
+TEST(Validate, NegativeAndZeroSizes) {
+  WorldSpec s = torchrun(0, 1, 0, 1, 1);
+  s.world_size = {0, "WORLD_SIZE"};
+  auto problems = check_world(s, gloo());
+  ASSERT_FALSE(problems.empty());
+  EXPECT_EQ(problems.front().variable, "WORLD_SIZE");
+  s = torchrun(0, 1, 0, 1, 1);
+  s.rank = {-1, "RANK"};
+  expect_mentions(only_problem(s, gloo()), {"RANK=-1"});
+}

@@ -1,0 +1,140 @@
+"""Starts real rank processes on loopback, with a timeout, and proves none is left behind.
+
+Each rank runs in its own session (start_new_session), so a timeout kills its whole process
+group; `leftover_processes` scans /proc for anything still in those sessions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+WORKERS = Path(__file__).parent / "workers"
+
+# Variables of any launcher (and dtcore's own) that must not leak from the test runner's
+# environment into a simulated one.
+_LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "MPI_LOCAL", "TORCHELASTIC_", "DTCORE_", "ACCELERATE_", "GROUP_", "ROLE_")
+_LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"}
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in _LAUNCHER_VARS and not k.startswith(_LAUNCHER_PREFIXES)
+    }
+    env["OMP_NUM_THREADS"] = "1"  # 2-core machines: no oversubscription
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun_style(rank: int, world: int, port: int) -> dict[str, str]:
+    return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+def slurm_style(rank: int, world: int, port: int) -> dict[str, str]:
+    return {"SLURM_PROCID": str(rank), "SLURM_NTASKS": str(world), "SLURM_LOCALID": str(rank), "SLURM_NODEID": "0",
+            "SLURM_NNODES": "1", "SLURM_TASKS_PER_NODE": str(world), "SLURM_JOB_NODELIST": "localhost",
+            "SLURM_JOB_ID": "4242", "MASTER_PORT": str(port)}
+
+
+def openmpi_style(rank: int, world: int, port: int) -> dict[str, str]:
+    return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(world),
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_SIZE": str(world),
+            "MASTER_PORT": str(port)}
+
+
+@dataclasses.dataclass
+class RankResult:
+    returncode: Optional[int]  # None: killed at the timeout
+    stdout: str
+    stderr: str
+    seconds: float  # from start to exit
+
+    def json_lines(self) -> list[dict]:
+        """Every JSON line printed (several ranks may share one stdout under torchrun)."""
+        return [json.loads(line) for line in self.stdout.splitlines() if line.startswith("{")]
+
+    def json(self) -> dict:
+        """The last JSON line the worker printed."""
+        lines = self.json_lines()
+        if not lines:
+            raise AssertionError(f"no JSON result; stdout:\n{self.stdout}\nstderr:\n{self.stderr}")
+        return lines[-1]
+
+
+def run_processes(cmds: list[list[str]], envs: list[dict[str, str]], timeout: float) -> tuple[list[RankResult], list[int]]:
+    """Starts every command at once; kills any still running after `timeout` seconds."""
+    start = time.monotonic()
+    procs = [
+        subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        for cmd, env in zip(cmds, envs)
+    ]
+    sessions = [p.pid for p in procs]
+    results: list[Optional[RankResult]] = [None] * len(procs)
+    try:
+        for i, p in enumerate(procs):
+            left = max(0.1, timeout - (time.monotonic() - start))
+            try:
+                out, err = p.communicate(timeout=left)
+                results[i] = RankResult(p.returncode, out, err, time.monotonic() - start)
+            except subprocess.TimeoutExpired:
+                _kill_session(p.pid)
+                out, err = p.communicate()
+                results[i] = RankResult(None, out, err, time.monotonic() - start)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                _kill_session(p.pid)
+                p.wait()
+    return [r for r in results if r is not None], sessions
+
+
+def run_ranks(worker: str, envs: list[dict[str, str]], args: tuple[str, ...] = (), timeout: float = 120.0):
+    cmd = [sys.executable, str(WORKERS / worker), *args]
+    return run_processes([cmd] * len(envs), envs, timeout)
+
+
+def _kill_session(sid: int) -> None:
+    try:
+        os.killpg(sid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def leftover_processes(sessions: list[int]) -> list[str]:
+    """Processes still alive in any of the given sessions (zombies excluded)."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()
+        state, sid = fields[0], int(fields[3])
+        if sid in sessions and state != "Z":
+            alive.append(text[: text.rindex(")") + 1])
+    return alive
+
+
+def describe(results: list[RankResult]) -> str:
+    return "\n".join(
+        f"--- rank {i}: rc={r.returncode} after {r.seconds:.1f}s\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
+        for i, r in enumerate(results)
+    )

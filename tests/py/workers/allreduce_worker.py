@@ -1,0 +1,77 @@
+"""One rank: init, all-reduce float32 / bfloat16 / int64 with every op, check, report JSON."""
+
+import json
+import sys
+import time
+
+T0 = time.perf_counter()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import dtcore  # noqa: E402
+
+
+def main() -> None:
+    log_dir = sys.argv[1] if len(sys.argv) > 1 else None
+    ctx = dtcore.init(timeout=60, log_dir=log_dir, seed=7)
+    init_s = time.perf_counter() - T0
+    n, r = ctx.world_size, ctx.rank
+    bad = []
+
+    # float32: sum of (r + 1) * [1..1000] -> n(n+1)/2 * [1..1000]
+    base = torch.arange(1, 1001, dtype=torch.float32)
+    x = base * (r + 1)
+    dtcore.all_reduce(x, op="sum")
+    if not torch.equal(x, base * (n * (n + 1) / 2)):
+        bad.append("float32 sum")
+    x = torch.full((257,), float(r))
+    dtcore.all_reduce(x, op="avg")
+    if not torch.allclose(x, torch.full((257,), (n - 1) / 2)):
+        bad.append("float32 avg")
+
+    # bfloat16: small integers are exact
+    y = torch.full((33,), float(r + 1), dtype=torch.bfloat16)
+    dtcore.all_reduce(y, op="sum")
+    if not torch.equal(y, torch.full((33,), float(n * (n + 1) // 2), dtype=torch.bfloat16)):
+        bad.append("bfloat16 sum")
+    y = torch.full((33,), float(2 * r), dtype=torch.bfloat16)
+    dtcore.all_reduce(y, op="avg")
+    if not torch.equal(y, torch.full((33,), float(n - 1), dtype=torch.bfloat16)):
+        bad.append("bfloat16 avg")
+
+    # int64: values beyond float precision must survive
+    big = 2**53 + 1
+    z = torch.tensor([big + r, -r, r], dtype=torch.int64)
+    dtcore.all_reduce(z, op="sum")
+    if z.tolist() != [n * big + n * (n - 1) // 2, -n * (n - 1) // 2, n * (n - 1) // 2]:
+        bad.append(f"int64 sum {z.tolist()}")
+    z = torch.tensor([r, -r], dtype=torch.int64)
+    dtcore.all_reduce(z, op="max")
+    if z.tolist() != [n - 1, 0]:
+        bad.append("int64 max")
+    z = torch.tensor([r, -r], dtype=torch.int64)
+    dtcore.all_reduce(z, op="min")
+    if z.tolist() != [0, -(n - 1)]:
+        bad.append("int64 min")
+
+    # broadcast from the last rank, and torch.distributed on the same world
+    b = torch.full((5,), float(r))
+    dtcore.broadcast(b, src=n - 1)
+    if not torch.equal(b, torch.full((5,), float(n - 1))):
+        bad.append("broadcast")
+    d = torch.tensor([float(r)])
+    dist.all_reduce(d)
+    if d.item() != n * (n - 1) / 2:
+        bad.append("dist.all_reduce")
+    dtcore.barrier()
+
+    report = {"rank": r, "world_size": n, "launcher": ctx.launcher, "bad": bad, "init_s": init_s,
+              "local_rank": ctx.local_rank, "log_file": ctx.log_file, "seed_draw": torch.rand(1).item()}
+    sys.stdout.write(json.dumps(report) + "\n")  # one write: atomic on a pipe shared by ranks
+    sys.stdout.flush()
+    dtcore.shutdown()
+
+
+if __name__ == "__main__":
+    main()

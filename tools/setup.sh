@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what a fresh machine lacks to build, run and test dtcore. Idempotent.
+#   apt:  a C++20 compiler, spdlog and fmt headers (logging), GoogleTest (C++ tests)
+#   pip:  torch (CPU build, pinned), the build backend, and pytest
+set -euo pipefail
+
+APT_PACKAGES=(g++ libspdlog-dev libgtest-dev)
+PIP_PACKAGES=(torch==2.13.0 scikit-build-core==1.1.2 cmake==4.4.4 ninja==1.13.2 pytest==9.0.3)
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  echo "setup: installing ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --disable-pip-version-check "${PIP_PACKAGES[@]}"
+python3 -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+echo "setup: ok (torch $(python3 -c 'import torch; print(torch.__version__)'))"
