@@ -12,6 +12,7 @@
 #include "dtcore/bootstrap/rendezvous.h"
 #include "dtcore/bootstrap/validate.h"
 #include "dtcore/comm/gloo_communicator.h"
+#include "dtcore/comm/health.h"
 #include "dtcore/comm/nccl_communicator.h"
 #include "dtcore/common/error.h"
 #include "dtcore/common/knobs.h"
@@ -259,7 +260,19 @@ PYBIND11_MODULE(_C, m) {
       .def("barrier", [](Communicator& c) {
         py::gil_scoped_release release;
         return c.barrier();
-      });
+      })
+      .def("set_health", &Communicator::set_health, py::arg("health"));
+
+  py::class_<HealthMonitor, std::shared_ptr<HealthMonitor>>(m, "HealthMonitor")
+      .def_property_readonly("interval_s", [](const HealthMonitor& h) { return h.interval().count() / 1000.0; })
+      .def("diagnose", [](HealthMonitor& h, uint64_t seq, const std::string& op) {
+        py::gil_scoped_release release;
+        return h.diagnose(seq, op);
+      }, py::arg("failing_seq"), py::arg("op_name") = "collective");
+  m.def("health_monitor", [](Rendezvous& r, double interval_s) {
+    py::gil_scoped_release release;
+    return HealthMonitor::for_rendezvous(r, to_ms(interval_s));
+  }, py::arg("rendezvous"), py::arg("interval_s"));
 
   m.def("gloo_communicator",
         [](const c10::intrusive_ptr<c10d::Backend>& backend, double timeout_s) -> std::shared_ptr<Communicator> {

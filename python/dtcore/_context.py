@@ -54,6 +54,7 @@ class Context:
     sources: dict[str, str]  # where each world value came from (variable or argument)
     communicator: Any = dataclasses.field(repr=False, compare=False)
     rendezvous: Any = dataclasses.field(repr=False, compare=False)
+    health: Any = dataclasses.field(repr=False, compare=False)
     owns_torch_process_group: bool = dataclasses.field(repr=False, compare=False, default=False)
 
     @property
@@ -231,6 +232,8 @@ def init(
                 dist.PrefixStore("gloo/", store), spec.rank, spec.world_size, datetime.timedelta(seconds=timeout_s)
             )
             comm = _C.gloo_communicator(pg, timeout_s)
+        health = _C.health_monitor(rdzv, _C.knob_seconds("DTCORE_HEARTBEAT_INTERVAL"))
+        comm.set_health(health)  # a failed collective now names dead or stalled ranks
         owns_pg = False
         if torch_distributed:
             owns_pg = _torch_process_group(backend_name, store, spec.rank, spec.world_size, timeout_s, device)
@@ -253,6 +256,7 @@ def init(
             sources=dict(spec.sources),
             communicator=comm,
             rendezvous=rdzv,
+            health=health,
             owns_torch_process_group=owns_pg,
         )
         log.info(

@@ -298,7 +298,11 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry 
   rdzv->port_ = tcp->getPort();
   c.where = detail::cat(spec.master_addr.value, ":", rdzv->port_);
   rdzv->tcp_store_ = tcp;
-  rdzv->store_ = c10::make_intrusive<c10d::PrefixStore>("dtcore/attempt_" + std::to_string(spec.restart_count), tcp);
+  rdzv->rank_ = rank;
+  rdzv->prefix_ = "dtcore/attempt_" + std::to_string(spec.restart_count);
+  rdzv->store_ = c10::make_intrusive<c10d::PrefixStore>(rdzv->prefix_, tcp);
+  rdzv->store_owner_ = spec.use_agent_store ? "the torchrun agent at " + c.where
+                                            : detail::cat("rank 0 (host ", spec.master_addr.value, ")");
   c10d::Store& store = *rdzv->store_;
   log::debug("rendezvous: ", serving ? "serving" : "connected to", " the store at ",
              c.where, rdzv->uses_libuv_ ? " (libuv)" : "");
@@ -350,6 +354,10 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry 
   // Operations after rendezvous (communicator set-up) get the full timeout of their own.
   rdzv->tcp_store_->setTimeout(options.timeout);
   return rdzv;
+}
+
+c10::intrusive_ptr<c10d::Store> Rendezvous::new_connection() const {
+  return c10::make_intrusive<c10d::PrefixStore>(prefix_, tcp_store_->clone());
 }
 
 const std::vector<RosterEntry>& Rendezvous::roster() {

@@ -38,15 +38,23 @@ class Rendezvous {
   c10::intrusive_ptr<c10d::Store> store() const { return store_; }
   // The port the store really listens on (the chosen one when the spec asked for a free port).
   int port() const { return port_; }
+  int rank() const { return rank_; }
   bool uses_libuv() const { return uses_libuv_; }
   // Every rank's entry, indexed by rank (fetched from the store once, on first use off rank 0).
   const std::vector<RosterEntry>& roster();
+  // A new connection to the same store under the same prefix, for a thread of its own.
+  c10::intrusive_ptr<c10d::Store> new_connection() const;
+  // Who serves the store, for messages: "rank 0 (host a)" or "the torchrun agent on host:port".
+  const std::string& store_owner() const { return store_owner_; }
 
  private:
   Rendezvous() = default;
 
   c10::intrusive_ptr<c10d::Store> tcp_store_;  // the raw TCPStore (owns the server on rank 0)
   c10::intrusive_ptr<c10d::Store> store_;      // tcp_store_ under this job attempt's prefix
+  std::string prefix_;
+  std::string store_owner_;
+  int rank_ = -1;
   int port_ = 0;
   bool uses_libuv_ = false;
   std::vector<RosterEntry> roster_;

@@ -15,11 +15,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
 
 #include <ATen/core/Tensor.h>
+
+#include "dtcore/comm/health.h"
 
 namespace dtcore {
 
@@ -51,6 +54,10 @@ class Communicator {
   // The default for Work::wait() and the engine's own operation timeout.
   std::chrono::milliseconds timeout() const { return timeout_; }
 
+  // With a monitor, every collective records its sequence number there, and a failure's
+  // message names the dead or stalled ranks. Set once, before the first collective.
+  void set_health(std::shared_ptr<HealthMonitor> health) { health_ = std::move(health); }
+
   // In place: every rank's `tensor` becomes the reduction over ranks.
   virtual std::shared_ptr<Work> allreduce(const at::Tensor& tensor, ReduceOp op) = 0;
   // input has size() * output.numel() elements; rank r receives the reduction of chunk r.
@@ -69,7 +76,19 @@ class Communicator {
   void check_root(int root) const;
   // "allreduce #12 (float32[4096], avg)": the name errors and timeout messages use.
   std::string describe(std::string_view op_name, uint64_t seq, const at::Tensor& t, const ReduceOp* op) const;
-  uint64_t next_seq() { return seq_.fetch_add(1) + 1; }
+  uint64_t next_seq() {
+    uint64_t seq = seq_.fetch_add(1) + 1;
+    if (health_) health_->record_progress(seq);
+    return seq;
+  }
+  // What the health monitor will say about collective `seq` failing ("" without a monitor).
+  // Calling the result blocks for about two heartbeat intervals: only on the failure path.
+  // It holds the monitor, not the communicator, so a Work may outlive its communicator.
+  std::function<std::string()> diagnosis_for(uint64_t seq, std::string_view op_name) const {
+    return [health = health_, seq, name = std::string(op_name)] {
+      return health ? health->diagnose(seq, name) : std::string();
+    };
+  }
   // The device type this communicator's tensors must live on.
   virtual bool accepts_device(const at::Tensor& t) const = 0;
 
@@ -78,6 +97,7 @@ class Communicator {
   const int size_;
   const std::chrono::milliseconds timeout_;
   std::atomic<uint64_t> seq_{0};
+  std::shared_ptr<HealthMonitor> health_;
 };
 
 }  // namespace dtcore

@@ -24,6 +24,9 @@ std::string clean(const std::exception& e) {
   return e.what();
 }
 
+// Names dead or stalled peers once a collective has failed (see HealthMonitor).
+using FailureDiagnosis = std::function<std::string()>;
+
 class GlooWork final : public Work {
  public:
   GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank, int size, at::Tensor divide,
@@ -72,15 +75,14 @@ class GlooWork final : public Work {
 
 }  // namespace
 
-GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout,
-                                   FailureDiagnosis diagnosis)
-    : Communicator(backend->getRank(), backend->getSize(), timeout),
-      backend_(std::move(backend)),
-      diagnosis_(std::move(diagnosis)) {}
+GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout)
+    : Communicator(backend->getRank(), backend->getSize(), timeout), backend_(std::move(backend)) {}
 
-std::shared_ptr<Work> GlooCommunicator::launch(std::string what,
+std::shared_ptr<Work> GlooCommunicator::launch(std::string_view op_name, uint64_t seq, const at::Tensor& described,
+                                               const ReduceOp* op,
                                                const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
                                                at::Tensor divide_on_completion) {
+  std::string what = describe(op_name, seq, described, op);
   c10::intrusive_ptr<c10d::Work> work;
   try {
     work = start();
@@ -88,7 +90,7 @@ std::shared_ptr<Work> GlooCommunicator::launch(std::string what,
     DTCORE_CHECK(false, CommError, what, " could not start on rank ", rank(), ": ", clean(e));
   }
   return std::make_shared<GlooWork>(std::move(work), std::move(what), rank(), size(), std::move(divide_on_completion),
-                                    diagnosis_);
+                                    diagnosis_for(seq, op_name));
 }
 
 std::shared_ptr<Work> GlooCommunicator::allreduce(const at::Tensor& tensor, ReduceOp op) {
@@ -97,8 +99,7 @@ std::shared_ptr<Work> GlooCommunicator::allreduce(const at::Tensor& tensor, Redu
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(op);
   opts.timeout = timeout();
-  return launch(describe("allreduce", next_seq(), tensor, &op),
-                [&] { return backend_->allreduce(tensors, opts); },
+  return launch("allreduce", next_seq(), tensor, &op, [&] { return backend_->allreduce(tensors, opts); },
                 op == ReduceOp::Avg ? tensor : at::Tensor());
 }
 
@@ -110,7 +111,7 @@ std::shared_ptr<Work> GlooCommunicator::reduce_scatter(const at::Tensor& output,
   c10d::ReduceScatterOptions opts;
   opts.reduceOp = to_c10d(op);
   opts.timeout = timeout();
-  return launch(describe("reduce_scatter", next_seq(), input, &op),
+  return launch("reduce_scatter", next_seq(), input, &op,
                 [&] { return backend_->_reduce_scatter_base(out, in, opts); },
                 op == ReduceOp::Avg ? output : at::Tensor());
 }
@@ -122,8 +123,7 @@ std::shared_ptr<Work> GlooCommunicator::all_gather(const at::Tensor& output, con
   at::Tensor out = output, in = input;
   c10d::AllgatherOptions opts;
   opts.timeout = timeout();
-  return launch(describe("all_gather", next_seq(), input, nullptr),
-                [&] { return backend_->_allgather_base(out, in, opts); });
+  return launch("all_gather", next_seq(), input, nullptr, [&] { return backend_->_allgather_base(out, in, opts); });
 }
 
 std::shared_ptr<Work> GlooCommunicator::broadcast(const at::Tensor& tensor, int root) {
@@ -133,13 +133,13 @@ std::shared_ptr<Work> GlooCommunicator::broadcast(const at::Tensor& tensor, int 
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   opts.timeout = timeout();
-  return launch(describe("broadcast", next_seq(), tensor, nullptr), [&] { return backend_->broadcast(tensors, opts); });
+  return launch("broadcast", next_seq(), tensor, nullptr, [&] { return backend_->broadcast(tensors, opts); });
 }
 
 std::shared_ptr<Work> GlooCommunicator::barrier() {
   c10d::BarrierOptions opts;
   opts.timeout = timeout();
-  return launch(describe("barrier", next_seq(), at::Tensor(), nullptr), [&] { return backend_->barrier(opts); });
+  return launch("barrier", next_seq(), at::Tensor(), nullptr, [&] { return backend_->barrier(opts); });
 }
 
 }  // namespace dtcore

@@ -17,14 +17,9 @@
 
 namespace dtcore {
 
-// Called when a collective fails, to name dead or stalled ranks (e.g. from store heartbeats);
-// returns "" when it knows nothing more.
-using FailureDiagnosis = std::function<std::string()>;
-
 class GlooCommunicator final : public Communicator {
  public:
-  GlooCommunicator(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout,
-                   FailureDiagnosis diagnosis = {});
+  GlooCommunicator(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout);
 
   std::string_view backend() const override { return "gloo"; }
   std::shared_ptr<Work> allreduce(const at::Tensor& tensor, ReduceOp op) override;
@@ -37,11 +32,11 @@ class GlooCommunicator final : public Communicator {
   bool accepts_device(const at::Tensor& t) const override { return t.device().is_cpu(); }
 
  private:
-  std::shared_ptr<Work> launch(std::string what, const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
+  std::shared_ptr<Work> launch(std::string_view op_name, uint64_t seq, const at::Tensor& described,
+                               const ReduceOp* op, const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
                                at::Tensor divide_on_completion = {});
 
   c10::intrusive_ptr<c10d::Backend> backend_;
-  FailureDiagnosis diagnosis_;
 };
 
 }  // namespace dtcore

@@ -3,6 +3,9 @@
 
 #if defined(DTCORE_WITH_NCCL)
 
+#include <cstring>
+
+#include <ATen/ATen.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -83,8 +86,14 @@ struct NcclCommunicator::Impl {
 
 class NcclWork final : public Work {
  public:
-  NcclWork(NcclCommunicator* owner, std::string what, std::vector<at::Tensor> keep_alive, cudaEvent_t done)
-      : owner_(owner), what_(std::move(what)), keep_alive_(std::move(keep_alive)), done_(done), start_(Clock::now()) {}
+  NcclWork(NcclCommunicator* owner, std::string what, std::vector<at::Tensor> keep_alive, cudaEvent_t done,
+           std::function<std::string()> diagnosis)
+      : owner_(owner),
+        what_(std::move(what)),
+        keep_alive_(std::move(keep_alive)),
+        done_(done),
+        diagnosis_(std::move(diagnosis)),
+        start_(Clock::now()) {}
   ~NcclWork() override { cudaEventDestroy(done_); }
 
   bool is_completed() override { return cudaEventQuery(done_) == cudaSuccess; }
@@ -111,7 +120,8 @@ class NcclWork final : public Work {
                                          "lowest failing rank; if the work is just slow, raise init(timeout=) or "
                                          "DTCORE_TIMEOUT.");
         owner_->abort(reason);
-        throw CommError(reason);
+        std::string who = diagnosis_();
+        throw CommError(who.empty() ? reason : reason + "\n" + who);
       }
       std::this_thread::sleep_for(delay);
       delay = std::min(delay * 2, std::chrono::microseconds(2000));
@@ -124,6 +134,7 @@ class NcclWork final : public Work {
   std::string what_;
   std::vector<at::Tensor> keep_alive_;
   cudaEvent_t done_;
+  std::function<std::string()> diagnosis_;
   Clock::time_point start_;
 };
 
@@ -207,7 +218,10 @@ void NcclCommunicator::abort(const std::string& reason) {
 }
 
 template <typename Enqueue>
-std::shared_ptr<Work> NcclCommunicator::launch(std::string what, std::vector<at::Tensor> keep_alive, Enqueue&& enqueue) {
+std::shared_ptr<Work> NcclCommunicator::launch(std::string_view op_name, uint64_t seq, const at::Tensor& described,
+                                               const ReduceOp* op, std::vector<at::Tensor> keep_alive,
+                                               Enqueue&& enqueue) {
+  std::string what = describe(op_name, seq, described, op);
   std::string failure = this->failure();
   DTCORE_CHECK(failure.empty(), CommError, what, " cannot start on rank ", rank(),
                ": the NCCL communicator was aborted earlier: ", failure);
@@ -224,7 +238,7 @@ std::shared_ptr<Work> NcclCommunicator::launch(std::string what, std::vector<at:
   cudaEvent_t done = nullptr;
   check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
   check_cuda(cudaEventRecord(done, impl_->stream), "cudaEventRecord");
-  auto work = std::make_shared<NcclWork>(this, std::move(what), std::move(keep_alive), done);
+  auto work = std::make_shared<NcclWork>(this, std::move(what), std::move(keep_alive), done, diagnosis_for(seq, op_name));
   {
     std::lock_guard<std::mutex> lock(mu_);
     inflight_.push_back(work);
@@ -264,7 +278,7 @@ void NcclCommunicator::watchdog_loop() {
 std::shared_ptr<Work> NcclCommunicator::allreduce(const at::Tensor& tensor, ReduceOp op) {
   check_input(tensor, "the tensor", "all_reduce", &op);
   auto dtype = to_nccl(tensor);
-  return launch(describe("allreduce", next_seq(), tensor, &op), {tensor}, [&](ncclComm_t comm, cudaStream_t stream) {
+  return launch("allreduce", next_seq(), tensor, &op, {tensor}, [&](ncclComm_t comm, cudaStream_t stream) {
     return ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), dtype, to_nccl(op), comm, stream);
   });
 }
@@ -274,7 +288,7 @@ std::shared_ptr<Work> NcclCommunicator::reduce_scatter(const at::Tensor& output,
   check_input(input, "the input", "reduce_scatter", &op);
   check_flat_sizes(input, output, "reduce_scatter");
   auto dtype = to_nccl(input);
-  return launch(describe("reduce_scatter", next_seq(), input, &op), {output, input},
+  return launch("reduce_scatter", next_seq(), input, &op, {output, input},
                 [&](ncclComm_t comm, cudaStream_t stream) {
                   return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), dtype, to_nccl(op),
                                            comm, stream);
@@ -286,7 +300,7 @@ std::shared_ptr<Work> NcclCommunicator::all_gather(const at::Tensor& output, con
   check_input(input, "the input", "all_gather");
   check_flat_sizes(output, input, "all_gather");
   auto dtype = to_nccl(input);
-  return launch(describe("all_gather", next_seq(), input, nullptr), {output, input},
+  return launch("all_gather", next_seq(), input, nullptr, {output, input},
                 [&](ncclComm_t comm, cudaStream_t stream) {
                   return ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(), dtype, comm, stream);
                 });
@@ -296,7 +310,7 @@ std::shared_ptr<Work> NcclCommunicator::broadcast(const at::Tensor& tensor, int 
   check_input(tensor, "the tensor", "broadcast");
   check_root(root);
   auto dtype = to_nccl(tensor);
-  return launch(describe("broadcast", next_seq(), tensor, nullptr), {tensor},
+  return launch("broadcast", next_seq(), tensor, nullptr, {tensor},
                 [&](ncclComm_t comm, cudaStream_t stream) {
                   return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), dtype, root, comm, stream);
                 });
@@ -305,7 +319,7 @@ std::shared_ptr<Work> NcclCommunicator::broadcast(const at::Tensor& tensor, int 
 std::shared_ptr<Work> NcclCommunicator::barrier() {
   // NCCL has no barrier: a one-element allreduce on the comm stream is one.
   at::Tensor token = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(c10::Device(c10::DeviceType::CUDA, device_)));
-  return launch(describe("barrier", next_seq(), at::Tensor(), nullptr), {token},
+  return launch("barrier", next_seq(), at::Tensor(), nullptr, {token},
                 [&](ncclComm_t comm, cudaStream_t stream) {
                   return ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclFloat32, ncclSum, comm, stream);
                 });

@@ -55,7 +55,8 @@ class NcclCommunicator final : public Communicator {
  private:
   friend class NcclWork;
   template <typename Enqueue>
-  std::shared_ptr<Work> launch(std::string what, std::vector<at::Tensor> keep_alive, Enqueue&& enqueue);
+  std::shared_ptr<Work> launch(std::string_view op_name, uint64_t seq, const at::Tensor& described, const ReduceOp* op,
+                               std::vector<at::Tensor> keep_alive, Enqueue&& enqueue);
   void watchdog_loop();
   void abort(const std::string& reason);  // idempotent
 

@@ -21,6 +21,7 @@ const std::vector<Knob>& knobs() {
       {"DTCORE_BACKEND", "auto", "Communicator: auto (NCCL when CUDA is usable and built in, else Gloo), nccl or gloo."},
       {"DTCORE_TIMEOUT", "300", "Seconds that rendezvous and each collective may take before failing with the missing ranks."},
       {"DTCORE_RDZV_LOG_INTERVAL", "5", "Seconds between rendezvous progress lines that name the ranks still missing."},
+      {"DTCORE_HEARTBEAT_INTERVAL", "1", "Seconds between health heartbeats; a failed collective names ranks silent for two intervals."},
       {"DTCORE_STORE_LIBUV", "auto", "TCPStore server backend: auto (libuv when this torch has it), 1 or 0."},
       {"DTCORE_LOG_LEVEL", "info", "Console level: debug, info, warn or error."},
       {"DTCORE_LOG_RANKS", "0", "Ranks whose info lines reach the console: a list such as 0,3 or 'all'; others print warnings and errors only."},
