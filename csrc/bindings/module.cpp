@@ -6,6 +6,8 @@
 
 #include <pybind11/stl.h>
 
+#include <cmath>
+
 #include <unistd.h>
 
 #include "dtcore/bootstrap/launcher.h"
@@ -25,6 +27,13 @@ namespace {
 
 std::chrono::milliseconds to_ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
+// A timeout from Python: positive, and never rounded down to 0 ms (which c10d reads as "forever").
+std::chrono::milliseconds timeout_ms(double seconds, const char* what) {
+  DTCORE_CHECK(seconds > 0 && std::isfinite(seconds), ConfigError, what, "=", seconds,
+               " is not a positive number of seconds. Fix: pass e.g. 300.");
+  return std::max(std::chrono::milliseconds(1), to_ms(seconds));
 }
 
 Env env_from(const std::optional<std::map<std::string, std::string>>& vars) {
@@ -196,6 +205,10 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("store", &Rendezvous::store)
       .def_property_readonly("port", &Rendezvous::port)
       .def_property_readonly("uses_libuv", &Rendezvous::uses_libuv)
+      .def("close", [](Rendezvous& r) {
+        py::gil_scoped_release release;
+        r.close();
+      })
       .def("roster", [](Rendezvous& r) {
         std::vector<RosterEntry> entries;
         {
@@ -209,7 +222,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("rendezvous",
         [](const WorldSpec& spec, const std::string& host, const std::string& device,
            const std::map<std::string, std::string>& fingerprint, double timeout_s, double log_interval_s,
-           const std::string& libuv) {
+           const std::string& libuv, int generation) {
           RosterEntry self;
           self.host = host;
           self.pid = static_cast<long>(getpid());
@@ -217,20 +230,23 @@ PYBIND11_MODULE(_C, m) {
           self.device = device;
           self.fingerprint = fingerprint;
           RendezvousOptions o;
-          o.timeout = to_ms(timeout_s);
-          o.log_interval = to_ms(log_interval_s);
+          o.timeout = timeout_ms(timeout_s, "timeout");
+          o.log_interval = timeout_ms(log_interval_s, "log_interval_s");
           o.libuv = libuv;
+          o.generation = generation;
           py::gil_scoped_release release;
           return Rendezvous::join(spec, std::move(self), o);
         },
         py::arg("spec"), py::arg("host"), py::arg("device"), py::arg("fingerprint"), py::arg("timeout_s"),
-        py::arg("log_interval_s") = 5.0, py::arg("libuv") = "auto");
+        py::arg("log_interval_s") = 5.0, py::arg("libuv") = "auto", py::arg("generation") = 0);
+  m.def("cuda_device_index", &cuda_device_index, py::arg("spec"), py::arg("visible_gpus"));
 
   // Communicators.
   py::class_<Work, std::shared_ptr<Work>>(m, "Work")
       .def("wait", [](Work& w, double timeout_s) {
+        auto timeout = timeout_ms(timeout_s, "timeout");
         py::gil_scoped_release release;
-        w.wait(to_ms(timeout_s));
+        w.wait(timeout);
       }, py::arg("timeout_s"))
       .def("is_completed", &Work::is_completed);
 
@@ -261,30 +277,40 @@ PYBIND11_MODULE(_C, m) {
         py::gil_scoped_release release;
         return c.barrier();
       })
-      .def("set_health", &Communicator::set_health, py::arg("health"));
+      .def("set_health", &Communicator::set_health, py::arg("health"))
+      .def("close", [](Communicator& c) {
+        py::gil_scoped_release release;
+        c.close();
+      });
 
   py::class_<HealthMonitor, std::shared_ptr<HealthMonitor>>(m, "HealthMonitor")
       .def_property_readonly("interval_s", [](const HealthMonitor& h) { return h.interval().count() / 1000.0; })
+      .def("close", [](HealthMonitor& h) {
+        py::gil_scoped_release release;
+        h.close();
+      })
       .def("diagnose", [](HealthMonitor& h, uint64_t seq, const std::string& op) {
         py::gil_scoped_release release;
         return h.diagnose(seq, op);
       }, py::arg("failing_seq"), py::arg("op_name") = "collective");
   m.def("health_monitor", [](Rendezvous& r, double interval_s) {
+    auto interval = timeout_ms(interval_s, "DTCORE_HEARTBEAT_INTERVAL");
     py::gil_scoped_release release;
-    return HealthMonitor::for_rendezvous(r, to_ms(interval_s));
+    return HealthMonitor::for_rendezvous(r, interval);
   }, py::arg("rendezvous"), py::arg("interval_s"));
 
   m.def("gloo_communicator",
         [](const c10::intrusive_ptr<c10d::Backend>& backend, double timeout_s) -> std::shared_ptr<Communicator> {
-          return std::make_shared<GlooCommunicator>(backend, to_ms(timeout_s));
+          return std::make_shared<GlooCommunicator>(backend, timeout_ms(timeout_s, "timeout"));
         },
         py::arg("backend"), py::arg("timeout_s"));
 #if defined(DTCORE_WITH_NCCL)
   m.def("nccl_communicator",
         [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int device,
            double timeout_s) -> std::shared_ptr<Communicator> {
+          auto timeout = timeout_ms(timeout_s, "timeout");
           py::gil_scoped_release release;
-          return std::make_shared<NcclCommunicator>(store, rank, size, device, to_ms(timeout_s));
+          return std::make_shared<NcclCommunicator>(store, rank, size, device, timeout);
         },
         py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("device"), py::arg("timeout_s"));
 #endif

@@ -64,6 +64,9 @@ class Context:
 
 _lock = threading.Lock()
 _context: Optional[Context] = None
+_generation = 0  # how many times this process has initialized (see RendezvousOptions::generation)
+_OVERRIDES = ("rank", "world_size", "local_rank", "local_world_size", "node_rank", "num_nodes", "master_addr",
+              "master_port")
 
 
 def _resolve_timeout(timeout: Optional[float]) -> float:
@@ -166,6 +169,47 @@ def _torch_process_group(backend: str, store: Any, rank: int, world: int, timeou
     return True
 
 
+def _connect(rdzv: Any, spec: Any, backend: str, device: torch.device, timeout: float, torch_distributed: bool):
+    """Communicator, health monitor and (optionally) torch's default group, on the rendezvous store."""
+    store = rdzv.store
+    comm = health = None
+    owns_pg = False
+    try:
+        if backend == "nccl":
+            comm = _C.nccl_communicator(store, spec.rank, spec.world_size, device.index, timeout)
+        else:
+            try:
+                pg = dist.ProcessGroupGloo(
+                    dist.PrefixStore("gloo/", store), spec.rank, spec.world_size, datetime.timedelta(seconds=timeout)
+                )
+            except RuntimeError as e:
+                raise _C.CommError(
+                    f"rank {spec.rank}: Gloo could not connect to the other ranks: {str(e).splitlines()[0]}. "
+                    "Fix: check that every host can reach every other (firewall) and that GLOO_SOCKET_IFNAME, if "
+                    "set, names an interface that exists on every host."
+                ) from e
+            comm = _C.gloo_communicator(pg, timeout)
+        health = _C.health_monitor(rdzv, _C.knob_seconds("DTCORE_HEARTBEAT_INTERVAL"))
+        comm.set_health(health)  # a failed collective now names dead or stalled ranks
+        if torch_distributed:
+            try:
+                owns_pg = _torch_process_group(backend, store, spec.rank, spec.world_size, timeout, device)
+            except (RuntimeError, ValueError) as e:
+                if isinstance(e, _C.DtcoreError):
+                    raise
+                raise _C.CommError(
+                    f"rank {spec.rank}: torch.distributed.init_process_group failed on dtcore's store: "
+                    f"{str(e).splitlines()[0]}. Fix: if your script calls init_process_group itself, remove that call "
+                    "(dtcore.init() sets the default group up), or pass dtcore.init(torch_distributed=False)."
+                ) from e
+    except BaseException:
+        for part in (health, comm):
+            if part is not None:
+                part.close()
+        raise
+    return comm, health, owns_pg
+
+
 def init(
     backend: str = "auto",
     *,
@@ -182,7 +226,7 @@ def init(
     master_addr, master_port; they beat DTCORE_* variables, which beat the launcher's.
     With `seed`, this rank is seeded with `seed + rank` (Python, torch, NumPy).
     """
-    global _context
+    global _context, _generation
     with _lock:
         if _context is not None:
             _check_same(_context, backend, overrides)
@@ -208,8 +252,9 @@ def init(
         log.debug("init: %s", spec.describe())
 
         if backend_name == "nccl":
-            torch.cuda.set_device(spec.local_rank)  # the local rank, never the global one
-            device = torch.device("cuda", spec.local_rank)
+            # The local rank, never the global one (or 0 when the launcher bound one GPU per process).
+            device = torch.device("cuda", _C.cuda_device_index(spec, visible))
+            torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
         if seed is not None:
@@ -223,20 +268,14 @@ def init(
             timeout_s,
             _C.knob_seconds("DTCORE_RDZV_LOG_INTERVAL"),
             _C.knob_value("DTCORE_STORE_LIBUV"),
+            _generation,
         )
-        store = rdzv.store
-        if backend_name == "nccl":
-            comm = _C.nccl_communicator(store, spec.rank, spec.world_size, spec.local_rank, timeout_s)
-        else:
-            pg = dist.ProcessGroupGloo(
-                dist.PrefixStore("gloo/", store), spec.rank, spec.world_size, datetime.timedelta(seconds=timeout_s)
-            )
-            comm = _C.gloo_communicator(pg, timeout_s)
-        health = _C.health_monitor(rdzv, _C.knob_seconds("DTCORE_HEARTBEAT_INTERVAL"))
-        comm.set_health(health)  # a failed collective now names dead or stalled ranks
-        owns_pg = False
-        if torch_distributed:
-            owns_pg = _torch_process_group(backend_name, store, spec.rank, spec.world_size, timeout_s, device)
+        try:
+            comm, health, owns_pg = _connect(rdzv, spec, backend_name, device, timeout_s, torch_distributed)
+        except BaseException:
+            rdzv.close()
+            raise
+        _generation += 1
 
         _context = Context(
             rank=spec.rank,
@@ -281,7 +320,11 @@ def _check_same(ctx: Context, backend: str, overrides: dict[str, Any]) -> None:
             "Fix: call dtcore.shutdown() first."
         )
     for key, value in overrides.items():
-        if value is not None and getattr(ctx, key, value) != value:
+        if key not in _OVERRIDES:
+            raise _C.ConfigError(f"init() got an unknown argument '{key}'. Fix: use one of {', '.join(_OVERRIDES)}.")
+        if key == "master_port" and value == 0:
+            continue  # "any free port" was asked for, and one was chosen
+        if value is not None and getattr(ctx, key) != value:
             raise _C.ConfigError(
                 f"dtcore is already initialized with {key}={getattr(ctx, key)}; init({key}={value!r}) cannot change "
                 "it. Fix: call dtcore.shutdown() first."
@@ -319,8 +362,12 @@ def shutdown(barrier: bool = True) -> None:
                 log.warning("shutdown: not every rank reached shutdown: %s", e)
         if ctx.owns_torch_process_group and dist.is_initialized():
             dist.destroy_process_group()
+        # Closed explicitly, so that a Context the caller still holds keeps nothing alive: on rank 0
+        # the store server stops here, and the port is free for the next init().
+        ctx.communicator.close()
+        ctx.health.close()
+        ctx.rendezvous.close()
         _C.flush_logs()
-        # Dropping the last references closes the communicator and, on rank 0, the store server.
 
 
 @atexit.register

@@ -47,4 +47,12 @@ TEST(TasksPerNode, ExpandsRepeats) {
   EXPECT_EQ(expand_tasks_per_node("8", "X"), (std::vector<int>{8}));
   EXPECT_THROW(expand_tasks_per_node("4(y2)", "SLURM_TASKS_PER_NODE"), ConfigError);
   EXPECT_THROW(expand_tasks_per_node("x", "SLURM_TASKS_PER_NODE"), ConfigError);
+  EXPECT_THROW(expand_tasks_per_node("4(x-1)", "SLURM_TASKS_PER_NODE"), ConfigError);
+  EXPECT_THROW(expand_tasks_per_node("-4", "SLURM_TASKS_PER_NODE"), ConfigError);
+  EXPECT_THROW(expand_tasks_per_node("4(x4000000000)", "SLURM_TASKS_PER_NODE"), ConfigError);
+  try {
+    expand_tasks_per_node("4(y2)", "SLURM_TASKS_PER_NODE");
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("e.g. 4(x2),3"), std::string::npos) << e.what();
+  }
 }

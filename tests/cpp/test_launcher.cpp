@@ -171,6 +171,8 @@ TEST(Precedence, DtcoreVariablesBeatLauncherAndArgumentsBeatBoth) {
   EXPECT_EQ(s.master_port.value, 31000);
   EXPECT_EQ(s.master_addr.value, "override-host");
   EXPECT_EQ(s.world_size.source, "WORLD_SIZE");  // untouched fields keep the launcher's
+  EXPECT_FALSE(s.use_agent_store);  // the agent serves at MASTER_ADDR:MASTER_PORT, not at the override
+  EXPECT_TRUE(read_world(env(torchrun_vars())).use_agent_store);
 
   WorldOverrides o;
   o.rank = 3;

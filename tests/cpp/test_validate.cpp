@@ -103,6 +103,20 @@ TEST(Validate, LocalRankBeyondVisibleGpusIsTheInvalidDeviceOrdinalCase) {
   EXPECT_TRUE(check_world(s, o).empty());
 }
 
+TEST(Validate, OneGpuBoundPerProcessUsesDeviceZero) {
+  // srun --gpus-per-task=1: each task sees exactly its own GPU, whatever its local rank.
+  WorldSpec s = torchrun(3, 8, 3, 8, 1);
+  s.cuda_visible_devices = "5";
+  EXPECT_EQ(cuda_device_index(s, 1), 0);
+  WorldCheckOptions o = gloo();
+  o.backend = "nccl";
+  o.visible_gpus = 1;
+  EXPECT_TRUE(check_world(s, o).empty());
+  s.cuda_visible_devices = "";  // one GPU and no binding: ranks 1..7 have no GPU of their own
+  EXPECT_EQ(cuda_device_index(s, 1), 3);
+  EXPECT_EQ(check_world(s, o).size(), 1u);
+}
+
 TEST(Validate, PortOutOfRange) {
   WorldSpec s = torchrun(0, 2, 0, 2, 1);
   s.master_port = {70000, "MASTER_PORT"};

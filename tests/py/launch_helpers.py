@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -66,6 +67,7 @@ class RankResult:
     stdout: str
     stderr: str
     seconds: float  # from start to exit
+    ended: float  # time.time() at exit, to compare with times a worker reports
 
     def json_lines(self) -> list[dict]:
         """Every JSON line printed (several ranks may share one stdout under torchrun)."""
@@ -79,8 +81,14 @@ class RankResult:
         return lines[-1]
 
 
-def run_processes(cmds: list[list[str]], envs: list[dict[str, str]], timeout: float) -> tuple[list[RankResult], list[int]]:
-    """Starts every command at once; kills any still running after `timeout` seconds."""
+def run_processes(
+    cmds: list[list[str]], envs: list[dict[str, str]], timeout: float, kill_after: Optional[dict[int, float]] = None
+) -> tuple[list[RankResult], list[int]]:
+    """Starts every command at once; kills any still running after `timeout` seconds.
+
+    `kill_after` maps a process index to seconds after start at which it is SIGKILLed, to
+    simulate a crash. Each process is reaped by its own thread, so exit times are exact.
+    """
     start = time.monotonic()
     procs = [
         subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -88,16 +96,26 @@ def run_processes(cmds: list[list[str]], envs: list[dict[str, str]], timeout: fl
     ]
     sessions = [p.pid for p in procs]
     results: list[Optional[RankResult]] = [None] * len(procs)
+
+    def reap(i: int, p: subprocess.Popen) -> None:
+        try:
+            out, err = p.communicate(timeout=timeout)
+            code: Optional[int] = p.returncode
+        except subprocess.TimeoutExpired:
+            _kill_session(p.pid)
+            out, err = p.communicate()
+            code = None
+        results[i] = RankResult(code, out, err, time.monotonic() - start, time.time())
+
+    threads = [threading.Thread(target=reap, args=(i, p), daemon=True) for i, p in enumerate(procs)]
+    for t in threads:
+        t.start()
     try:
-        for i, p in enumerate(procs):
-            left = max(0.1, timeout - (time.monotonic() - start))
-            try:
-                out, err = p.communicate(timeout=left)
-                results[i] = RankResult(p.returncode, out, err, time.monotonic() - start)
-            except subprocess.TimeoutExpired:
-                _kill_session(p.pid)
-                out, err = p.communicate()
-                results[i] = RankResult(None, out, err, time.monotonic() - start)
+        for i, delay in sorted((kill_after or {}).items(), key=lambda kv: kv[1]):
+            time.sleep(max(0.0, delay - (time.monotonic() - start)))
+            _kill_session(procs[i].pid)
+        for t in threads:
+            t.join(timeout + 30)
     finally:
         for p in procs:
             if p.poll() is None:
@@ -106,9 +124,10 @@ def run_processes(cmds: list[list[str]], envs: list[dict[str, str]], timeout: fl
     return [r for r in results if r is not None], sessions
 
 
-def run_ranks(worker: str, envs: list[dict[str, str]], args: tuple[str, ...] = (), timeout: float = 120.0):
+def run_ranks(worker: str, envs: list[dict[str, str]], args: tuple[str, ...] = (), timeout: float = 120.0,
+              kill_after: Optional[dict[int, float]] = None):
     cmd = [sys.executable, str(WORKERS / worker), *args]
-    return run_processes([cmd] * len(envs), envs, timeout)
+    return run_processes([cmd] * len(envs), envs, timeout, kill_after)
 
 
 def _kill_session(sid: int) -> None:

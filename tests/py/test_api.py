@@ -38,6 +38,27 @@ def test_repeated_init_with_different_arguments_is_refused(fresh_dtcore):
         dtcore.init(rank=2)
 
 
+def test_shutdown_releases_everything_even_if_the_context_is_still_held(fresh_dtcore):
+    from launch_helpers import free_port
+
+    port = free_port()
+    ctx = dtcore.init(timeout=30, master_port=port)
+    assert ctx.master_port == port
+    dtcore.shutdown()
+    with pytest.raises(dtcore.CommError, match="closed"):
+        ctx.communicator.all_reduce(torch.ones(1))
+    again = dtcore.init(timeout=30, master_port=port)  # the port is free again
+    assert again is not ctx and again.master_port == port
+    assert torch.equal(dtcore.all_reduce(torch.ones(2)), torch.ones(2))
+
+
+def test_repeated_init_with_the_same_arguments_returns_the_context(fresh_dtcore):
+    ctx = dtcore.init(timeout=30, master_port=0)
+    assert dtcore.init(master_port=0) is ctx  # a free port was asked for and chosen
+    with pytest.raises(dtcore.ConfigError, match="unknown argument 'rnak'"):
+        dtcore.init(rnak=1)
+
+
 def test_torch_distributed_false_leaves_torch_alone(fresh_dtcore):
     dtcore.init(timeout=30, torch_distributed=False)
     assert not dist.is_initialized()
@@ -50,8 +71,9 @@ def test_bad_arguments_name_value_and_fix(fresh_dtcore):
         dtcore.init(backend="mpi")
     with pytest.raises(dtcore.ConfigError, match=r"timeout=-1.*positive"):
         dtcore.init(timeout=-1)
-    with pytest.raises(dtcore.ConfigError, match="backend='gloo'"):
-        dtcore.init(backend="nccl")  # no CUDA / no NCCL here: the error says what to use
+    if not (torch.cuda.is_available() and dtcore._C.has_nccl):
+        with pytest.raises(dtcore.ConfigError, match="backend='gloo'"):
+            dtcore.init(backend="nccl")  # no CUDA or no NCCL: the error says what to use
     with pytest.raises(dtcore.ConfigError, match=r"init\(rank=\)=1 is outside 0..0"):
         dtcore.init(rank=1, world_size=1)
     assert not dtcore.is_initialized()
@@ -80,8 +102,15 @@ def test_collective_arguments_are_checked(fresh_dtcore):
     with pytest.raises(dtcore.ConfigError, match=r"src=3 is not a rank"):
         dtcore.broadcast(torch.ones(2), src=3)
     work = dtcore.all_reduce(torch.ones(3), async_op=True)
+    with pytest.raises(dtcore.ConfigError, match="not a positive number of seconds"):
+        work.wait(0)
     work.wait(10.0)
     assert work.is_completed()
+    avg = torch.full((3,), 4.0)
+    work = dtcore.all_reduce(avg, op="avg", async_op=True)
+    while not work.is_completed():  # polling alone completes an average, division included
+        pass
+    assert torch.equal(avg, torch.full((3,), 4.0))
 
 
 def test_flat_reduce_scatter_and_all_gather(fresh_dtcore):

@@ -67,6 +67,20 @@ def test_missing_rank_is_named_within_timeout_plus_two_seconds():
         assert j["type"] == "RendezvousError", describe(results)
         assert "missing rank 2" in j["message"] and "2 of 3 ranks joined" in j["message"], j["message"]
         assert j["seconds"] <= timeout + 2.0, j
+        # ... and the process is gone, too, within timeout + 2 s of init() starting
+        assert r.ended - j["started_wall"] <= timeout + 2.0, (r.ended - j["started_wall"], j)
+    assert not leftover_processes(sessions)
+
+
+def test_rank0_killed_during_rendezvous_is_reported_by_the_others():
+    port = free_port()
+    envs = [clean_env(**torchrun_style(rank, 3, port)) for rank in (0, 1)]  # rank 2 never comes
+    results, sessions = run_ranks("init_worker.py", envs, args=("30",), timeout=60, kill_after={0: 4.0})
+    assert results[0].returncode is not None and results[0].returncode < 0  # SIGKILLed
+    j = results[1].json()
+    assert j["type"] == "RendezvousError", describe(results)
+    assert "lost the rendezvous store" in j["message"] and "rank 0" in j["message"], j["message"]
+    assert j["seconds"] < 15, j  # noticed at once, not at the 30 s timeout
     assert not leftover_processes(sessions)
 
 
@@ -98,6 +112,7 @@ def test_taken_master_port_names_host_port_and_fix():
         ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
           "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, "mpirun -x MASTER_ADDR"),
         ({"DTCORE_LOG_LEVEL": "loud"}, "DTCORE_LOG_LEVEL"),
+        ({"DTCORE_STORE_LIBUV": "true"}, "DTCORE_STORE_LIBUV='true' is not auto, 1 or 0"),
     ],
 )
 def test_bad_values_fail_fast_with_config_error(env, expected):
@@ -105,7 +120,7 @@ def test_bad_values_fail_fast_with_config_error(env, expected):
     j = results[0].json()
     assert j["type"] == "ConfigError", describe(results)
     assert expected in j["message"], j["message"]
-    assert "Fix" in j["message"] or "fix" in j["message"]
+    assert "Fix:" in j["message"]
     assert j["seconds"] < 2.0  # validation happens before any waiting
     assert not leftover_processes(sessions)
 

@@ -33,12 +33,16 @@ std::vector<std::string_view> split_top_level(std::string_view text, std::string
   return parts;
 }
 
-long parse_number(std::string_view digits, std::string_view text, std::string_view source) {
+constexpr std::string_view kHostlistFix = " Fix: give a SLURM hostlist such as gpu[01-04,07],cpu3.";
+constexpr std::string_view kTasksFix = " Fix: give SLURM_TASKS_PER_NODE as SLURM writes it, e.g. 4(x2),3.";
+
+// A non-negative decimal number; `fix` says what the whole value should look like.
+long parse_number(std::string_view digits, std::string_view text, std::string_view source,
+                  std::string_view fix = kHostlistFix) {
   long value = -1;
   auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
-  DTCORE_CHECK(ec == std::errc() && ptr == digits.data() + digits.size() && !digits.empty(), ConfigError,
-               source, "='", text, "' has '", digits, "' where a number belongs in a range.",
-               " Fix: give a SLURM hostlist such as gpu[01-04,07],cpu3.");
+  DTCORE_CHECK(ec == std::errc() && ptr == digits.data() + digits.size() && !digits.empty() && value >= 0,
+               ConfigError, source, "='", text, "' has '", digits, "' where a number belongs.", fix);
   return value;
 }
 
@@ -123,14 +127,17 @@ std::vector<int> expand_tasks_per_node(std::string_view text, std::string_view s
   std::vector<int> out;
   for (std::string_view item : split_top_level(text, source)) {
     size_t paren = item.find('(');
-    int count = static_cast<int>(parse_number(item.substr(0, paren), text, source));
+    long count = parse_number(item.substr(0, paren), text, source, kTasksFix);
     long repeat = 1;
     if (paren != std::string_view::npos) {
       DTCORE_CHECK(item.size() > paren + 3 && item.substr(paren, 2) == "(x" && item.back() == ')', ConfigError, source,
-                   "='", text, "' has '", item, "' where N or N(xK) belongs.");
-      repeat = parse_number(item.substr(paren + 2, item.size() - paren - 3), text, source);
+                   "='", text, "' has '", item, "' where N or N(xK) belongs.", kTasksFix);
+      repeat = parse_number(item.substr(paren + 2, item.size() - paren - 3), text, source, kTasksFix);
     }
-    out.insert(out.end(), static_cast<size_t>(repeat), count);
+    DTCORE_CHECK(count <= 1'000'000 && repeat >= 1 && repeat <= 1'000'000 &&
+                     out.size() + static_cast<size_t>(repeat) <= 1'000'000,
+                 ConfigError, source, "='", text, "' describes more than a million nodes or tasks per node.", kTasksFix);
+    out.insert(out.end(), static_cast<size_t>(repeat), static_cast<int>(count));
   }
   return out;
 }

@@ -250,7 +250,9 @@ WorldSpec read_world(const Env& env, const WorldOverrides& o) {
 
   if (spec.launcher == Launcher::Torchrun || spec.launcher == Launcher::Accelerate) {
     auto agent = env.get("TORCHELASTIC_USE_AGENT_STORE");
-    spec.use_agent_store = agent && (*agent == "True" || *agent == "true" || *agent == "1");
+    // The agent serves at MASTER_ADDR:MASTER_PORT; an overridden address or port is not the agent's.
+    bool address_is_launchers = spec.master_addr.source == "MASTER_ADDR" && spec.master_port.source == "MASTER_PORT";
+    spec.use_agent_store = agent && (*agent == "True" || *agent == "true" || *agent == "1") && address_is_launchers;
     if (auto restarts = read_int(env, "TORCHELASTIC_RESTART_COUNT", spec.launcher)) {
       spec.restart_count = restarts->value;
     }

@@ -63,16 +63,27 @@ class Backoff {
   milliseconds delay_{5};
 };
 
-// True once something accepts TCP connections at host:port (a plain socket, so c10d's client
-// never logs its retry warnings while rank 0 is still starting).
-bool port_accepts(const std::string& host, int port, milliseconds wait) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return false;
+// The addresses of host:port, resolved once (a slow resolver must not eat the timeout per retry).
+struct Addresses {
+  addrinfo* list = nullptr;
+  Addresses(const std::string& host, int port) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &list) != 0) list = nullptr;
+  }
+  ~Addresses() {
+    if (list != nullptr) freeaddrinfo(list);
+  }
+  Addresses(const Addresses&) = delete;
+  Addresses& operator=(const Addresses&) = delete;
+};
+
+// True once something accepts TCP connections at one of `addrs` (a plain socket, so c10d's
+// client never logs its retry warnings while rank 0 is still starting).
+bool port_accepts(const Addresses& addrs, milliseconds wait) {
   bool ok = false;
-  for (addrinfo* ai = res; ai != nullptr && !ok; ai = ai->ai_next) {
+  for (addrinfo* ai = addrs.list; ai != nullptr && !ok; ai = ai->ai_next) {
     int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
     if (fd < 0) continue;
     int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
@@ -89,7 +100,6 @@ bool port_accepts(const std::string& host, int port, milliseconds wait) {
     }
     close(fd);
   }
-  freeaddrinfo(res);
   return ok;
 }
 
@@ -149,7 +159,8 @@ c10::intrusive_ptr<c10d::TCPStore> connect(const Context& c, const std::string& 
   // Wait for the port with our own probe (and progress lines), then connect once.
   auto next_log = Clock::now() + c.options.log_interval;
   Backoff backoff;
-  while (!port_accepts(c.spec.master_addr.value, c.spec.master_port.value, milliseconds(500))) {
+  Addresses addrs(c.spec.master_addr.value, c.spec.master_port.value);
+  while (!port_accepts(addrs, milliseconds(500))) {
     DTCORE_CHECK(Clock::now() < c.deadline, RendezvousError, "rendezvous timed out after ",
                  static_cast<int>(c.elapsed()), " s on rank ", c.spec.rank.value, ": nothing accepts connections at ",
                  c.where, ", where ", server, " should serve the rendezvous store. Missing ranks: 0 (", server,
@@ -281,6 +292,8 @@ std::vector<RosterEntry> split_roster(const std::string& all) {
 }  // namespace
 
 std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry self, const RendezvousOptions& options) {
+  DTCORE_CHECK(options.libuv == "auto" || options.libuv == "1" || options.libuv == "0", ConfigError,
+               "DTCORE_STORE_LIBUV='", options.libuv, "' is not auto, 1 or 0. Fix: unset it (auto) or set 1 or 0.");
   Context c{spec, options, Clock::now(), Clock::now() + options.timeout,
             detail::cat(spec.master_addr.value, ":", spec.master_port.value)};
   const int rank = spec.rank.value;
@@ -299,7 +312,7 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry 
   c.where = detail::cat(spec.master_addr.value, ":", rdzv->port_);
   rdzv->tcp_store_ = tcp;
   rdzv->rank_ = rank;
-  rdzv->prefix_ = "dtcore/attempt_" + std::to_string(spec.restart_count);
+  rdzv->prefix_ = detail::cat("dtcore/attempt_", spec.restart_count, "/generation_", options.generation);
   rdzv->store_ = c10::make_intrusive<c10d::PrefixStore>(rdzv->prefix_, tcp);
   rdzv->store_owner_ = spec.use_agent_store ? "the torchrun agent at " + c.where
                                             : detail::cat("rank 0 (host ", spec.master_addr.value, ")");
@@ -356,12 +369,19 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry 
   return rdzv;
 }
 
+void Rendezvous::close() {
+  store_.reset();
+  tcp_store_.reset();
+}
+
 c10::intrusive_ptr<c10d::Store> Rendezvous::new_connection() const {
+  DTCORE_CHECK(tcp_store_, CommError, "the rendezvous store is closed (dtcore.shutdown() was called).");
   return c10::make_intrusive<c10d::PrefixStore>(prefix_, tcp_store_->clone());
 }
 
 const std::vector<RosterEntry>& Rendezvous::roster() {
   if (roster_.empty()) {
+    DTCORE_CHECK(store_, CommError, "the rendezvous store is closed (dtcore.shutdown() was called).");
     roster_ = split_roster(text(store_->get("roster/all")));
   }
   return roster_;

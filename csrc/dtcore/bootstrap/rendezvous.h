@@ -27,6 +27,10 @@ struct RendezvousOptions {
   std::chrono::milliseconds timeout{300'000};
   std::chrono::milliseconds log_interval{5'000};
   std::string libuv = "auto";  // the server's backend: "auto" (libuv if this torch has it), "1", "0"
+  // How many times this process has joined before: every rank of a job counts the same, and the
+  // count namespaces the keys, so init() after shutdown() never reads the last round's keys from
+  // a store that outlives it (torchrun's agent store).
+  int generation = 0;
 };
 
 class Rendezvous {
@@ -46,6 +50,9 @@ class Rendezvous {
   c10::intrusive_ptr<c10d::Store> new_connection() const;
   // Who serves the store, for messages: "rank 0 (host a)" or "the torchrun agent on host:port".
   const std::string& store_owner() const { return store_owner_; }
+  // Drops this object's store connections (on rank 0, the server stops once nobody else holds
+  // it). Idempotent; store() is null afterwards.
+  void close();
 
  private:
   Rendezvous() = default;

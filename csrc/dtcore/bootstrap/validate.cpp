@@ -24,6 +24,12 @@ std::string named(const Sourced<T>& f) {
 
 }  // namespace
 
+int cuda_device_index(const WorldSpec& spec, int visible_gpus) {
+  const std::string& v = spec.cuda_visible_devices;
+  bool one_bound = visible_gpus == 1 && !v.empty() && v.find(',') == std::string::npos;
+  return one_bound ? 0 : spec.local_rank.value;
+}
+
 std::string Problem::to_string() const { return detail::cat(message, " Fix: ", fix); }
 
 std::optional<std::string> resolve_error(const std::string& host) {
@@ -87,7 +93,7 @@ std::vector<Problem> check_world(const WorldSpec& s, const WorldCheckOptions& o)
     add(s.node_rank, detail::cat(named(s.node_rank), " is outside 0..", s.num_nodes.value - 1, " (", named(s.num_nodes), ")."),
         "give each node a distinct index below the number of nodes (torchrun: --node_rank).");
   }
-  if (o.backend == "nccl" && o.visible_gpus >= 0 && s.local_rank.value >= o.visible_gpus) {
+  if (o.backend == "nccl" && o.visible_gpus >= 0 && cuda_device_index(s, o.visible_gpus) >= o.visible_gpus) {
     std::string visible = s.cuda_visible_devices.empty() ? std::string("CUDA_VISIBLE_DEVICES unset")
                                                          : "CUDA_VISIBLE_DEVICES=" + s.cuda_visible_devices;
     add(s.local_rank,

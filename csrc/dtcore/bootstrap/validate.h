@@ -34,6 +34,10 @@ std::vector<Problem> check_world(const WorldSpec& spec, const WorldCheckOptions&
 // Throws ConfigError listing every problem; returns when there is none.
 void validate_world(const WorldSpec& spec, const WorldCheckOptions& options);
 
+// The CUDA device this process uses: its local rank, or 0 when the launcher bound exactly one
+// GPU to each process (CUDA_VISIBLE_DEVICES names one device, as srun --gpus-per-task=1 does).
+int cuda_device_index(const WorldSpec& spec, int visible_gpus);
+
 // nullopt when `host` resolves to an address, else the resolver's message.
 std::optional<std::string> resolve_error(const std::string& host);
 

@@ -68,6 +68,11 @@ class Communicator {
   virtual std::shared_ptr<Work> broadcast(const at::Tensor& tensor, int root) = 0;
   virtual std::shared_ptr<Work> barrier() = 0;
 
+  // Releases the engine (connections, streams, threads), waiting at most timeout() for work in
+  // flight. Idempotent; later collectives raise CommError. dtcore.shutdown() calls it, so that a
+  // Context the user still holds keeps nothing alive.
+  virtual void close() = 0;
+
  protected:
   // ConfigError unless `t` suits this communicator (device type, contiguity, dtype for `op`).
   void check_input(const at::Tensor& t, std::string_view what, std::string_view op_name,

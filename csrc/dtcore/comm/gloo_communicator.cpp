@@ -59,7 +59,17 @@ class GlooWork final : public Work {
     done_ = true;
   }
 
-  bool is_completed() override { return work_->isCompleted(); }
+  // True once the result is final: for Avg that includes the division, done here if need be.
+  bool is_completed() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (done_) return true;
+    }
+    if (!work_->isCompleted()) return false;
+    if (!work_->isSuccess()) return false;  // wait() raises the failure
+    wait(std::chrono::milliseconds(1));     // completed: returns at once, dividing if needed
+    return true;
+  }
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
@@ -84,6 +94,9 @@ std::shared_ptr<Work> GlooCommunicator::launch(std::string_view op_name, uint64_
                                                at::Tensor divide_on_completion) {
   std::string what = describe(op_name, seq, described, op);
   c10::intrusive_ptr<c10d::Work> work;
+  std::lock_guard<std::mutex> lock(mu_);
+  DTCORE_CHECK(backend_, CommError, what, " cannot start on rank ", rank(),
+               ": the communicator is closed (dtcore.shutdown() was called). Fix: call dtcore.init() again.");
   try {
     work = start();
   } catch (const std::exception& e) {
@@ -134,6 +147,11 @@ std::shared_ptr<Work> GlooCommunicator::broadcast(const at::Tensor& tensor, int 
   opts.rootRank = root;
   opts.timeout = timeout();
   return launch("broadcast", next_seq(), tensor, nullptr, [&] { return backend_->broadcast(tensors, opts); });
+}
+
+void GlooCommunicator::close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  backend_.reset();  // the last reference: Gloo's threads and connections go with it
 }
 
 std::shared_ptr<Work> GlooCommunicator::barrier() {

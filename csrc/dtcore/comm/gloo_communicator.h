@@ -10,6 +10,7 @@
 #pragma once
 
 #include <functional>
+#include <mutex>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
@@ -27,6 +28,7 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<Work> all_gather(const at::Tensor& output, const at::Tensor& input) override;
   std::shared_ptr<Work> broadcast(const at::Tensor& tensor, int root) override;
   std::shared_ptr<Work> barrier() override;
+  void close() override;
 
  protected:
   bool accepts_device(const at::Tensor& t) const override { return t.device().is_cpu(); }
@@ -36,7 +38,8 @@ class GlooCommunicator final : public Communicator {
                                const ReduceOp* op, const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
                                at::Tensor divide_on_completion = {});
 
-  c10::intrusive_ptr<c10d::Backend> backend_;
+  std::mutex mu_;                             // guards backend_ against close()
+  c10::intrusive_ptr<c10d::Backend> backend_;  // null once closed
 };
 
 }  // namespace dtcore

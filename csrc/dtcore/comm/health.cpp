@@ -29,13 +29,17 @@ std::shared_ptr<HealthMonitor> HealthMonitor::for_rendezvous(Rendezvous& rendezv
                                          rendezvous.store_owner());
 }
 
-HealthMonitor::~HealthMonitor() {
+HealthMonitor::~HealthMonitor() { close(); }
+
+void HealthMonitor::close() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(store_mu_);
+  store_.reset();
 }
 
 void HealthMonitor::beat_once() {
@@ -66,6 +70,7 @@ void HealthMonitor::loop() {
 std::vector<HealthMonitor::Sample> HealthMonitor::sample() {
   std::vector<Sample> out(peers_.size());
   std::lock_guard<std::mutex> lock(store_mu_);
+  if (!store_) throw std::runtime_error("closed");
   for (size_t r = 0; r < peers_.size(); ++r) {
     if (!store_->check({key_of(static_cast<int>(r))})) continue;  // never get() a missing key: it blocks
     auto bytes = store_->get(key_of(static_cast<int>(r)));
@@ -78,6 +83,10 @@ std::vector<HealthMonitor::Sample> HealthMonitor::sample() {
 }
 
 std::string HealthMonitor::diagnose(uint64_t failing_seq, const std::string& op_name) {
+  {
+    std::lock_guard<std::mutex> lock(store_mu_);
+    if (!store_) return "";  // closed: nothing to say
+  }
   std::vector<Sample> first, second;
   auto wait = interval_ * 2 + interval_ / 5;
   try {

@@ -53,6 +53,10 @@ class HealthMonitor {
 
   std::chrono::milliseconds interval() const { return interval_; }
 
+  // Stops the heartbeat thread and drops the store connection. Idempotent; diagnose() then
+  // reports nothing.
+  void close();
+
  private:
   struct Sample {
     bool present = false;

@@ -19,6 +19,11 @@ def main() -> None:
     n, r = ctx.world_size, ctx.rank
     bad = []
 
+    # seeded with seed + rank: the first draw is that generator's first draw
+    draw = torch.rand(1).item()
+    if draw != torch.rand(1, generator=torch.Generator().manual_seed(7 + r)).item():
+        bad.append("seed is not seed + rank")
+
     # float32: sum of (r + 1) * [1..1000] -> n(n+1)/2 * [1..1000]
     base = torch.arange(1, 1001, dtype=torch.float32)
     x = base * (r + 1)
@@ -29,6 +34,12 @@ def main() -> None:
     dtcore.all_reduce(x, op="avg")
     if not torch.allclose(x, torch.full((257,), (n - 1) / 2)):
         bad.append("float32 avg")
+    x = torch.full((257,), float(r))
+    work = dtcore.all_reduce(x, op="avg", async_op=True)
+    while not work.is_completed():  # polling alone must deliver the final, divided result
+        time.sleep(0.001)
+    if not torch.allclose(x, torch.full((257,), (n - 1) / 2)):
+        bad.append("float32 avg polled")
 
     # bfloat16: small integers are exact
     y = torch.full((33,), float(r + 1), dtype=torch.bfloat16)
@@ -67,7 +78,7 @@ def main() -> None:
     dtcore.barrier()
 
     report = {"rank": r, "world_size": n, "launcher": ctx.launcher, "bad": bad, "init_s": init_s,
-              "local_rank": ctx.local_rank, "log_file": ctx.log_file, "seed_draw": torch.rand(1).item()}
+              "local_rank": ctx.local_rank, "log_file": ctx.log_file, "seed_draw": draw}
     sys.stdout.write(json.dumps(report) + "\n")  # one write: atomic on a pipe shared by ranks
     sys.stdout.flush()
     dtcore.shutdown()

@@ -7,6 +7,7 @@ import time
 import dtcore
 
 timeout = float(sys.argv[1]) if len(sys.argv) > 1 else 30.0
+started_wall = time.time()
 start = time.monotonic()
 try:
     ctx = dtcore.init(timeout=timeout)
@@ -14,6 +15,7 @@ try:
 except dtcore.DtcoreError as e:
     result = {"ok": False, "type": type(e).__name__, "message": str(e)}
 result["seconds"] = time.monotonic() - start
+result["started_wall"] = started_wall
 sys.stdout.write(json.dumps(result) + "\n")  # one write: atomic on a pipe shared by ranks
 sys.stdout.flush()
 sys.exit(0 if result["ok"] else 3)
