@@ -220,7 +220,7 @@ def init(
     preflight: bool = False,
     **overrides: Any,
 ) -> Context:
-    """Start this process's part of the job; idempotent. See docs/init.md.
+    """Start this process's part of the job; idempotent. README.md, "What dtcore.init() does", has the steps.
 
     `overrides` are rank, world_size, local_rank, local_world_size, node_rank, num_nodes,
     master_addr, master_port; they beat DTCORE_* variables, which beat the launcher's.

@@ -64,7 +64,10 @@ std::string hosts_of(const std::vector<RosterEntry>& roster, const std::vector<i
     if (std::find(ranks.begin(), ranks.end(), e.rank) != ranks.end()) hosts.insert(e.host);
   }
   std::string out;
-  for (const auto& h : hosts) out += (out.empty() ? "" : ", ") + h;
+  for (const auto& h : hosts) {
+    if (!out.empty()) out += ", ";
+    out += h;
+  }
   return out;
 }
 }  // namespace
