@@ -191,6 +191,9 @@ def _connect(rdzv: Any, spec: Any, backend: str, device: torch.device, timeout: 
             comm = _C.gloo_communicator(pg, timeout)
         health = _C.health_monitor(rdzv, _C.knob_seconds("DTCORE_HEARTBEAT_INTERVAL"))
         comm.set_health(health)  # a failed collective now names dead or stalled ranks
+        # init() returns when the whole job is up: a rank that failed to set up is named here,
+        # on every other rank, instead of surfacing later in the user's first collective.
+        comm.barrier().wait(timeout)
         if torch_distributed:
             try:
                 owns_pg = _torch_process_group(backend, store, spec.rank, spec.world_size, timeout, device)

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <thread>
+#include <utility>
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -336,6 +337,9 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry 
                 serving);
     }
     store.set("roster/" + std::to_string(rank), bytes(self.encode()));
+    // Opened before this rank counts as joined: rank 0 (serving) waits for every join, so the
+    // server is up now, which it need not be once rank 0 has returned from init().
+    rdzv->spare_ = c10::make_intrusive<c10d::PrefixStore>(rdzv->prefix_, tcp->clone());
     store.add("roster/joined", 1);
 
     if (rank == 0) {
@@ -370,11 +374,13 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry 
 }
 
 void Rendezvous::close() {
+  spare_.reset();
   store_.reset();
   tcp_store_.reset();
 }
 
-c10::intrusive_ptr<c10d::Store> Rendezvous::new_connection() const {
+c10::intrusive_ptr<c10d::Store> Rendezvous::new_connection() {
+  if (spare_) return std::exchange(spare_, {});
   DTCORE_CHECK(tcp_store_, CommError, "the rendezvous store is closed (dtcore.shutdown() was called).");
   return c10::make_intrusive<c10d::PrefixStore>(prefix_, tcp_store_->clone());
 }

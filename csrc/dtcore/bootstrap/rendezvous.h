@@ -46,8 +46,10 @@ class Rendezvous {
   bool uses_libuv() const { return uses_libuv_; }
   // Every rank's entry, indexed by rank (fetched from the store once, on first use off rank 0).
   const std::vector<RosterEntry>& roster();
-  // A new connection to the same store under the same prefix, for a thread of its own.
-  c10::intrusive_ptr<c10d::Store> new_connection() const;
+  // A second connection to the same store under the same prefix, for a thread of its own. The
+  // first call returns the one opened during join(), while the server was certainly up; later
+  // calls open new ones.
+  c10::intrusive_ptr<c10d::Store> new_connection();
   // Who serves the store, for messages: "rank 0 (host a)" or "the torchrun agent on host:port".
   const std::string& store_owner() const { return store_owner_; }
   // Drops this object's store connections (on rank 0, the server stops once nobody else holds
@@ -59,6 +61,7 @@ class Rendezvous {
 
   c10::intrusive_ptr<c10d::Store> tcp_store_;  // the raw TCPStore (owns the server on rank 0)
   c10::intrusive_ptr<c10d::Store> store_;      // tcp_store_ under this job attempt's prefix
+  c10::intrusive_ptr<c10d::Store> spare_;      // a second connection, opened before joining
   std::string prefix_;
   std::string store_owner_;
   int rank_ = -1;
