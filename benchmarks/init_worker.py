@@ -35,6 +35,13 @@ else:
 
 result["from_start_s"] = time.time() - t0
 result["import_s"] = imported - t0
+# Untimed: stay until every rank is up. torch's init_process_group can return on rank 0 while
+# another rank is still connecting Gloo through rank 0's store; leaving then breaks that rank.
+if result["ok"]:
+    if mode == "torch":
+        dist.barrier()
+    else:
+        dtcore.barrier()
 sys.stdout.write(json.dumps(result) + "\n")
 sys.stdout.flush()
-os._exit(0)  # leave at once: teardown is not what is measured, and ranks must not wait on each other
+os._exit(0)  # teardown is not what is measured
