@@ -341,7 +341,9 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry 
     store.set("roster/" + std::to_string(rank), bytes(self.encode()));
     // Opened before this rank counts as joined: rank 0 (serving) waits for every join, so the
     // server is up now, which it need not be once rank 0 has returned from init().
-    rdzv->spare_ = c10::make_intrusive<c10d::PrefixStore>(rdzv->prefix_, tcp->clone());
+    auto spare = tcp->clone();
+    spare->setTimeout(options.timeout);  // a clone inherits what is left of the rendezvous timeout
+    rdzv->spare_ = c10::make_intrusive<c10d::PrefixStore>(rdzv->prefix_, spare);
     store.add("roster/joined", 1);
 
     if (rank == 0) {
@@ -384,7 +386,9 @@ void Rendezvous::close() {
 c10::intrusive_ptr<c10d::Store> Rendezvous::new_connection() {
   if (spare_) return std::exchange(spare_, {});
   DTCORE_CHECK(tcp_store_, CommError, "the rendezvous store is closed (dtcore.shutdown() was called).");
-  return c10::make_intrusive<c10d::PrefixStore>(prefix_, tcp_store_->clone());
+  auto connection = tcp_store_->clone();
+  connection->setTimeout(tcp_store_->getTimeout());
+  return c10::make_intrusive<c10d::PrefixStore>(prefix_, connection);
 }
 
 const std::vector<RosterEntry>& Rendezvous::roster() {

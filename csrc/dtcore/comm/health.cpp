@@ -1,5 +1,7 @@
 #include "dtcore/comm/health.h"
 
+#include <algorithm>
+
 #include <c10/util/Exception.h>
 
 #include "dtcore/bootstrap/roster.h"
@@ -18,6 +20,9 @@ HealthMonitor::HealthMonitor(c10::intrusive_ptr<c10d::Store> store, int rank, st
       peers_(std::move(peers)),
       interval_(interval),
       store_owner_(std::move(store_owner)) {
+  // Each request on this private connection is bounded, so that an unreachable server costs a
+  // few seconds per beat and close() never waits on a request for the whole job timeout.
+  store_->setTimeout(std::max(interval_ * 5, std::chrono::milliseconds(5000)));
   beat_once();  // present before init() returns, so a later diagnosis finds this rank
   thread_ = std::thread([this] { loop(); });
 }
@@ -45,23 +50,28 @@ void HealthMonitor::close() {
 void HealthMonitor::beat_once() {
   std::string value = std::to_string(++beats_) + ":" + std::to_string(progress_.load(std::memory_order_relaxed));
   std::lock_guard<std::mutex> lock(store_mu_);
+  if (!store_) return;  // closed
   store_->set(key_of(rank_), std::vector<uint8_t>(value.begin(), value.end()));
 }
 
 void HealthMonitor::loop() {
+  bool failing = false;  // log a run of failures once, not every interval
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     if (cv_.wait_for(lock, interval_, [this] { return stop_; })) break;
     lock.unlock();
     try {
       beat_once();
+      failing = false;
     } catch (const std::exception& e) {
-      // The store is gone (its server exited): nothing left to beat to. Say so once, quietly.
-      log::debug("health: heartbeat stopped, the store is unreachable: ",
-                 dynamic_cast<const c10::Error*>(&e) ? static_cast<const c10::Error&>(e).what_without_backtrace()
-                                                    : std::string(e.what()));
-      lock.lock();
-      break;
+      // Keep trying: a passing hiccup must not make this live rank look dead to the others. If
+      // the server is gone for good, every other rank's diagnosis says so anyway.
+      if (!failing) {
+        log::debug("health: a heartbeat failed (will retry): ",
+                   dynamic_cast<const c10::Error*>(&e) ? static_cast<const c10::Error&>(e).what_without_backtrace()
+                                                      : std::string(e.what()));
+      }
+      failing = true;
     }
     lock.lock();
   }

@@ -35,7 +35,8 @@ struct PeerInfo {
 
 class HealthMonitor {
  public:
-  // `peers[r]` describes rank r; `store` must be a connection no one else uses.
+  // `peers[r]` describes rank r; `store` must be a connection no one else uses (its request
+  // timeout is set here to max(5 intervals, 5 s)).
   HealthMonitor(c10::intrusive_ptr<c10d::Store> store, int rank, std::vector<PeerInfo> peers,
                 std::chrono::milliseconds interval, std::string store_owner);
   // A monitor for this rank of a completed rendezvous, on a new store connection.
