@@ -248,7 +248,7 @@ PYBIND11_MODULE(_C, m) {
         py::gil_scoped_release release;
         w.wait(timeout);
       }, py::arg("timeout_s"))
-      .def("is_completed", &Work::is_completed);
+      .def("is_completed", &Work::is_completed, py::call_guard<py::gil_scoped_release>());
 
   py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")
       .def_property_readonly("backend", [](const Communicator& c) { return std::string(c.backend()); })

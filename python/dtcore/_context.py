@@ -145,15 +145,20 @@ def _seed_everything(seed: int, rank: int) -> None:
         pass
 
 
+def _check_torch_distributed(rank: int, world: int, wanted: bool) -> None:
+    """A default group the script set up itself must describe the same job."""
+    if wanted and dist.is_initialized() and (dist.get_rank() != rank or dist.get_world_size() != world):
+        raise _C.ConfigError(
+            f"torch.distributed is already initialized as rank {dist.get_rank()} of {dist.get_world_size()}, "
+            f"but dtcore sees rank {rank} of {world}. Fix: call dtcore.init() instead of "
+            "torch.distributed.init_process_group(), or give both the same environment."
+        )
+
+
 def _torch_process_group(backend: str, store: Any, rank: int, world: int, timeout: float, device: torch.device) -> bool:
     """Sets up torch.distributed's default group on dtcore's store; False if one already exists."""
     if dist.is_initialized():
-        if dist.get_rank() != rank or dist.get_world_size() != world:
-            raise _C.ConfigError(
-                f"torch.distributed is already initialized as rank {dist.get_rank()} of {dist.get_world_size()}, "
-                f"but dtcore sees rank {rank} of {world}. Fix: call dtcore.init() instead of "
-                "torch.distributed.init_process_group(), or give both the same environment."
-            )
+        _check_torch_distributed(rank, world, True)
         return False
     kwargs: dict[str, Any] = {}
     if backend == "nccl":
@@ -263,6 +268,9 @@ def init(
         if seed is not None:
             _seed_everything(int(seed), spec.rank)
 
+        _check_torch_distributed(spec.rank, spec.world_size, torch_distributed)  # fail before waiting on anyone
+        generation = _generation
+        _generation += 1  # spent even if this attempt fails: a retry must not read its keys
         rdzv = _C.rendezvous(
             spec,
             host,
@@ -271,14 +279,13 @@ def init(
             timeout_s,
             _C.knob_seconds("DTCORE_RDZV_LOG_INTERVAL"),
             _C.knob_value("DTCORE_STORE_LIBUV"),
-            _generation,
+            generation,
         )
         try:
             comm, health, owns_pg = _connect(rdzv, spec, backend_name, device, timeout_s, torch_distributed)
         except BaseException:
             rdzv.close()
             raise
-        _generation += 1
 
         _context = Context(
             rank=spec.rank,
@@ -358,18 +365,21 @@ def shutdown(barrier: bool = True) -> None:
         if ctx is None:
             return
         _context = None
-        if barrier and ctx.world_size > 1:
-            try:
-                ctx.communicator.barrier().wait(min(ctx.timeout, 60.0))
-            except _C.CommError as e:
-                log.warning("shutdown: not every rank reached shutdown: %s", e)
-        if ctx.owns_torch_process_group and dist.is_initialized():
-            dist.destroy_process_group()
-        # Closed explicitly, so that a Context the caller still holds keeps nothing alive: on rank 0
-        # the store server stops here, and the port is free for the next init().
-        ctx.communicator.close()
-        ctx.health.close()
-        ctx.rendezvous.close()
+        try:
+            if barrier and ctx.world_size > 1:
+                try:
+                    ctx.communicator.barrier().wait(min(ctx.timeout, 60.0))
+                except _C.CommError as e:
+                    log.warning("shutdown: not every rank reached shutdown: %s", e)
+            if ctx.owns_torch_process_group and dist.is_initialized():
+                dist.destroy_process_group()
+        finally:
+            # Closed explicitly (and whatever happened above, Ctrl-C included), so that a Context the
+            # caller still holds keeps nothing alive: on rank 0 the store server stops here, and the
+            # port is free for the next init().
+            ctx.communicator.close()
+            ctx.health.close()
+            ctx.rendezvous.close()
         _C.flush_logs()
 
 

@@ -267,9 +267,9 @@ void wait_for_verdict(const Context& c, c10d::Store& store) {
     if (store.check({"roster/all"})) return;
     if (store.check({"roster/abort"})) raise_abort(store, false);
     if (Clock::now() >= c.deadline) {
-      std::string message = timeout_message(c, missing_ranks(store, c.spec.world_size.value));
-      store.add("roster/abort_ack", 1);  // given up: rank 0 need not linger for this rank
-      throw RendezvousError(message);
+      if (store.check({"roster/all"})) return;  // completed at the last moment
+      // Published, so that the others stop too instead of going on without this rank.
+      abort_all(store, timeout_message(c, missing_ranks(store, c.spec.world_size.value)), false);
     }
     if (Clock::now() >= next_log) {
       log::info("rendezvous: rank ", c.spec.rank.value, " waiting for the others; ", store.add("roster/joined", 0),

@@ -38,6 +38,8 @@ class Work {
   // Blocks until the collective is done and its result usable by the caller (on GPU: on the
   // caller's current stream). Throws CommError on failure, or when `timeout` passes first.
   virtual void wait(std::chrono::milliseconds timeout) = 0;
+  // True once the collective has finished, successfully or not (wait() then returns or raises
+  // at once). Never blocks.
   virtual bool is_completed() = 0;
 };
 

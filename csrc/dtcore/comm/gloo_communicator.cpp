@@ -59,15 +59,17 @@ class GlooWork final : public Work {
     done_ = true;
   }
 
-  // True once the result is final: for Avg that includes the division, done here if need be.
+  // Finished either way (wait() raises a failure). For Avg, the division is done here once the
+  // sum is in, so that polling alone yields the final result. Never blocks: if another thread is
+  // inside wait(), that thread finishes the result and this one reports "not yet".
   bool is_completed() override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (done_) return true;
-    }
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock()) return false;
+    if (done_) return true;
     if (!work_->isCompleted()) return false;
-    if (!work_->isSuccess()) return false;  // wait() raises the failure
-    wait(std::chrono::milliseconds(1));     // completed: returns at once, dividing if needed
+    if (!work_->isSuccess()) return true;
+    if (divide_.defined()) divide_.div_(size_);
+    done_ = true;
     return true;
   }
 

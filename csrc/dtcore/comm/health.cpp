@@ -1,6 +1,7 @@
 #include "dtcore/comm/health.h"
 
 #include <algorithm>
+#include <string>
 
 #include <c10/util/Exception.h>
 
@@ -10,19 +11,28 @@
 
 namespace dtcore {
 namespace {
-std::string key_of(int rank) { return "health/" + std::to_string(rank); }
+
+std::string key_of(size_t rank) { return "health/" + std::to_string(rank); }
+
+std::string clean(const std::exception& e) {
+  if (auto* ce = dynamic_cast<const c10::Error*>(&e)) return ce->what_without_backtrace();
+  return e.what();
+}
+
 }  // namespace
 
-HealthMonitor::HealthMonitor(c10::intrusive_ptr<c10d::Store> store, int rank, std::vector<PeerInfo> peers,
-                             std::chrono::milliseconds interval, std::string store_owner)
-    : store_(std::move(store)),
-      rank_(rank),
+HealthMonitor::HealthMonitor(c10::intrusive_ptr<c10d::Store> beat_store, c10::intrusive_ptr<c10d::Store> sample_store,
+                             int rank, std::vector<PeerInfo> peers, std::chrono::milliseconds interval,
+                             std::string store_owner)
+    : rank_(rank),
       peers_(std::move(peers)),
       interval_(interval),
-      store_owner_(std::move(store_owner)) {
-  // Each request on this private connection is bounded, so that an unreachable server costs a
-  // few seconds per beat and close() never waits on a request for the whole job timeout.
-  store_->setTimeout(std::max(interval_ * 5, std::chrono::milliseconds(5000)));
+      request_bound_(std::max(interval * 5, std::chrono::milliseconds(5000))),
+      store_owner_(std::move(store_owner)),
+      beat_store_(std::move(beat_store)),
+      sample_store_(std::move(sample_store)) {
+  beat_store_->setTimeout(request_bound_);
+  sample_store_->setTimeout(request_bound_);
   beat_once();  // present before init() returns, so a later diagnosis finds this rank
   thread_ = std::thread([this] { loop(); });
 }
@@ -30,28 +40,36 @@ HealthMonitor::HealthMonitor(c10::intrusive_ptr<c10d::Store> store, int rank, st
 std::shared_ptr<HealthMonitor> HealthMonitor::for_rendezvous(Rendezvous& rendezvous, std::chrono::milliseconds interval) {
   std::vector<PeerInfo> peers;
   for (const auto& e : rendezvous.roster()) peers.push_back(PeerInfo{e.host, e.pid});
-  return std::make_shared<HealthMonitor>(rendezvous.new_connection(), rendezvous.rank(), std::move(peers), interval,
-                                         rendezvous.store_owner());
+  auto beat = rendezvous.new_connection();
+  auto sample = rendezvous.new_connection();
+  return std::make_shared<HealthMonitor>(std::move(beat), std::move(sample), rendezvous.rank(), std::move(peers),
+                                         interval, rendezvous.store_owner());
 }
 
 HealthMonitor::~HealthMonitor() { close(); }
 
 void HealthMonitor::close() {
+  std::lock_guard<std::mutex> once(close_mu_);
+  closed_ = true;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  std::lock_guard<std::mutex> lock(store_mu_);
-  store_.reset();
+  {
+    std::lock_guard<std::mutex> lock(beat_mu_);
+    beat_store_.reset();
+  }
+  std::lock_guard<std::mutex> lock(sample_mu_);
+  sample_store_.reset();
 }
 
 void HealthMonitor::beat_once() {
   std::string value = std::to_string(++beats_) + ":" + std::to_string(progress_.load(std::memory_order_relaxed));
-  std::lock_guard<std::mutex> lock(store_mu_);
-  if (!store_) return;  // closed
-  store_->set(key_of(rank_), std::vector<uint8_t>(value.begin(), value.end()));
+  std::lock_guard<std::mutex> lock(beat_mu_);
+  if (!beat_store_) return;  // closed
+  beat_store_->set(key_of(static_cast<size_t>(rank_)), std::vector<uint8_t>(value.begin(), value.end()));
 }
 
 void HealthMonitor::loop() {
@@ -66,25 +84,27 @@ void HealthMonitor::loop() {
     } catch (const std::exception& e) {
       // Keep trying: a passing hiccup must not make this live rank look dead to the others. If
       // the server is gone for good, every other rank's diagnosis says so anyway.
-      if (!failing) {
-        log::debug("health: a heartbeat failed (will retry): ",
-                   dynamic_cast<const c10::Error*>(&e) ? static_cast<const c10::Error&>(e).what_without_backtrace()
-                                                      : std::string(e.what()));
-      }
+      if (!failing) log::debug("health: a heartbeat failed (will retry): ", clean(e));
       failing = true;
     }
     lock.lock();
   }
 }
 
-std::vector<HealthMonitor::Sample> HealthMonitor::sample() {
-  std::vector<Sample> out(peers_.size());
-  std::lock_guard<std::mutex> lock(store_mu_);
-  if (!store_) throw std::runtime_error("closed");
-  for (size_t r = 0; r < peers_.size(); ++r) {
-    if (!store_->check({key_of(static_cast<int>(r))})) continue;  // never get() a missing key: it blocks
-    auto bytes = store_->get(key_of(static_cast<int>(r)));
-    std::string v(bytes.begin(), bytes.end());
+std::vector<HealthMonitor::Sample> HealthMonitor::sample(c10d::Store& store, size_t world) {
+  std::vector<std::string> keys;
+  for (size_t r = 0; r < world; ++r) keys.push_back(key_of(r));
+  std::vector<std::vector<uint8_t>> values(world);
+  if (store.check(keys)) {
+    values = store.multiGet(keys);  // one round trip: the common case
+  } else {
+    for (size_t r = 0; r < world; ++r) {
+      if (store.check({keys[r]})) values[r] = store.get(keys[r]);  // never get() a missing key: it blocks
+    }
+  }
+  std::vector<Sample> out(world);
+  for (size_t r = 0; r < world; ++r) {
+    std::string v(values[r].begin(), values[r].end());
     auto colon = v.find(':');
     if (colon == std::string::npos) continue;
     out[r] = Sample{true, std::stoull(v.substr(0, colon)), std::stoull(v.substr(colon + 1))};
@@ -93,28 +113,63 @@ std::vector<HealthMonitor::Sample> HealthMonitor::sample() {
 }
 
 std::string HealthMonitor::diagnose(uint64_t failing_seq, const std::string& op_name) {
+  c10::intrusive_ptr<c10d::Store> store;
   {
-    std::lock_guard<std::mutex> lock(store_mu_);
-    if (!store_) return "";  // closed: nothing to say
+    std::lock_guard<std::mutex> lock(sample_mu_);
+    store = sample_store_;
   }
-  std::vector<Sample> first, second;
-  auto wait = interval_ * 2 + interval_ / 5;
-  try {
-    first = sample();
-    std::this_thread::sleep_for(wait);
-    second = sample();
-  } catch (const std::exception&) {
-    return detail::cat("health check: the rendezvous store is unreachable, so ", store_owner_,
+  if (!store || closed_) return "";
+
+  // Sampled on a detached thread: if the server is stopped (not gone), c10d's client waits for a
+  // reply without bound, and this rank must still raise its error (see "Why two connections").
+  struct Result {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::vector<Sample> first, second;
+    std::string error;
+  };
+  auto result = std::make_shared<Result>();
+  const auto wait = interval_ * 2 + interval_ / 5;
+  const size_t world = peers_.size();
+  std::thread([result, store, wait, world] {
+    std::vector<Sample> first, second;
+    std::string error;
+    try {
+      first = sample(*store, world);
+      std::this_thread::sleep_for(wait);
+      second = sample(*store, world);
+    } catch (const std::exception& e) {
+      error = clean(e);
+    }
+    std::lock_guard<std::mutex> lock(result->mu);
+    result->first = std::move(first);
+    result->second = std::move(second);
+    result->error = std::move(error);
+    result->done = true;
+    result->cv.notify_all();
+  }).detach();
+
+  std::unique_lock<std::mutex> lock(result->mu);
+  bool answered = result->cv.wait_for(lock, wait + request_bound_ * 2, [&] { return result->done; });
+  if (closed_) return "";  // shut down meanwhile: not a finding
+  if (!answered) {
+    return detail::cat("health check: the rendezvous store did not answer within ",
+                       std::chrono::duration<double>(wait + request_bound_ * 2).count(), " s, so ", store_owner_,
+                       " is stopped or its host is unreachable; look at it first.");
+  }
+  if (!result->error.empty()) {
+    return detail::cat("health check: the rendezvous store is unreachable (", result->error, "), so ", store_owner_,
                        " has exited or its host is down; look at its error first.");
   }
   std::vector<int> dead, stalled;
   std::string lines;
-  for (size_t i = 0; i < peers_.size(); ++i) {
+  for (size_t i = 0; i < world; ++i) {
     int r = static_cast<int>(i);
     if (r == rank_) continue;
     const PeerInfo& p = peers_[i];
-    const Sample& a = first[i];
-    const Sample& b = second[i];
+    const Sample& a = result->first[i];
+    const Sample& b = result->second[i];
     if (!b.present || b.beat == a.beat) {
       dead.push_back(r);
       lines += detail::cat("\n  - rank ", r, " (host ", p.host, ", pid ", p.pid, "): no heartbeat for ",

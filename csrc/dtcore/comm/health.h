@@ -35,11 +35,11 @@ struct PeerInfo {
 
 class HealthMonitor {
  public:
-  // `peers[r]` describes rank r; `store` must be a connection no one else uses (its request
-  // timeout is set here to max(5 intervals, 5 s)).
-  HealthMonitor(c10::intrusive_ptr<c10d::Store> store, int rank, std::vector<PeerInfo> peers,
-                std::chrono::milliseconds interval, std::string store_owner);
-  // A monitor for this rank of a completed rendezvous, on a new store connection.
+  // `peers[r]` describes rank r. `beat_store` and `sample_store` must be connections no one else
+  // uses (they may be one object in tests); their request timeout is set to max(5 intervals, 5 s).
+  HealthMonitor(c10::intrusive_ptr<c10d::Store> beat_store, c10::intrusive_ptr<c10d::Store> sample_store, int rank,
+                std::vector<PeerInfo> peers, std::chrono::milliseconds interval, std::string store_owner);
+  // A monitor for this rank of a completed rendezvous, on two new store connections.
   static std::shared_ptr<HealthMonitor> for_rendezvous(Rendezvous& rendezvous, std::chrono::milliseconds interval);
   ~HealthMonitor();
   HealthMonitor(const HealthMonitor&) = delete;
@@ -48,14 +48,15 @@ class HealthMonitor {
   // The sequence number of the last collective this rank started.
   void record_progress(uint64_t seq) { progress_.store(seq, std::memory_order_relaxed); }
 
-  // Blocks for about 2.2 intervals. Returns "" when every other rank is alive and has started
-  // collective `failing_seq`; otherwise one line per suspect rank, by rank, host and pid.
+  // Blocks for about 2.2 intervals (at most that plus max(5 intervals, 5 s) when the store does
+  // not answer). Returns "" when every other rank is alive and has started collective
+  // `failing_seq`, or when closed; otherwise one line per suspect rank, by rank, host and pid.
   std::string diagnose(uint64_t failing_seq, const std::string& op_name);
 
   std::chrono::milliseconds interval() const { return interval_; }
 
-  // Stops the heartbeat thread and drops the store connection. Idempotent; diagnose() then
-  // reports nothing.
+  // Stops the heartbeat thread and drops both connections. Idempotent and safe from several
+  // threads; a diagnosis under way then reports nothing.
   void close();
 
  private:
@@ -64,20 +65,29 @@ class HealthMonitor {
     uint64_t beat = 0;
     uint64_t seq = 0;
   };
-  std::vector<Sample> sample();
+  static std::vector<Sample> sample(c10d::Store& store, size_t world);
   void beat_once();
   void loop();
 
-  c10::intrusive_ptr<c10d::Store> store_;
   const int rank_;
   const std::vector<PeerInfo> peers_;
   const std::chrono::milliseconds interval_;
+  const std::chrono::milliseconds request_bound_;  // max(5 intervals, 5 s)
   const std::string store_owner_;  // "rank 0 (host a)" or "the torchrun agent", for messages
 
   std::atomic<uint64_t> progress_{0};
-  uint64_t beats_ = 0;
-  std::mutex store_mu_;  // one request at a time on store_
-  std::mutex mu_;
+  std::atomic<bool> closed_{false};
+  uint64_t beats_ = 0;  // heartbeat thread only (and the constructor, before it starts)
+
+  // Why two connections: a diagnosis waits on replies (check, get), which c10d's client does not
+  // bound when the server is stopped; the heartbeat only sends (set), so it never waits behind one.
+  std::mutex beat_mu_;  // guards beat_store_
+  c10::intrusive_ptr<c10d::Store> beat_store_;
+  std::mutex sample_mu_;  // guards sample_store_ (the pointer; samplers hold their own reference)
+  c10::intrusive_ptr<c10d::Store> sample_store_;
+
+  std::mutex close_mu_;  // one close() at a time
+  std::mutex mu_;        // guards stop_
   std::condition_variable cv_;
   bool stop_ = false;
   std::thread thread_;

@@ -241,7 +241,8 @@ class NcclWork final : public Work {
   NcclWork& operator=(const NcclWork&) = delete;
 
   // True only once the collective has succeeded; a failure is false here and raised by wait().
-  bool is_completed() override { return settle() == kSucceeded; }
+  // Finished either way; wait() says which (a failed collective must not look pending forever).
+  bool is_completed() override { return settle() != kPending; }
 
   void wait(std::chrono::milliseconds timeout) override {
     const auto deadline = Clock::now() + timeout;
