@@ -61,6 +61,15 @@ def openmpi_style(rank: int, world: int, port: int) -> dict[str, str]:
             "MASTER_PORT": str(port)}
 
 
+def mpich_style(rank: int, world: int, port: int) -> dict[str, str]:
+    return {"PMI_RANK": str(rank), "PMI_SIZE": str(world), "MPI_LOCALRANKID": str(rank),
+            "MPI_LOCALNRANKS": str(world), "MASTER_PORT": str(port)}
+
+
+def accelerate_style(rank: int, world: int, port: int) -> dict[str, str]:
+    return dict(torchrun_style(rank, world, port), ACCELERATE_MIXED_PRECISION="no")
+
+
 @dataclasses.dataclass
 class RankResult:
     returncode: Optional[int]  # None: killed at the timeout

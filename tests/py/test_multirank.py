@@ -8,10 +8,12 @@ import pytest
 
 from launch_helpers import (
     WORKERS,
+    accelerate_style,
     clean_env,
     describe,
     free_port,
     leftover_processes,
+    mpich_style,
     openmpi_style,
     run_processes,
     run_ranks,
@@ -46,8 +48,11 @@ def test_torchrun(world):
     assert not leftover_processes(sessions)
 
 
-@pytest.mark.parametrize("world", [1, 2, 4])
-@pytest.mark.parametrize("style,launcher", [(slurm_style, "slurm"), (openmpi_style, "openmpi")])
+@pytest.mark.parametrize(
+    "style,launcher,world",
+    [(s, name, w) for s, name in [(slurm_style, "slurm"), (openmpi_style, "openmpi")] for w in (1, 2, 4)]
+    + [(mpich_style, "mpich", 2), (accelerate_style, "accelerate", 2)],
+)
 def test_simulated_launchers(style, launcher, world):
     port = free_port()
     envs = [clean_env(**style(rank, world, port)) for rank in range(world)]
