@@ -19,6 +19,7 @@
 #include "dtcore/common/error.h"
 #include "dtcore/common/knobs.h"
 #include "dtcore/common/log.h"
+#include "dtcore/reducer/reducer.h"
 
 namespace py = pybind11;
 using namespace dtcore;
@@ -298,6 +299,24 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release release;
     return HealthMonitor::for_rendezvous(r, interval);
   }, py::arg("rendezvous"), py::arg("interval_s"));
+
+  // Reducer (internal until dtcore.wrap is complete).
+  py::class_<Reducer, std::shared_ptr<Reducer>>(m, "Reducer")
+      .def(py::init([](std::vector<at::Tensor> params, std::vector<std::string> names,
+                       std::shared_ptr<Communicator> comm, double bucket_mb, double first_bucket_mb) {
+             BucketCaps caps{megabytes_to_bytes(bucket_mb, "bucket_mb"),
+                             megabytes_to_bytes(first_bucket_mb, "first_bucket_mb")};
+             return std::make_shared<Reducer>(std::move(params), std::move(names), std::move(comm), caps);
+           }),
+           py::arg("params"), py::arg("names"), py::arg("communicator"), py::arg("bucket_mb") = 25.0,
+           py::arg("first_bucket_mb") = 1.0)
+      .def("prepare_for_backward", &Reducer::prepare_for_backward, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("reductions", &Reducer::reductions)
+      .def("bucket_params", [](const Reducer& r) {
+        std::vector<std::vector<size_t>> out;
+        for (const auto& b : r.buckets()) out.push_back(b.params);
+        return out;
+      });
 
   m.def("gloo_communicator",
         [](const c10::intrusive_ptr<c10d::Backend>& backend, double timeout_s) -> std::shared_ptr<Communicator> {

@@ -97,5 +97,22 @@ class HealthMonitor:
 
 def health_monitor(rendezvous: Rendezvous, interval_s: float) -> HealthMonitor: ...
 
+class Reducer:
+    """Internal until dtcore.wrap is complete: averages gradients across ranks during backward."""
+
+    reductions: int
+    def __init__(
+        self,
+        params: list[torch.Tensor],
+        names: list[str],
+        communicator: Communicator,
+        bucket_mb: float = 25.0,
+        first_bucket_mb: float = 1.0,
+    ) -> None: ...
+    def prepare_for_backward(self) -> None: ...
+    def bucket_params(self) -> list[list[int]]:
+        """Per bucket, the indices (among parameters that require grad) in layout order."""
+        ...
+
 def gloo_communicator(backend: object, timeout_s: float) -> Communicator: ...
 def nccl_communicator(store: object, rank: int, size: int, device: int, timeout_s: float) -> Communicator: ...

@@ -1,0 +1,87 @@
+// Reducer: every rank holds the average gradient after backward, with communication running
+// while backward is still computing.
+//
+// On construction the gradients are planned into buckets (bucket_plan.h) and each parameter's
+// .grad becomes a view into its bucket's flat buffer (see Note [Bucket layout]), so autograd
+// accumulates straight into the buffer and no copy is made. A post-hook on each parameter's
+// AccumulateGrad node marks its gradient ready; when a bucket's last gradient is ready, the
+// bucket's asynchronous allreduce (average) starts at once, on the communicator (Gloo's
+// threads on CPU, the NCCL stream on GPU) while autograd goes on with earlier layers. The first
+// hook of a backward queues a callback with the autograd engine that runs when backward ends:
+// it waits for every bucket (with the communicator's timeout) and resets for the next one.
+//
+// If a .grad was replaced (e.g. optimizer.zero_grad(set_to_none=True) left None and autograd
+// allocated a new tensor), the hook copies it into the bucket and points .grad back at the view.
+//
+// Ownership: holds the parameters, the bucket buffers and the communicator; removes its hooks
+// on destruction. Thread safety: hooks may run on autograd worker threads; all state is guarded
+// by one mutex. One backward at a time per Reducer.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include "dtcore/comm/communicator.h"
+#include "dtcore/reducer/bucket_plan.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace dtcore {
+
+class Reducer {
+ public:
+  // `params` in registration order, with `names` for messages; parameters that do not require
+  // grad are skipped. ConfigError for sparse or non-contiguous-layout parameters.
+  Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, std::shared_ptr<Communicator> comm,
+          BucketCaps caps);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Called before each forward (the model wrapper's forward does it). If the previous backward
+  // never reached its end (it raised), drains its collectives (errors ignored, bounded by the
+  // timeout) and resets, so the next backward starts clean.
+  void prepare_for_backward();
+
+  const std::vector<Bucket>& buckets() const { return plan_; }
+  // Backward passes fully reduced so far.
+  int64_t reductions() const;
+
+ private:
+  struct Slot {
+    at::Tensor param;
+    std::string name;
+    size_t bucket = 0;
+    at::Tensor view;  // the parameter's place in its bucket, shaped like the parameter
+    c10::intrusive_ptr<torch::autograd::Node> accumulator;  // kept alive: autograd holds it weakly
+    uintptr_t hook_key = 0;
+    bool ready = false;  // in the current backward
+  };
+  struct BucketState {
+    at::Tensor buffer;
+    size_t pending = 0;  // gradients not yet ready in the current backward
+    std::shared_ptr<Work> work;
+  };
+
+  void on_grad_ready(size_t slot);  // autograd post-hook, on an engine thread
+  void finalize();                  // queued with the engine by the first hook of a backward
+  void reset_locked();
+
+  std::shared_ptr<Communicator> comm_;
+  std::vector<Bucket> plan_;
+  std::vector<Slot> slots_;  // indexed like plan_'s parameter indices
+  std::vector<BucketState> buckets_;
+
+  mutable std::mutex mu_;
+  bool in_backward_ = false;  // a finalize callback is queued for the running backward
+  int64_t reductions_ = 0;
+};
+
+}  // namespace dtcore

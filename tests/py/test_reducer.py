@@ -1,0 +1,42 @@
+"""The C++ reducer on real processes: averaged gradients equal one process on the whole batch."""
+
+import pytest
+
+from launch_helpers import clean_env, describe, free_port, leftover_processes, run_ranks, torchrun_style
+
+pytestmark = pytest.mark.multirank
+
+
+def _run(world, *args):
+    port = free_port()
+    envs = [clean_env(**torchrun_style(rank, world, port)) for rank in range(world)]
+    results, sessions = run_ranks("reducer_worker.py", envs, args=tuple(str(a) for a in args), timeout=120)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    assert not leftover_processes(sessions)
+    return [r.json() for r in results]
+
+
+@pytest.mark.parametrize(
+    "world,bucket_mb,first_mb,expected_buckets",
+    [
+        (2, 25.0, 1.0, 1),  # the whole model (~21 KB) fits the first bucket
+        (2, 0.001, 0.001, 3),  # ~1 KB caps: a small bias shares with the next weight (as in DDP)
+        (2, 1e-5, 1e-5, 6),  # caps below the smallest parameter: one parameter per bucket
+        (4, 0.01, 0.001, None),
+    ],
+)
+def test_gradients_match_one_process_on_the_whole_batch(world, bucket_mb, first_mb, expected_buckets):
+    for j in _run(world, bucket_mb, first_mb):
+        assert j["error"] is None and j["bad"] == [], j
+        assert j["reductions"] == j["steps"]
+        if expected_buckets is not None:
+            assert len(j["buckets"]) == expected_buckets, j["buckets"]
+        assert sorted(i for b in j["buckets"] for i in b) == list(range(6))
+
+
+def test_a_parameter_without_gradient_is_named():
+    for j in _run(2, 25.0, 0.0001, "unused"):
+        assert j["error"] is not None, j  # type: RuntimeError, as torch converts errors raised in backward
+        assert "parameter 'spare.bias' received no gradient" in j["error"] or \
+            "parameter 'spare.weight' received no gradient" in j["error"], j["error"]
+        assert "requires_grad_(False)" in j["error"]
