@@ -311,6 +311,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("params"), py::arg("names"), py::arg("communicator"), py::arg("bucket_mb") = 25.0,
            py::arg("first_bucket_mb") = 1.0)
       .def("prepare_for_backward", &Reducer::prepare_for_backward, py::call_guard<py::gil_scoped_release>())
+      .def("set_require_sync", &Reducer::set_require_sync, py::arg("sync"))
       .def_property_readonly("reductions", &Reducer::reductions)
       .def("bucket_params", [](const Reducer& r) {
         std::vector<std::vector<size_t>> out;

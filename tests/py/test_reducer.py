@@ -40,3 +40,27 @@ def test_a_parameter_without_gradient_is_named():
         assert "parameter 'spare.bias' received no gradient" in j["error"] or \
             "parameter 'spare.weight' received no gradient" in j["error"], j["error"]
         assert "requires_grad_(False)" in j["error"]
+
+
+@pytest.mark.parametrize("world,bucket_mb", [(2, 25.0), (4, 0.001)])
+def test_distributed_model_broadcasts_accumulates_and_keeps_buffers_in_step(world, bucket_mb):
+    port = free_port()
+    envs = [clean_env(**torchrun_style(rank, world, port)) for rank in range(world)]
+    results, sessions = run_ranks("wrap_worker.py", envs, args=("parity", str(bucket_mb)), timeout=120)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    for r in results:
+        assert r.json()["bad"] == [], r.json()
+    assert not leftover_processes(sessions)
+
+
+def test_a_model_that_differs_across_ranks_is_named_by_rank_and_parameter():
+    port = free_port()
+    envs = [clean_env(**torchrun_style(rank, 2, port)) for rank in range(2)]
+    results, sessions = run_ranks("wrap_worker.py", envs, args=("mismatch",), timeout=120)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    errors = [r.json()["error"] for r in results]
+    for e in errors:
+        assert e is not None and "rank 1 has other parameters" in e and "Fix:" in e, e
+    assert "First difference, parameter #0: rank 0 has '0.weight (64, 32) torch.float32', rank 1 has " \
+           "'0.weight (48, 32) torch.float32'" in errors[1], errors[1]
+    assert not leftover_processes(sessions)

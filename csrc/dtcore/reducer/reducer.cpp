@@ -91,6 +91,11 @@ void Reducer::prepare_for_backward() {
   reset_locked();
 }
 
+void Reducer::set_require_sync(bool sync) {
+  std::lock_guard<std::mutex> lock(mu_);
+  require_sync_ = sync;
+}
+
 void Reducer::reset_locked() {
   for (size_t b = 0; b < plan_.size(); ++b) {
     buckets_[b].pending = plan_[b].params.size();
@@ -98,10 +103,34 @@ void Reducer::reset_locked() {
   }
   for (Slot& s : slots_) s.ready = false;
   in_backward_ = false;
+  next_bucket_ = 0;
+}
+
+void Reducer::launch_ready_locked() {
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    BucketState& b = buckets_[next_bucket_++];
+    b.work = comm_->allreduce(b.buffer, ReduceOp::Avg);  // overlaps with the rest of backward
+  }
+}
+
+void Reducer::adopt_grad_locked(Slot& s) {
+  // A replaced .grad (set_to_none, or a user assignment) goes back into the bucket.
+  const at::Tensor& grad = s.param.grad();
+  if (grad.defined() && grad.is_alias_of(s.view)) return;
+  if (grad.defined()) {
+    s.view.copy_(grad);
+  } else {
+    s.view.zero_();
+  }
+  s.param.mutable_grad() = s.view;
 }
 
 void Reducer::on_grad_ready(size_t index) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (!require_sync_) {  // no_sync: accumulate locally, in the bucket
+    adopt_grad_locked(slots_[index]);
+    return;
+  }
   if (!in_backward_) {
     in_backward_ = true;
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
@@ -112,19 +141,8 @@ void Reducer::on_grad_ready(size_t index) {
                "rank ", comm_->rank(), ", so its reduction has already started. Fix: use each parameter once per "
                "backward, or accumulate over several backward passes before the one that reduces.");
   s.ready = true;
-  // A replaced .grad (set_to_none, or a user assignment) goes back into the bucket.
-  const at::Tensor& grad = s.param.grad();
-  if (!grad.defined()) {
-    s.view.zero_();
-  } else if (!grad.is_alias_of(s.view)) {
-    s.view.copy_(grad);
-  }
-  if (!grad.defined() || !grad.is_alias_of(s.view)) s.param.mutable_grad() = s.view;
-
-  BucketState& b = buckets_[s.bucket];
-  if (--b.pending == 0) {
-    b.work = comm_->allreduce(b.buffer, ReduceOp::Avg);  // overlaps with the rest of backward
-  }
+  adopt_grad_locked(s);
+  if (--buckets_[s.bucket].pending == 0) launch_ready_locked();
 }
 
 void Reducer::finalize() {

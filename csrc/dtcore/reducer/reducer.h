@@ -5,8 +5,10 @@
 // .grad becomes a view into its bucket's flat buffer (see Note [Bucket layout]), so autograd
 // accumulates straight into the buffer and no copy is made. A post-hook on each parameter's
 // AccumulateGrad node marks its gradient ready; when a bucket's last gradient is ready, the
-// bucket's asynchronous allreduce (average) starts at once, on the communicator (Gloo's
-// threads on CPU, the NCCL stream on GPU) while autograd goes on with earlier layers. The first
+// bucket's asynchronous allreduce (average) starts, on the communicator (Gloo's
+// threads on CPU, the NCCL stream on GPU) while autograd goes on with earlier layers. Buckets
+// start strictly in plan order (a ready bucket waits for the earlier ones): collectives must be
+// issued in the same order on every rank, whatever order autograd happens to run in. The first
 // hook of a backward queues a callback with the autograd engine that runs when backward ends:
 // it waits for every bucket (with the communicator's timeout) and resets for the next one.
 //
@@ -50,6 +52,10 @@ class Reducer {
   // timeout) and resets, so the next backward starts clean.
   void prepare_for_backward();
 
+  // false inside `with model.no_sync():` gradients accumulate in the bucket views and nothing is
+  // reduced; the next backward with sync on reduces the accumulated sum.
+  void set_require_sync(bool sync);
+
   const std::vector<Bucket>& buckets() const { return plan_; }
   // Backward passes fully reduced so far.
   int64_t reductions() const;
@@ -73,6 +79,8 @@ class Reducer {
   void on_grad_ready(size_t slot);  // autograd post-hook, on an engine thread
   void finalize();                  // queued with the engine by the first hook of a backward
   void reset_locked();
+  void launch_ready_locked();       // starts buckets next_bucket_, ... while they are complete
+  void adopt_grad_locked(Slot& s);  // makes s.param.grad the bucket view again, keeping its value
 
   std::shared_ptr<Communicator> comm_;
   std::vector<Bucket> plan_;
@@ -81,6 +89,8 @@ class Reducer {
 
   mutable std::mutex mu_;
   bool in_backward_ = false;  // a finalize callback is queued for the running backward
+  bool require_sync_ = true;
+  size_t next_bucket_ = 0;    // the next bucket to launch, in plan order
   int64_t reductions_ = 0;
 };
 
