@@ -303,13 +303,19 @@ PYBIND11_MODULE(_C, m) {
   // Reducer (internal until dtcore.wrap is complete).
   py::class_<Reducer, std::shared_ptr<Reducer>>(m, "Reducer")
       .def(py::init([](std::vector<at::Tensor> params, std::vector<std::string> names,
-                       std::shared_ptr<Communicator> comm, double bucket_mb, double first_bucket_mb) {
-             BucketCaps caps{megabytes_to_bytes(bucket_mb, "bucket_mb"),
-                             megabytes_to_bytes(first_bucket_mb, "first_bucket_mb")};
-             return std::make_shared<Reducer>(std::move(params), std::move(names), std::move(comm), caps);
+                       std::shared_ptr<Communicator> comm, double bucket_mb, double first_bucket_mb,
+                       bool find_unused_parameters, std::optional<at::ScalarType> comm_dtype) {
+             Reducer::Options o;
+             o.caps = BucketCaps{megabytes_to_bytes(bucket_mb, "bucket_mb"),
+                                 megabytes_to_bytes(first_bucket_mb, "first_bucket_mb")};
+             o.find_unused_parameters = find_unused_parameters;
+             o.comm_dtype = comm_dtype;
+             return std::make_shared<Reducer>(std::move(params), std::move(names), std::move(comm), o);
            }),
            py::arg("params"), py::arg("names"), py::arg("communicator"), py::arg("bucket_mb") = 25.0,
-           py::arg("first_bucket_mb") = 1.0)
+           py::arg("first_bucket_mb") = 1.0, py::arg("find_unused_parameters") = false,
+           py::arg("comm_dtype") = py::none())
+      .def("find_unused", &Reducer::find_unused, py::arg("outputs"), py::call_guard<py::gil_scoped_release>())
       .def("prepare_for_backward", &Reducer::prepare_for_backward, py::call_guard<py::gil_scoped_release>())
       .def("set_require_sync", &Reducer::set_require_sync, py::arg("sync"))
       .def_property_readonly("reductions", &Reducer::reductions)

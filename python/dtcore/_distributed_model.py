@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -77,6 +77,19 @@ def _broadcast_tensors(tensors: list[torch.Tensor]) -> None:
             offset += t.numel()
 
 
+def _tensors_in(value: Any) -> list[torch.Tensor]:
+    """Every tensor in a (nested) output: tuples, lists, dicts, dataclass-like objects' fields."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors_in(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors_in(v)]
+    if hasattr(value, "__dict__"):
+        return [t for v in vars(value).values() for t in _tensors_in(v)]
+    return []
+
+
 class DistributedModel(torch.nn.Module):
     """Wraps `module`; `forward` passes through, `.module` is the original."""
 
@@ -86,6 +99,8 @@ class DistributedModel(torch.nn.Module):
         *,
         bucket_mb: float = 25.0,
         first_bucket_mb: float = 1.0,
+        comm_dtype: Optional[torch.dtype] = None,
+        find_unused_parameters: bool = False,
         broadcast_buffers: bool = True,
     ) -> None:
         super().__init__()
@@ -95,8 +110,13 @@ class DistributedModel(torch.nn.Module):
         if ctx.world_size > 1:
             _broadcast_tensors([p.detach() for p in module.parameters()] + list(module.buffers()))
         named = [(n, p) for n, p in module.named_parameters()]  # tied parameters appear once
+        if comm_dtype is not None and comm_dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise _C.ConfigError(
+                f"comm_dtype={comm_dtype} cannot carry gradients. Fix: use torch.bfloat16, torch.float16 or None."
+            )
         self._reducer = _C.Reducer([p for _, p in named], [n for n, _ in named], ctx.communicator, bucket_mb,
-                                   first_bucket_mb)
+                                   first_bucket_mb, find_unused_parameters, comm_dtype)
+        self._find_unused = find_unused_parameters
         self._broadcast_buffers = broadcast_buffers and ctx.world_size > 1
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -106,7 +126,10 @@ class DistributedModel(torch.nn.Module):
             buffers = list(self.module.buffers())
             if buffers:
                 _broadcast_tensors(buffers)  # e.g. BatchNorm running statistics, as DDP does
-        return self.module(*args, **kwargs)
+        out = self.module(*args, **kwargs)
+        if self._find_unused and torch.is_grad_enabled():
+            self._reducer.find_unused(_tensors_in(out))
+        return out
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

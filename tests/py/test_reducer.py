@@ -64,3 +64,14 @@ def test_a_model_that_differs_across_ranks_is_named_by_rank_and_parameter():
     assert "First difference, parameter #0: rank 0 has '0.weight (64, 32) torch.float32', rank 1 has " \
            "'0.weight (48, 32) torch.float32'" in errors[1], errors[1]
     assert not leftover_processes(sessions)
+
+
+@pytest.mark.parametrize("mode", ["unused", "rebuild", "bf16"])
+def test_find_unused_parameters_bucket_rebuild_and_comm_dtype(mode):
+    port = free_port()
+    envs = [clean_env(**torchrun_style(rank, 2, port)) for rank in range(2)]
+    results, sessions = run_ranks("wrap_worker.py", envs, args=(mode,), timeout=120)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    for r in results:
+        assert r.json()["bad"] == [], r.json()
+    assert not leftover_processes(sessions)

@@ -1,5 +1,7 @@
 #include "dtcore/reducer/reducer.h"
 
+#include <unordered_set>
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
@@ -11,44 +13,28 @@
 namespace dtcore {
 
 Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, std::shared_ptr<Communicator> comm,
-                 BucketCaps caps)
-    : comm_(std::move(comm)) {
+                 Options options)
+    : comm_(std::move(comm)), options_(options) {
   DTCORE_CHECK(params.size() == names.size(), ConfigError, "Reducer: ", params.size(), " parameters but ",
                names.size(), " names.");
-  std::vector<GradSpec> specs;
   for (size_t i = 0; i < params.size(); ++i) {
     at::Tensor& p = params[i];
     if (!p.requires_grad()) continue;
     DTCORE_CHECK(!p.is_sparse() && p.layout() == at::kStrided, ConfigError, "parameter '", names[i],
                  "' is not a dense tensor; dtcore reduces dense gradients only.");
+    DTCORE_CHECK(p.is_leaf(), ConfigError, "parameter '", names[i], "' is not a leaf tensor; wrap the module that "
+                 "owns it, not a view or a computed tensor.");
     Slot s;
     s.param = p;
     s.name = names[i];
     slots_.push_back(std::move(s));
-    specs.push_back(GradSpec{p.numel(), p.scalar_type(), p.device()});
+    specs_.push_back(GradSpec{p.numel(), p.scalar_type(), p.device()});
   }
-  plan_ = plan_buckets(specs, reverse_registration_order(specs.size()), caps);
-
-  buckets_.resize(plan_.size());
-  for (size_t b = 0; b < plan_.size(); ++b) {
-    const Bucket& bucket = plan_[b];
-    buckets_[b].buffer = at::zeros({bucket.numel}, at::TensorOptions().dtype(bucket.dtype).device(bucket.device));
-    for (size_t k = 0; k < bucket.params.size(); ++k) {
-      Slot& s = slots_[bucket.params[k]];
-      s.bucket = b;
-      s.view = buckets_[b].buffer.narrow(0, bucket.offsets[k], bucket.numels[k]).view(s.param.sizes());
-      // Start from the gradient the parameter already has, if any (e.g. a model trained before).
-      if (s.param.grad().defined()) s.view.copy_(s.param.grad());
-      s.param.mutable_grad() = s.view;
-    }
-  }
-  reset_locked();
+  build_buckets(reverse_registration_order(specs_.size()));
 
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     s.accumulator = torch::autograd::impl::grad_accumulator(s.param);
-    DTCORE_CHECK(s.accumulator, ConfigError, "parameter '", s.name, "' is not a leaf tensor; wrap the module that "
-                 "owns it, not a view or a computed tensor.");
     s.hook_key = s.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
         [this, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
           on_grad_ready(i);
@@ -64,21 +50,48 @@ Reducer::~Reducer() {
   }
 }
 
+void Reducer::build_buckets(const std::vector<size_t>& order) {
+  plan_ = plan_buckets(specs_, order, options_.caps);
+  std::vector<BucketState> fresh(plan_.size());
+  for (size_t b = 0; b < plan_.size(); ++b) {
+    const Bucket& bucket = plan_[b];
+    fresh[b].buffer = at::zeros({bucket.numel}, at::TensorOptions().dtype(bucket.dtype).device(bucket.device));
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      Slot& s = slots_[bucket.params[k]];
+      s.bucket = b;
+      at::Tensor view = fresh[b].buffer.narrow(0, bucket.offsets[k], bucket.numels[k]).view(s.param.sizes());
+      // Keep the gradient the parameter holds (its old view, or one from before wrapping).
+      if (s.param.grad().defined()) view.copy_(s.param.grad());
+      s.view = view;
+      s.param.mutable_grad() = view;
+    }
+  }
+  buckets_ = std::move(fresh);
+  reset_locked();
+}
+
 int64_t Reducer::reductions() const {
   std::lock_guard<std::mutex> lock(mu_);
   return reductions_;
+}
+
+void Reducer::set_require_sync(bool sync) {
+  std::lock_guard<std::mutex> lock(mu_);
+  require_sync_ = sync;
 }
 
 void Reducer::prepare_for_backward() {
   std::vector<std::shared_ptr<Work>> stale;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!in_backward_) return;
+    bool touched = in_backward_ || next_bucket_ > 0;
+    for (const Slot& s : slots_) touched = touched || s.ready;
+    if (!touched) return;
     for (auto& b : buckets_) {
       if (b.work) stale.push_back(b.work);
     }
   }
-  log::warn("reducer: the previous backward pass did not finish; draining ", stale.size(),
+  log::warn("reducer: the previous forward/backward pair did not finish its reduction; draining ", stale.size(),
             " collective(s) before the next one");
   for (auto& w : stale) {
     try {
@@ -91,25 +104,56 @@ void Reducer::prepare_for_backward() {
   reset_locked();
 }
 
-void Reducer::set_require_sync(bool sync) {
+void Reducer::find_unused(const std::vector<at::Tensor>& outputs) {
+  if (!options_.find_unused_parameters) return;
+  // Every node the outputs' graph reaches; a parameter whose accumulator is not among them gets
+  // no gradient in the coming backward.
+  std::unordered_set<torch::autograd::Node*> seen;
+  std::vector<torch::autograd::Node*> stack;
+  for (const auto& t : outputs) {
+    if (!t.defined()) continue;
+    if (auto fn = t.grad_fn()) {
+      stack.push_back(fn.get());
+    } else if (t.requires_grad() && t.is_leaf()) {
+      if (auto acc = torch::autograd::impl::try_get_grad_accumulator(t)) seen.insert(acc.get());
+    }
+  }
+  while (!stack.empty()) {
+    torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (!seen.insert(node).second) continue;
+    for (const auto& edge : node->next_edges()) {
+      if (edge.function) stack.push_back(edge.function.get());
+    }
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  require_sync_ = sync;
+  if (!require_sync_) return;  // no_sync: nothing is reduced in this backward
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!seen.count(slots_[i].accumulator.get())) mark_ready_locked(i);
+  }
 }
 
 void Reducer::reset_locked() {
   for (size_t b = 0; b < plan_.size(); ++b) {
     buckets_[b].pending = plan_[b].params.size();
     buckets_[b].work.reset();
+    buckets_[b].sent = at::Tensor();
   }
   for (Slot& s : slots_) s.ready = false;
   in_backward_ = false;
   next_bucket_ = 0;
+  ready_order_.clear();
 }
 
 void Reducer::launch_ready_locked() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     BucketState& b = buckets_[next_bucket_++];
-    b.work = comm_->allreduce(b.buffer, ReduceOp::Avg);  // overlaps with the rest of backward
+    at::Tensor payload = b.buffer;
+    if (options_.comm_dtype && *options_.comm_dtype != b.buffer.scalar_type()) {
+      b.sent = b.buffer.to(*options_.comm_dtype);  // copied back into the buffer in finalize()
+      payload = b.sent;
+    }
+    b.work = comm_->allreduce(payload, ReduceOp::Avg);  // overlaps with the rest of backward
   }
 }
 
@@ -125,6 +169,18 @@ void Reducer::adopt_grad_locked(Slot& s) {
   s.param.mutable_grad() = s.view;
 }
 
+void Reducer::mark_ready_locked(size_t index) {
+  Slot& s = slots_[index];
+  if (s.ready) reset_locked();  // the error below ends this backward; the next starts clean
+  DTCORE_CHECK(!s.ready, CommError, "parameter '", s.name, "' received a second gradient in one backward pass on "
+               "rank ", comm_->rank(), ", so its reduction has already started. Fix: use each parameter once per "
+               "backward, or accumulate over several backward passes inside no_sync() before the one that reduces.");
+  s.ready = true;
+  if (!rebuilt_) ready_order_.push_back(index);
+  adopt_grad_locked(s);
+  if (--buckets_[s.bucket].pending == 0) launch_ready_locked();
+}
+
 void Reducer::on_grad_ready(size_t index) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!require_sync_) {  // no_sync: accumulate locally, in the bucket
@@ -135,14 +191,7 @@ void Reducer::on_grad_ready(size_t index) {
     in_backward_ = true;
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
   }
-  Slot& s = slots_[index];
-  if (s.ready) reset_locked();  // the error below ends this backward; the next starts clean
-  DTCORE_CHECK(!s.ready, CommError, "parameter '", s.name, "' received a second gradient in one backward pass on "
-               "rank ", comm_->rank(), ", so its reduction has already started. Fix: use each parameter once per "
-               "backward, or accumulate over several backward passes before the one that reduces.");
-  s.ready = true;
-  adopt_grad_locked(s);
-  if (--buckets_[s.bucket].pending == 0) launch_ready_locked();
+  mark_ready_locked(index);
 }
 
 void Reducer::finalize() {
@@ -150,32 +199,67 @@ void Reducer::finalize() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (buckets_[b].pending == 0) continue;
     for (size_t p : plan_[b].params) {
-      if (!slots_[p].ready) {
-        std::string name = slots_[p].name;
-        reset_locked();
-        DTCORE_CHECK(false, ConfigError, "parameter '", name, "' received no gradient in this backward pass on rank ",
-                     comm_->rank(), ", so its bucket could not be reduced (the other ranks wait for it). Fix: make "
-                     "every parameter that requires grad take part in the loss, or freeze it with "
-                     "requires_grad_(False) before wrapping.");
-      }
+      if (slots_[p].ready) continue;
+      std::string name = slots_[p].name;
+      reset_locked();
+      DTCORE_CHECK(false, ConfigError, "parameter '", name, "' received no gradient in this backward pass on rank ",
+                   comm_->rank(), ", so its bucket could not be reduced (the other ranks wait for it). Fix: pass "
+                   "find_unused_parameters=True when wrapping, or freeze the parameter with requires_grad_(False).");
     }
   }
-  std::vector<std::shared_ptr<Work>> works;
-  for (auto& b : buckets_) works.push_back(b.work);
+  std::vector<BucketState*> launched;
+  for (auto& b : buckets_) launched.push_back(&b);
   lock.unlock();
-  // Waited without the lock: a hook of the next backward cannot run before this returns anyway.
+  // Waited without the lock: no hook of the next backward can run before this returns.
   std::exception_ptr failure;
-  for (auto& w : works) {
+  for (BucketState* b : launched) {
     try {
-      if (w) w->wait(comm_->timeout());
+      if (b->work) b->work->wait(comm_->timeout());
+      if (b->sent.defined()) b->buffer.copy_(b->sent);  // back into the parameters' dtype
     } catch (...) {
       if (!failure) failure = std::current_exception();
+    }
+  }
+  if (!failure && !rebuilt_) {
+    try {
+      rebuild_if_needed();
+    } catch (...) {
+      failure = std::current_exception();
     }
   }
   lock.lock();
   reset_locked();
   if (failure) std::rethrow_exception(failure);
   ++reductions_;
+}
+
+void Reducer::rebuild_if_needed() {
+  // Rank 0's observed order, so that every rank builds the same buckets (their collectives must
+  // pair up), whatever order autograd ran in on each.
+  std::vector<size_t> order;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    order = ready_order_;
+  }
+  at::Tensor shared = at::full({static_cast<int64_t>(slots_.size())}, -1, at::kLong);
+  if (order.size() == slots_.size()) {  // else this rank saw fewer: -1 says "no complete order"
+    int64_t* out = shared.data_ptr<int64_t>();
+    for (size_t i = 0; i < order.size(); ++i) out[i] = static_cast<int64_t>(order[i]);
+  }
+  if (comm_->backend() == "nccl") shared = shared.to(plan_.empty() ? c10::Device(c10::kCPU) : plan_[0].device);
+  comm_->broadcast(shared, 0)->wait(comm_->timeout());
+  shared = shared.cpu();
+  const int64_t* in = shared.data_ptr<int64_t>();
+  std::vector<size_t> chosen(slots_.size());
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    if (in[i] < 0) return;  // rank 0 has no complete order: keep the plan, try nothing else
+    chosen[i] = static_cast<size_t>(in[i]);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  rebuilt_ = true;
+  if (chosen == reverse_registration_order(slots_.size())) return;  // the plan already matches
+  build_buckets(chosen);
+  log::debug("reducer: buckets rebuilt in the order gradients became ready (", plan_.size(), " bucket(s))");
 }
 
 }  // namespace dtcore

@@ -22,6 +22,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,10 +40,20 @@ namespace dtcore {
 
 class Reducer {
  public:
+  struct Options {
+    BucketCaps caps;
+    // Allow parameters that get no gradient: find them after each forward by walking the graph
+    // from its outputs (find_unused()), and reduce them with their local gradient (zero if none).
+    bool find_unused_parameters = false;
+    // Send gradients in this dtype (e.g. bfloat16) and accumulate the result back in the
+    // parameter's; nullopt sends them as they are.
+    std::optional<c10::ScalarType> comm_dtype;
+  };
+
   // `params` in registration order, with `names` for messages; parameters that do not require
-  // grad are skipped. ConfigError for sparse or non-contiguous-layout parameters.
+  // grad are skipped. ConfigError for sparse parameters or parameters that are not leaves.
   Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, std::shared_ptr<Communicator> comm,
-          BucketCaps caps);
+          Options options);
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
@@ -51,6 +62,10 @@ class Reducer {
   // never reached its end (it raised), drains its collectives (errors ignored, bounded by the
   // timeout) and resets, so the next backward starts clean.
   void prepare_for_backward();
+
+  // With find_unused_parameters: called with the forward's outputs; marks every parameter the
+  // graph does not reach as ready now (its gradient is what it holds locally, zero if none).
+  void find_unused(const std::vector<at::Tensor>& outputs);
 
   // false inside `with model.no_sync():` gradients accumulate in the bucket views and nothing is
   // reduced; the next backward with sync on reduces the accumulated sum.
@@ -74,6 +89,7 @@ class Reducer {
     at::Tensor buffer;
     size_t pending = 0;  // gradients not yet ready in the current backward
     std::shared_ptr<Work> work;
+    at::Tensor sent;  // with comm_dtype: the buffer cast for the collective, copied back at the end
   };
 
   void on_grad_ready(size_t slot);  // autograd post-hook, on an engine thread
@@ -81,8 +97,13 @@ class Reducer {
   void reset_locked();
   void launch_ready_locked();       // starts buckets next_bucket_, ... while they are complete
   void adopt_grad_locked(Slot& s);  // makes s.param.grad the bucket view again, keeping its value
+  void mark_ready_locked(size_t slot);
+  void build_buckets(const std::vector<size_t>& order);  // plans, allocates, points grads at views
+  void rebuild_if_needed();  // after the first reduction: buckets in the order observed on rank 0
 
   std::shared_ptr<Communicator> comm_;
+  Options options_;
+  std::vector<GradSpec> specs_;
   std::vector<Bucket> plan_;
   std::vector<Slot> slots_;  // indexed like plan_'s parameter indices
   std::vector<BucketState> buckets_;
@@ -91,6 +112,8 @@ class Reducer {
   bool in_backward_ = false;  // a finalize callback is queued for the running backward
   bool require_sync_ = true;
   size_t next_bucket_ = 0;    // the next bucket to launch, in plan order
+  std::vector<size_t> ready_order_;  // slots in the order they became ready (until the rebuild)
+  bool rebuilt_ = false;
   int64_t reductions_ = 0;
 };
 

@@ -75,12 +75,76 @@ def parity(ctx, bucket_mb: float) -> list:
     return bad
 
 
+class Reordered(torch.nn.Module):
+    """Registered last-to-first, used first-to-last: gradients become ready in registration order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c = torch.nn.Linear(16, 8)
+        self.b = torch.nn.Linear(16, 16)
+        self.a = torch.nn.Linear(32, 16)
+        self.extra = torch.nn.Linear(8, 8)
+
+    def forward(self, x, use_extra: bool = False):  # (B, 32) -> (B, 8)
+        y = self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+        return self.extra(y) if use_extra else y
+
+
+def features(ctx, mode: str) -> list:
+    """unused: `extra` is used on rank 0 only; rebuild: buckets follow the observed order; bf16: comm_dtype."""
+    n, r = ctx.world_size, ctx.rank
+    bad = []
+    torch.manual_seed(0)
+    kwargs = {"bucket_mb": 0.0001, "first_bucket_mb": 0.0001}  # several buckets, so that order matters
+    if mode == "unused":
+        kwargs["find_unused_parameters"] = True
+    if mode == "bf16":
+        kwargs["comm_dtype"] = torch.bfloat16
+    model = DistributedModel(Reordered(), **kwargs)
+    reference = copy.deepcopy(model.module)
+    initial = model.bucket_params
+    data = torch.Generator().manual_seed(11)
+    tol = {"rtol": 1e-2, "atol": 1e-2} if mode == "bf16" else {"rtol": 1.3e-6, "atol": 5e-5}
+    for step in range(3):
+        x, y = torch.randn(8, 32, generator=data), torch.randn(8, 8, generator=data)
+        shard = slice(r * 8 // n, (r + 1) * 8 // n)
+        # unused: `extra` on rank 0 only; otherwise everywhere, and the reference uses it too
+        use_extra = r == 0 if mode == "unused" else True
+        local = copy.deepcopy(model.module)  # this rank's own gradients, before any reduction
+        F.mse_loss(local(x[shard], use_extra), y[shard]).backward()
+        F.mse_loss(model(x[shard], use_extra), y[shard]).backward()
+        if mode == "unused":
+            # the definition: the average over ranks of each rank's local gradient (zero if unused)
+            for (name, p), q in zip(model.module.named_parameters(), local.parameters()):
+                expected = q.grad.clone() if q.grad is not None else torch.zeros_like(p)
+                dtcore.all_reduce(expected, op="avg")
+                if not torch.allclose(p.grad, expected, rtol=1.3e-6, atol=5e-5):
+                    bad.append(f"unused step {step}: {name} max diff {(p.grad - expected).abs().max().item():.3g}")
+        else:
+            F.mse_loss(reference(x, True), y).backward()
+            for (name, p), q in zip(model.module.named_parameters(), reference.parameters()):
+                if not torch.allclose(p.grad, q.grad, **tol):
+                    bad.append(f"{mode} step {step}: {name} max diff {(p.grad - q.grad).abs().max().item():.3g}")
+        model.zero_grad(set_to_none=True)
+        reference.zero_grad(set_to_none=True)
+    if mode == "rebuild":
+        if model.bucket_params == initial:
+            bad.append(f"buckets were not rebuilt: {initial}")
+        first = model.bucket_params[0]
+        names = [name for name, _ in model.module.named_parameters()]
+        if not names[first[0]].startswith("extra") and not names[first[0]].startswith("c."):
+            bad.append(f"first bucket after rebuild starts with {names[first[0]]}")
+    return bad
+
+
 def main() -> None:
     mode = sys.argv[1]
     ctx = dtcore.init(timeout=60)
     result = {"rank": ctx.rank}
     if mode == "parity":
         result["bad"] = parity(ctx, float(sys.argv[2]))
+    elif mode in ("unused", "rebuild", "bf16"):
+        result["bad"] = features(ctx, mode)
     else:
         try:
             DistributedModel(mlp(hidden=48 if ctx.rank == 1 else 64))
