@@ -3,6 +3,7 @@
     import dtcore
     ctx = dtcore.init()          # under torchrun, SLURM, mpirun, accelerate, or alone
     dtcore.all_reduce(t, op="avg")
+    model = dtcore.wrap(model)   # gradients averaged across ranks during backward
 """
 
 from ._guard import check_torch_matches_build as _check_torch_matches_build
@@ -20,6 +21,7 @@ from ._C import (  # noqa: E402
 from ._C import __version__  # noqa: E402
 from ._collectives import all_reduce, barrier, broadcast, is_main_process, main_process_first  # noqa: E402
 from ._context import Context, get_context, init, is_initialized, shutdown  # noqa: E402
+from ._distributed_model import DistributedDataParallel, DistributedModel, wrap  # noqa: E402
 
 __all__ = [
     "__version__",
@@ -33,6 +35,9 @@ __all__ = [
     "broadcast",
     "is_main_process",
     "main_process_first",
+    "wrap",
+    "DistributedModel",
+    "DistributedDataParallel",
     "DtcoreError",
     "ConfigError",
     "RendezvousError",

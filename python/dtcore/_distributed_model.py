@@ -1,7 +1,4 @@
-"""DistributedModel: a module whose gradients are averaged across ranks during backward.
-
-Internal until gradient bucketing is complete (find_unused_parameters, comm_dtype, bucket
-rebuild and the DistributedDataParallel drop-in come with it); then `dtcore.wrap` returns one.
+"""`dtcore.wrap()` and `dtcore.DistributedDataParallel`: gradients averaged during backward.
 
 On construction: every rank must hold the same parameters (names, shapes, dtypes; a mismatch is a
 ConfigError naming the ranks and the first differing parameter), then parameters and buffers are
@@ -143,3 +140,108 @@ class DistributedModel(torch.nn.Module):
     @property
     def bucket_params(self) -> list[list[int]]:
         return self._reducer.bucket_params()
+
+
+def wrap(
+    model: torch.nn.Module,
+    *,
+    bucket_mb: float = 25.0,
+    first_bucket_mb: float = 1.0,
+    comm_dtype: Optional[torch.dtype] = None,
+    find_unused_parameters: bool = False,
+    broadcast_buffers: bool = True,
+) -> DistributedModel:
+    """After `loss.backward()`, every parameter's `.grad` is the average over ranks.
+
+    Parameters and buffers are broadcast from rank 0 first; buffers again before each forward.
+    Use `with model.no_sync():` to accumulate locally over micro-batches.
+    """
+    return DistributedModel(
+        model,
+        bucket_mb=bucket_mb,
+        first_bucket_mb=first_bucket_mb,
+        comm_dtype=comm_dtype,
+        find_unused_parameters=find_unused_parameters,
+        broadcast_buffers=broadcast_buffers,
+    )
+
+
+_UNSUPPORTED_DDP = {
+    "mixed_precision": "use comm_dtype-style compression through dtcore.wrap(comm_dtype=torch.bfloat16)",
+    "device_mesh": "dtcore runs one data-parallel group, the whole job",
+    "delay_all_reduce_named_params": "every parameter is reduced during backward",
+    "param_to_hook_all_reduce": "every parameter is reduced during backward",
+    "skip_all_reduce_unused_params": "unused parameters are reduced with zeros (find_unused_parameters=True)",
+}
+
+
+class DistributedDataParallel(DistributedModel):
+    """A drop-in for torch.nn.parallel.DistributedDataParallel's constructor and behaviour.
+
+    Switch with one import (`from dtcore import DistributedDataParallel as DDP`). Gradients are
+    always bucket views (as with gradient_as_bucket_view=True); their values are the same either
+    way. Arguments dtcore cannot honour raise ConfigError instead of being ignored.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        device_ids: Optional[list] = None,
+        output_device: Any = None,
+        dim: int = 0,
+        broadcast_buffers: bool = True,
+        process_group: Any = None,
+        bucket_cap_mb: Optional[float] = None,
+        find_unused_parameters: bool = False,
+        check_reduction: bool = False,
+        gradient_as_bucket_view: bool = False,
+        static_graph: bool = False,
+        init_sync: bool = True,
+        **unsupported: Any,
+    ) -> None:
+        ctx = get_context()
+        for name, value in unsupported.items():
+            if value is not None:
+                why = _UNSUPPORTED_DDP.get(name, "torch's DistributedDataParallel has no such argument either")
+                raise _C.ConfigError(f"DistributedDataParallel({name}=...) is not supported: {why}.")
+        if device_ids:  # None or []: the module's own device
+            wanted = [torch.device("cuda", d) if isinstance(d, int) else torch.device(d) for d in device_ids]
+            if wanted != [ctx.device]:
+                raise _C.ConfigError(
+                    f"DistributedDataParallel(device_ids={device_ids}): this rank's device is {ctx.device}, one "
+                    f"device per process. Fix: leave device_ids=None"
+                    + (f" or pass device_ids=[{ctx.device.index}]." if ctx.device.type == "cuda" else " on CPU.")
+                )
+        out_dev = torch.device("cuda", output_device) if isinstance(output_device, int) else output_device
+        if out_dev is not None and torch.device(out_dev) != ctx.device:
+            raise _C.ConfigError(f"DistributedDataParallel(output_device={output_device}): outputs stay on "
+                                 f"{ctx.device}, this rank's device. Fix: leave output_device=None.")
+        if dim != 0:
+            raise _C.ConfigError(f"DistributedDataParallel(dim={dim}): one device per process needs no scatter "
+                                 "dimension. Fix: leave dim=0.")
+        if process_group is not None:
+            import torch.distributed as dist
+
+            if not dist.is_initialized() or process_group is not dist.group.WORLD:
+                raise _C.ConfigError(
+                    "DistributedDataParallel(process_group=...): dtcore reduces over the whole job only. Fix: leave "
+                    "process_group=None (or pass the default group)."
+                )
+        if not init_sync:
+            raise _C.ConfigError(
+                "DistributedDataParallel(init_sync=False): dtcore always broadcasts rank 0's parameters and checks "
+                "them across ranks at wrap time. Fix: leave init_sync=True."
+            )
+        del check_reduction, gradient_as_bucket_view, static_graph  # honoured as they are (see docstring)
+        super().__init__(
+            module,
+            bucket_mb=25.0 if bucket_cap_mb is None else float(bucket_cap_mb),
+            find_unused_parameters=find_unused_parameters,
+            broadcast_buffers=broadcast_buffers,
+        )
+
+    def register_comm_hook(self, state: Any, hook: Any) -> None:
+        raise _C.ConfigError(
+            "DistributedDataParallel.register_comm_hook is not supported: dtcore's reducer averages buckets with "
+            "its own communicator. Fix: for bf16/fp16 compression use dtcore.wrap(model, comm_dtype=torch.bfloat16)."
+        )

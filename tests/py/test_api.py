@@ -164,3 +164,25 @@ def test_python_logging_reaches_the_cpp_sinks(tmp_path):
 
 def test_dtcore_logger_does_not_propagate_twice():
     assert logging.getLogger("dtcore").propagate is False
+
+
+def test_ddp_drop_in_refuses_what_it_cannot_honour(fresh_dtcore):
+    dtcore.init(timeout=30)
+    net = torch.nn.Linear(3, 3)
+    with pytest.raises(dtcore.ConfigError, match=r"device_ids=\[1\].*cpu"):
+        dtcore.DistributedDataParallel(net, device_ids=[1])
+    with pytest.raises(dtcore.ConfigError, match="dim=1"):
+        dtcore.DistributedDataParallel(net, dim=1)
+    with pytest.raises(dtcore.ConfigError, match="init_sync=False"):
+        dtcore.DistributedDataParallel(net, init_sync=False)
+    with pytest.raises(dtcore.ConfigError, match="device_mesh"):
+        dtcore.DistributedDataParallel(net, device_mesh=object())
+    model = dtcore.DistributedDataParallel(net, device_ids=None, bucket_cap_mb=1, gradient_as_bucket_view=True)
+    with pytest.raises(dtcore.ConfigError, match="register_comm_hook is not supported"):
+        model.register_comm_hook(None, None)
+    with pytest.raises(dtcore.ConfigError, match="comm_dtype=torch.int8"):
+        dtcore.wrap(torch.nn.Linear(2, 2), comm_dtype=torch.int8)
+    with pytest.raises(dtcore.ConfigError, match="bucket_mb=0 is not a positive size"):
+        dtcore.wrap(torch.nn.Linear(2, 2), bucket_mb=0)
+    model(torch.ones(1, 3)).sum().backward()  # world of one: the average is the gradient itself
+    assert torch.equal(net.weight.grad, torch.ones(3, 1).expand(3, 3))

@@ -75,3 +75,16 @@ def test_find_unused_parameters_bucket_rebuild_and_comm_dtype(mode):
     for r in results:
         assert r.json()["bad"] == [], r.json()
     assert not leftover_processes(sessions)
+
+
+@pytest.mark.parametrize("world,bucket_cap_mb,steps", [(2, 25.0, 20), (2, 0.001, 3), (4, 0.001, 3)])
+def test_ddp_drop_in_on_mlp_cnn_with_batchnorm_and_tied_transformer(world, bucket_cap_mb, steps):
+    port = free_port()
+    envs = [clean_env(**torchrun_style(rank, world, port)) for rank in range(world)]
+    results, sessions = run_ranks("ddp_worker.py", envs, args=(str(bucket_cap_mb), str(steps)), timeout=180)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    for r in results:
+        j = r.json()
+        assert j["bad"] == [], j
+        assert "mixed_precision=...) is not supported" in j["refused"]
+    assert not leftover_processes(sessions)
