@@ -88,3 +88,18 @@ def test_ddp_drop_in_on_mlp_cnn_with_batchnorm_and_tied_transformer(world, bucke
         assert j["bad"] == [], j
         assert "mixed_precision=...) is not supported" in j["refused"]
     assert not leftover_processes(sessions)
+
+
+def test_the_main_job_trains_under_torchrun():
+    import sys
+    from pathlib import Path
+
+    from launch_helpers import run_processes
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "train_gpt.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           "--preset", "tiny", "--steps", "20", "--accum", "2", "--log-every", "10"]
+    results, sessions = run_processes([cmd], [clean_env()], timeout=240)
+    assert results[0].returncode == 0, describe(results)
+    assert "tokens/s" in results[0].stdout and ": OK" in results[0].stdout, results[0].stdout
+    assert not leftover_processes(sessions)

@@ -1,0 +1,123 @@
+"""A small GPT (decoder-only transformer), nanoGPT-style, and a corpus to train it on.
+
+Used by examples/train_gpt.py and benchmarks/bench_reducer.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclasses.dataclass
+class GPTConfig:
+    vocab_size: int = 64
+    block_size: int = 128
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+
+
+PRESETS = {
+    "tiny": GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=64),  # seconds on a laptop CPU
+    "small": GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=128),  # ~0.8M parameters
+    "20m": GPTConfig(n_layer=6, n_head=8, n_embd=512, block_size=128),  # ~19M: the CPU benchmark
+    "gpt2": GPTConfig(vocab_size=50304, n_layer=12, n_head=12, n_embd=768, block_size=1024),  # 124M
+}
+
+
+class Block(torch.nn.Module):
+    def __init__(self, c: GPTConfig) -> None:
+        super().__init__()
+        self.ln1 = torch.nn.LayerNorm(c.n_embd)
+        self.qkv = torch.nn.Linear(c.n_embd, 3 * c.n_embd)
+        self.proj = torch.nn.Linear(c.n_embd, c.n_embd)
+        self.ln2 = torch.nn.LayerNorm(c.n_embd)
+        self.fc = torch.nn.Linear(c.n_embd, 4 * c.n_embd)
+        self.out = torch.nn.Linear(4 * c.n_embd, c.n_embd)
+        self.n_head = c.n_head
+        self.dropout = c.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)  # each (B, T, C)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, H, T, D)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))  # (B, T, C)
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(torch.nn.Module):
+    def __init__(self, c: GPTConfig) -> None:
+        super().__init__()
+        self.config = c
+        self.tok = torch.nn.Embedding(c.vocab_size, c.n_embd)
+        self.pos = torch.nn.Embedding(c.block_size, c.n_embd)
+        self.blocks = torch.nn.ModuleList(Block(c) for _ in range(c.n_layer))
+        self.ln = torch.nn.LayerNorm(c.n_embd)
+        self.head = torch.nn.Linear(c.n_embd, c.vocab_size, bias=False)
+        self.head.weight = self.tok.weight  # tied embeddings
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m: torch.nn.Module) -> None:
+        if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
+            torch.nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, torch.nn.Linear) and m.bias is not None:
+            torch.nn.init.zeros_(m.bias)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        B, T = idx.shape
+        x = self.tok(idx) + self.pos(torch.arange(T, device=idx.device))  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln(x))  # (B, T, vocab)
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def num_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def make_corpus(chars: int = 200_000, seed: int = 0) -> str:
+    """Generated text with structure a small model learns quickly: sums and short sentences."""
+    rng = random.Random(seed)
+    nouns = ["rank", "node", "gpu", "bucket", "tensor", "store", "port", "job", "loss", "step"]
+    verbs = ["joins", "waits", "sends", "reduces", "starts", "fails", "holds", "names"]
+    parts = []
+    size = 0
+    while size < chars:
+        if rng.random() < 0.5:
+            a, b = rng.randint(0, 99), rng.randint(0, 99)
+            s = f"{a} + {b} = {a + b}. "
+        else:
+            s = f"the {rng.choice(nouns)} {rng.choice(verbs)} the {rng.choice(nouns)}. "
+        parts.append(s)
+        size += len(s)
+    return "".join(parts)
+
+
+class CharData:
+    """Character-level batches; every rank draws its own, reproducibly (seed + rank)."""
+
+    def __init__(self, text: str, block_size: int, seed: int) -> None:
+        self.vocab = sorted(set(text))
+        index = {c: i for i, c in enumerate(self.vocab)}
+        self.data = torch.tensor([index[c] for c in text], dtype=torch.long)
+        self.block_size = block_size
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def batch(self, batch_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        start = torch.randint(len(self.data) - self.block_size - 1, (batch_size,), generator=self.gen)
+        x = torch.stack([self.data[s : s + self.block_size] for s in start])  # (B, T)
+        y = torch.stack([self.data[s + 1 : s + 1 + self.block_size] for s in start])  # (B, T)
+        return x.to(device), y.to(device)
+
+
+def uniform_loss(vocab: int) -> float:
+    return math.log(vocab)
