@@ -66,7 +66,7 @@ def test_a_model_that_differs_across_ranks_is_named_by_rank_and_parameter():
     assert not leftover_processes(sessions)
 
 
-@pytest.mark.parametrize("mode", ["unused", "rebuild", "bf16"])
+@pytest.mark.parametrize("mode", ["unused", "rebuild", "bf16", "bf16params"])
 def test_find_unused_parameters_bucket_rebuild_and_comm_dtype(mode):
     port = free_port()
     envs = [clean_env(**torchrun_style(rank, 2, port)) for rank in range(2)]
@@ -77,7 +77,7 @@ def test_find_unused_parameters_bucket_rebuild_and_comm_dtype(mode):
     assert not leftover_processes(sessions)
 
 
-@pytest.mark.parametrize("world,bucket_cap_mb,steps", [(2, 25.0, 20), (2, 0.001, 3), (4, 0.001, 3)])
+@pytest.mark.parametrize("world,bucket_cap_mb,steps", [(2, 25.0, 20), (2, 0.001, 3), (4, 25.0, 3), (4, 0.001, 3)])
 def test_ddp_drop_in_on_mlp_cnn_with_batchnorm_and_tied_transformer(world, bucket_cap_mb, steps):
     port = free_port()
     envs = [clean_env(**torchrun_style(rank, world, port)) for rank in range(world)]

@@ -114,8 +114,9 @@ std::shared_ptr<Work> GlooCommunicator::allreduce(const at::Tensor& tensor, Redu
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(op);
   opts.timeout = timeout();
+  // Avg divides by the world size once the sum is in; with one rank there is nothing to divide.
   return launch("allreduce", next_seq(), tensor, &op, [&] { return backend_->allreduce(tensors, opts); },
-                op == ReduceOp::Avg ? tensor : at::Tensor());
+                op == ReduceOp::Avg && size() > 1 ? tensor : at::Tensor());
 }
 
 std::shared_ptr<Work> GlooCommunicator::reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
@@ -128,7 +129,7 @@ std::shared_ptr<Work> GlooCommunicator::reduce_scatter(const at::Tensor& output,
   opts.timeout = timeout();
   return launch("reduce_scatter", next_seq(), input, &op,
                 [&] { return backend_->_reduce_scatter_base(out, in, opts); },
-                op == ReduceOp::Avg ? output : at::Tensor());
+                op == ReduceOp::Avg && size() > 1 ? output : at::Tensor());
 }
 
 std::shared_ptr<Work> GlooCommunicator::all_gather(const at::Tensor& output, const at::Tensor& input) {

@@ -91,7 +91,8 @@ class Reordered(torch.nn.Module):
 
 
 def features(ctx, mode: str) -> list:
-    """unused: `extra` is used on rank 0 only; rebuild: buckets follow the observed order; bf16: comm_dtype."""
+    """unused: `extra` is used on rank 0 only; rebuild: buckets follow the observed order;
+    bf16: comm_dtype=bfloat16; bf16params: bfloat16 parameters (gradients reduced in bfloat16)."""
     n, r = ctx.world_size, ctx.rank
     bad = []
     torch.manual_seed(0)
@@ -100,13 +101,15 @@ def features(ctx, mode: str) -> list:
         kwargs["find_unused_parameters"] = True
     if mode == "bf16":
         kwargs["comm_dtype"] = torch.bfloat16
-    model = DistributedModel(Reordered(), **kwargs)
+    module = Reordered().to(torch.bfloat16) if mode == "bf16params" else Reordered()
+    model = DistributedModel(module, **kwargs)
     reference = copy.deepcopy(model.module)
     initial = model.bucket_params
     data = torch.Generator().manual_seed(11)
-    tol = {"rtol": 1e-2, "atol": 1e-2} if mode == "bf16" else {"rtol": 1.3e-6, "atol": 5e-5}
+    tol = {"rtol": 1e-2, "atol": 1e-2} if mode.startswith("bf16") else {"rtol": 1.3e-6, "atol": 5e-5}
+    dtype = torch.bfloat16 if mode == "bf16params" else torch.float32
     for step in range(3):
-        x, y = torch.randn(8, 32, generator=data), torch.randn(8, 8, generator=data)
+        x, y = torch.randn(8, 32, generator=data, dtype=dtype), torch.randn(8, 8, generator=data, dtype=dtype)
         shard = slice(r * 8 // n, (r + 1) * 8 // n)
         # unused: `extra` on rank 0 only; otherwise everywhere, and the reference uses it too
         use_extra = r == 0 if mode == "unused" else True
@@ -143,7 +146,7 @@ def main() -> None:
     result = {"rank": ctx.rank}
     if mode == "parity":
         result["bad"] = parity(ctx, float(sys.argv[2]))
-    elif mode in ("unused", "rebuild", "bf16"):
+    elif mode in ("unused", "rebuild", "bf16", "bf16params"):
         result["bad"] = features(ctx, mode)
     else:
         try:
