@@ -316,8 +316,8 @@ PYBIND11_MODULE(_C, m) {
            py::arg("first_bucket_mb") = 1.0, py::arg("find_unused_parameters") = false,
            py::arg("comm_dtype") = py::none())
       .def("find_unused", &Reducer::find_unused, py::arg("outputs"), py::call_guard<py::gil_scoped_release>())
-      .def("prepare_for_backward", &Reducer::prepare_for_backward, py::call_guard<py::gil_scoped_release>())
-      .def("set_require_sync", &Reducer::set_require_sync, py::arg("sync"))
+      .def("prepare_for_backward", &Reducer::prepare_for_backward, py::arg("sync") = true,
+           py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("reductions", &Reducer::reductions)
       .def("bucket_params", [](const Reducer& r) {
         std::vector<std::vector<size_t>> out;

@@ -19,7 +19,9 @@ from ._context import get_context
 
 
 def _signature(module: torch.nn.Module) -> list[str]:
-    return [f"{name} {tuple(p.shape)} {p.dtype}" for name, p in module.named_parameters()]
+    # requires_grad too: ranks that freeze differently would plan different buckets
+    return [f"{name} {tuple(p.shape)} {p.dtype}{'' if p.requires_grad else ' frozen'}"
+            for name, p in module.named_parameters()]
 
 
 def _check_same_parameters(module: torch.nn.Module) -> None:
@@ -28,20 +30,24 @@ def _check_same_parameters(module: torch.nn.Module) -> None:
     if ctx.world_size == 1:
         return
     mine = _signature(module)
+    device = ctx.device  # the communicator's device (NCCL takes CUDA tensors only)
     digest = torch.frombuffer(bytearray(hashlib.sha256("\n".join(mine).encode()).digest()), dtype=torch.uint8)
-    gathered = torch.empty(32 * ctx.world_size, dtype=torch.uint8)
+    digest = digest.to(device)
+    gathered = torch.empty(32 * ctx.world_size, dtype=torch.uint8, device=device)
     ctx.communicator.all_gather(gathered, digest).wait(ctx.timeout)
-    digests = gathered.view(ctx.world_size, 32)
+    digests = gathered.view(ctx.world_size, 32).cpu()
     odd = [r for r in range(ctx.world_size) if not torch.equal(digests[r], digests[0])]
     if not odd:
         return
     # Rank 0's list, so that each odd rank can name its first difference.
-    text = torch.frombuffer(bytearray("\n".join(mine).encode() or b" "), dtype=torch.uint8) if ctx.rank == 0 else None
-    length = torch.tensor([text.numel() if text is not None else 0], dtype=torch.int64)
+    text = None
+    if ctx.rank == 0:
+        text = torch.frombuffer(bytearray("\n".join(mine).encode() or b" "), dtype=torch.uint8).to(device)
+    length = torch.tensor([text.numel() if text is not None else 0], dtype=torch.int64, device=device)
     broadcast(length, src=0)
-    buffer = text if text is not None else torch.empty(int(length.item()), dtype=torch.uint8)
+    buffer = text if text is not None else torch.empty(int(length.item()), dtype=torch.uint8, device=device)
     broadcast(buffer, src=0)
-    reference = bytes(buffer.tolist()).decode().split("\n")
+    reference = bytes(buffer.cpu().tolist()).decode().split("\n")
     where = ""
     if ctx.rank in odd:
         for i in range(max(len(mine), len(reference))):
@@ -115,27 +121,31 @@ class DistributedModel(torch.nn.Module):
                                    first_bucket_mb, find_unused_parameters, comm_dtype)
         self._find_unused = find_unused_parameters
         self._broadcast_buffers = broadcast_buffers and ctx.world_size > 1
+        self._sync = True  # False inside no_sync()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        # Only a forward with grad enabled prepares a reduction, and only a synced one talks to the
+        # other ranks: a rank evaluating alone under torch.no_grad() issues no collective.
+        synced = torch.is_grad_enabled() and self._sync
         if torch.is_grad_enabled():
-            self._reducer.prepare_for_backward()
-        if self._broadcast_buffers:
+            self._reducer.prepare_for_backward(self._sync)
+        if synced and self._broadcast_buffers:
             buffers = list(self.module.buffers())
             if buffers:
                 _broadcast_tensors(buffers)  # e.g. BatchNorm running statistics, as DDP does
         out = self.module(*args, **kwargs)
-        if self._find_unused and torch.is_grad_enabled():
+        if synced and self._find_unused:
             self._reducer.find_unused(_tensors_in(out))
         return out
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Backward passes inside accumulate locally; the next one outside reduces the sum."""
-        self._reducer.set_require_sync(False)
+        """Forward and backward passes inside accumulate locally; the next synced one reduces the sum."""
+        previous, self._sync = self._sync, False
         try:
             yield
         finally:
-            self._reducer.set_require_sync(True)
+            self._sync = previous
 
     @property
     def bucket_params(self) -> list[list[int]]:
@@ -166,6 +176,13 @@ def wrap(
     )
 
 
+# Accepted at torch's default (None or False) only.
+_HARMLESS_DDP = {
+    "bucket_cap_mb_list": "pass one bucket_cap_mb",
+    "batched_grad_copy": "gradients are bucket views: there is nothing to copy",
+    "forward_sync_buffers": "buffers are broadcast before each synced forward when broadcast_buffers=True",
+}
+
 _UNSUPPORTED_DDP = {
     "mixed_precision": "use comm_dtype-style compression through dtcore.wrap(comm_dtype=torch.bfloat16)",
     "device_mesh": "dtcore runs one data-parallel group, the whole job",
@@ -189,21 +206,24 @@ class DistributedDataParallel(DistributedModel):
         device_ids: Optional[list] = None,
         output_device: Any = None,
         dim: int = 0,
-        broadcast_buffers: bool = True,
+        broadcast_buffers: Optional[bool] = None,  # torch 2.13's default: None means True
+        init_sync: bool = True,
         process_group: Any = None,
         bucket_cap_mb: Optional[float] = None,
         find_unused_parameters: bool = False,
         check_reduction: bool = False,
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
-        init_sync: bool = True,
         **unsupported: Any,
     ) -> None:
         ctx = get_context()
         for name, value in unsupported.items():
-            if value is not None:
-                why = _UNSUPPORTED_DDP.get(name, "torch's DistributedDataParallel has no such argument either")
-                raise _C.ConfigError(f"DistributedDataParallel({name}=...) is not supported: {why}.")
+            if name not in _UNSUPPORTED_DDP and name not in _HARMLESS_DDP:
+                raise _C.ConfigError(f"DistributedDataParallel got an unknown argument '{name}' (torch's has none "
+                                     "of that name either). Fix: check its spelling.")
+            if value is not None and value is not False:  # torch's defaults are None or False
+                why = _UNSUPPORTED_DDP.get(name) or _HARMLESS_DDP[name]
+                raise _C.ConfigError(f"DistributedDataParallel({name}={value!r}) is not supported: {why}.")
         if device_ids:  # None or []: the module's own device
             wanted = [torch.device("cuda", d) if isinstance(d, int) else torch.device(d) for d in device_ids]
             if wanted != [ctx.device]:
@@ -237,7 +257,7 @@ class DistributedDataParallel(DistributedModel):
             module,
             bucket_mb=25.0 if bucket_cap_mb is None else float(bucket_cap_mb),
             find_unused_parameters=find_unused_parameters,
-            broadcast_buffers=broadcast_buffers,
+            broadcast_buffers=True if broadcast_buffers is None else broadcast_buffers,
         )
 
     def register_comm_hook(self, state: Any, hook: Any) -> None:

@@ -177,7 +177,12 @@ def test_ddp_drop_in_refuses_what_it_cannot_honour(fresh_dtcore):
         dtcore.DistributedDataParallel(net, init_sync=False)
     with pytest.raises(dtcore.ConfigError, match="device_mesh"):
         dtcore.DistributedDataParallel(net, device_mesh=object())
-    model = dtcore.DistributedDataParallel(net, device_ids=None, bucket_cap_mb=1, gradient_as_bucket_view=True)
+    with pytest.raises(dtcore.ConfigError, match="unknown argument 'bucket_size'"):
+        dtcore.DistributedDataParallel(net, bucket_size=3)
+    # torch's own defaults, passed explicitly, are accepted
+    model = dtcore.DistributedDataParallel(net, None, None, 0, None, True, None, bucket_cap_mb=1,
+                                           gradient_as_bucket_view=True, skip_all_reduce_unused_params=False,
+                                           batched_grad_copy=False, mixed_precision=None)
     with pytest.raises(dtcore.ConfigError, match="register_comm_hook is not supported"):
         model.register_comm_hook(None, None)
     with pytest.raises(dtcore.ConfigError, match="comm_dtype=torch.int8"):
@@ -186,3 +191,12 @@ def test_ddp_drop_in_refuses_what_it_cannot_honour(fresh_dtcore):
         dtcore.wrap(torch.nn.Linear(2, 2), bucket_mb=0)
     model(torch.ones(1, 3)).sum().backward()  # world of one: the average is the gradient itself
     assert torch.equal(net.weight.grad, torch.ones(3, 1).expand(3, 3))
+
+
+def test_create_graph_through_a_wrapped_model_is_refused_clearly(fresh_dtcore):
+    dtcore.init(timeout=30)
+    model = dtcore.wrap(torch.nn.Linear(3, 1))
+    loss = (model(torch.ones(2, 3)) ** 2).sum()
+    with pytest.raises(RuntimeError, match=r"create_graph=True\) through a wrapped model is not supported"):
+        loss.backward(create_graph=True)
+    model(torch.ones(2, 3)).sum().backward()  # the next step is clean

@@ -3,6 +3,7 @@
 #include <unordered_set>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -75,33 +76,42 @@ int64_t Reducer::reductions() const {
   return reductions_;
 }
 
-void Reducer::set_require_sync(bool sync) {
-  std::lock_guard<std::mutex> lock(mu_);
-  require_sync_ = sync;
-}
-
-void Reducer::prepare_for_backward() {
-  std::vector<std::shared_ptr<Work>> stale;
+void Reducer::prepare_for_backward(bool sync) {
+  std::vector<std::shared_ptr<Work>> launched;
+  std::vector<std::string> missing;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    bool touched = in_backward_ || next_bucket_ > 0;
-    for (const Slot& s : slots_) touched = touched || s.ready;
-    if (!touched) return;
+    if (!backward_started_) {  // nothing pending: arm for the coming backward
+      reset_locked();
+      expect_hooks_ = sync;
+      return;
+    }
     for (auto& b : buckets_) {
-      if (b.work) stale.push_back(b.work);
+      if (b.work) launched.push_back(b.work);
+    }
+    for (const Slot& s : slots_) {
+      if (!s.ready) missing.push_back(s.name);
     }
   }
-  log::warn("reducer: the previous forward/backward pair did not finish its reduction; draining ", stale.size(),
-            " collective(s) before the next one");
-  for (auto& w : stale) {
+  // Drained before raising, so that no collective still writes into .grad afterwards.
+  for (auto& w : launched) {
     try {
       w->wait(comm_->timeout());
     } catch (const std::exception&) {
-      // Already reported by the failed backward; the state is reset below either way.
+      // The error below is the one to act on.
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  reset_locked();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    reset_locked();
+  }
+  std::string names = missing.empty() ? std::string("?") : "'" + missing.front() + "'";
+  if (missing.size() > 1) names += detail::cat(" (and ", missing.size() - 1, " more, e.g. '", missing.back(), "')");
+  DTCORE_CHECK(false, ConfigError, "the previous backward pass on rank ", comm_->rank(),
+               " did not complete its gradient reduction: parameter ", names,
+               " received no gradient (or that backward raised before reaching it). Fix: pass "
+               "find_unused_parameters=True when wrapping if some parameters are unused, or freeze them with "
+               "requires_grad_(False); after a backward that raised, restart the step on every rank.");
 }
 
 void Reducer::find_unused(const std::vector<at::Tensor>& outputs) {
@@ -127,9 +137,10 @@ void Reducer::find_unused(const std::vector<at::Tensor>& outputs) {
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (!require_sync_) return;  // no_sync: nothing is reduced in this backward
+  unused_.clear();
+  if (!expect_hooks_) return;  // no_sync: nothing is reduced in this backward
   for (size_t i = 0; i < slots_.size(); ++i) {
-    if (!seen.count(slots_[i].accumulator.get())) mark_ready_locked(i);
+    if (!seen.count(slots_[i].accumulator.get())) unused_.push_back(i);
   }
 }
 
@@ -140,7 +151,9 @@ void Reducer::reset_locked() {
     buckets_[b].sent = at::Tensor();
   }
   for (Slot& s : slots_) s.ready = false;
-  in_backward_ = false;
+  expect_hooks_ = false;
+  backward_started_ = false;
+  unused_.clear();
   next_bucket_ = 0;
   ready_order_.clear();
 }
@@ -154,6 +167,11 @@ void Reducer::launch_ready_locked() {
       payload = b.sent;
     }
     b.work = comm_->allreduce(payload, ReduceOp::Avg);  // overlaps with the rest of backward
+    if (next_bucket_ == buckets_.size()) {
+      // The last one: collect them all when this backward ends. Queued now rather than at the
+      // first hook, so that a nested backward (reentrant checkpointing) cannot end it early.
+      torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
+    }
   }
 }
 
@@ -183,30 +201,25 @@ void Reducer::mark_ready_locked(size_t index) {
 
 void Reducer::on_grad_ready(size_t index) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!require_sync_) {  // no_sync: accumulate locally, in the bucket
+  if (at::GradMode::is_enabled()) {  // backward(create_graph=True): .grad is being replaced out of place
+    reset_locked();
+    DTCORE_CHECK(false, ConfigError, "backward(create_graph=True) through a wrapped model is not supported: its "
+                 "gradients would be averaged without their graph. Fix: compute higher-order gradients on the "
+                 "unwrapped module (model.module), or average them yourself with dtcore.all_reduce.");
+  }
+  if (!expect_hooks_) {  // no_sync, or a backward the wrapper's forward did not prepare
     adopt_grad_locked(slots_[index]);
     return;
   }
-  if (!in_backward_) {
-    in_backward_ = true;
-    torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
+  if (!backward_started_) {
+    backward_started_ = true;
+    for (size_t u : unused_) mark_ready_locked(u);  // see find_unused()
   }
   mark_ready_locked(index);
 }
 
 void Reducer::finalize() {
   std::unique_lock<std::mutex> lock(mu_);
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    if (buckets_[b].pending == 0) continue;
-    for (size_t p : plan_[b].params) {
-      if (slots_[p].ready) continue;
-      std::string name = slots_[p].name;
-      reset_locked();
-      DTCORE_CHECK(false, ConfigError, "parameter '", name, "' received no gradient in this backward pass on rank ",
-                   comm_->rank(), ", so its bucket could not be reduced (the other ranks wait for it). Fix: pass "
-                   "find_unused_parameters=True when wrapping, or freeze the parameter with requires_grad_(False).");
-    }
-  }
   std::vector<BucketState*> launched;
   for (auto& b : buckets_) launched.push_back(&b);
   lock.unlock();

@@ -8,9 +8,15 @@
 // bucket's asynchronous allreduce (average) starts, on the communicator (Gloo's
 // threads on CPU, the NCCL stream on GPU) while autograd goes on with earlier layers. Buckets
 // start strictly in plan order (a ready bucket waits for the earlier ones): collectives must be
-// issued in the same order on every rank, whatever order autograd happens to run in. The first
-// hook of a backward queues a callback with the autograd engine that runs when backward ends:
-// it waits for every bucket (with the communicator's timeout) and resets for the next one.
+// issued in the same order on every rank, whatever order autograd happens to run in. When the
+// last bucket starts, a callback is queued with the autograd engine; it runs when backward ends,
+// waits for every bucket (with the communicator's timeout) and resets for the next pass.
+//
+// As in torch DDP, the forward decides: prepare_for_backward() arms the hooks for the coming
+// backward only when the wrapper's forward ran with grad enabled and sync on. Otherwise the hooks
+// only keep gradients in the bucket views (no_sync accumulation, or a backward that does not go
+// through the wrapper). A backward whose reduction did not complete (a parameter got no gradient,
+// or the backward raised) is reported by the next prepare_for_backward(), by parameter name.
 //
 // If a .grad was replaced (e.g. optimizer.zero_grad(set_to_none=True) left None and autograd
 // allocated a new tensor), the hook copies it into the bucket and points .grad back at the view.
@@ -58,18 +64,15 @@ class Reducer {
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
-  // Called before each forward (the model wrapper's forward does it). If the previous backward
-  // never reached its end (it raised), drains its collectives (errors ignored, bounded by the
-  // timeout) and resets, so the next backward starts clean.
-  void prepare_for_backward();
+  // Called by the wrapper's forward when grad is enabled: the coming backward reduces when `sync`
+  // (false inside no_sync()). If the previous backward started reducing but did not complete,
+  // drains its collectives and raises ConfigError naming the parameters that got no gradient.
+  void prepare_for_backward(bool sync);
 
-  // With find_unused_parameters: called with the forward's outputs; marks every parameter the
-  // graph does not reach as ready now (its gradient is what it holds locally, zero if none).
+  // With find_unused_parameters: called with the forward's outputs; every parameter the graph
+  // does not reach is marked ready when the backward starts (with what it holds locally, zero if
+  // nothing). Marked then, not now, so that every rank issues its collectives inside backward.
   void find_unused(const std::vector<at::Tensor>& outputs);
-
-  // false inside `with model.no_sync():` gradients accumulate in the bucket views and nothing is
-  // reduced; the next backward with sync on reduces the accumulated sum.
-  void set_require_sync(bool sync);
 
   const std::vector<Bucket>& buckets() const { return plan_; }
   // Backward passes fully reduced so far.
@@ -93,7 +96,7 @@ class Reducer {
   };
 
   void on_grad_ready(size_t slot);  // autograd post-hook, on an engine thread
-  void finalize();                  // queued with the engine by the first hook of a backward
+  void finalize();                  // queued with the engine when the last bucket starts
   void reset_locked();
   void launch_ready_locked();       // starts buckets next_bucket_, ... while they are complete
   void adopt_grad_locked(Slot& s);  // makes s.param.grad the bucket view again, keeping its value
@@ -109,9 +112,10 @@ class Reducer {
   std::vector<BucketState> buckets_;
 
   mutable std::mutex mu_;
-  bool in_backward_ = false;  // a finalize callback is queued for the running backward
-  bool require_sync_ = true;
-  size_t next_bucket_ = 0;    // the next bucket to launch, in plan order
+  bool expect_hooks_ = false;     // armed by prepare_for_backward(sync=true), cleared at the end
+  bool backward_started_ = false;  // a hook of the armed backward has run
+  std::vector<size_t> unused_;     // found by find_unused(), marked ready by the first hook
+  size_t next_bucket_ = 0;         // the next bucket to launch, in plan order
   std::vector<size_t> ready_order_;  // slots in the order they became ready (until the rebuild)
   bool rebuilt_ = false;
   int64_t reductions_ = 0;
