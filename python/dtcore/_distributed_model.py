@@ -120,7 +120,8 @@ class DistributedModel(torch.nn.Module):
         self._reducer = _C.Reducer([p for _, p in named], [n for n, _ in named], ctx.communicator, bucket_mb,
                                    first_bucket_mb, find_unused_parameters, comm_dtype)
         self._find_unused = find_unused_parameters
-        self._broadcast_buffers = broadcast_buffers and ctx.world_size > 1
+        # Collected once, as DDP does (BatchNorm updates its buffers in place): not per forward.
+        self._synced_buffers = list(module.buffers()) if broadcast_buffers and ctx.world_size > 1 else []
         self._sync = True  # False inside no_sync()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -129,10 +130,8 @@ class DistributedModel(torch.nn.Module):
         synced = torch.is_grad_enabled() and self._sync
         if torch.is_grad_enabled():
             self._reducer.prepare_for_backward(self._sync)
-        if synced and self._broadcast_buffers:
-            buffers = list(self.module.buffers())
-            if buffers:
-                _broadcast_tensors(buffers)  # e.g. BatchNorm running statistics, as DDP does
+        if synced and self._synced_buffers:
+            _broadcast_tensors(self._synced_buffers)  # e.g. BatchNorm running statistics, as DDP does
         out = self.module(*args, **kwargs)
         if synced and self._find_unused:
             self._reducer.find_unused(_tensors_in(out))

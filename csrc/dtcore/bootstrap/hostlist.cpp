@@ -61,7 +61,7 @@ std::vector<std::string> expand_range_list(std::string_view body, std::string_vi
     DTCORE_CHECK(lo <= hi, ConfigError, source, "='", text, "' has the range ", item,
                  " that runs backwards. Fix: write the smaller number first.");
     DTCORE_CHECK(hi - lo < 1000000, ConfigError, source, "='", text, "' has the range ", item,
-                 " of more than a million hosts.");
+                 " of more than a million hosts.", kHostlistFix);
     size_t width = lo_s.size();  // SLURM keeps the zero padding of the lower bound
     for (long v = lo; v <= hi; ++v) {
       std::string s = std::to_string(v);

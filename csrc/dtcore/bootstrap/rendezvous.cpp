@@ -16,6 +16,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "dtcore/common/backoff.h"
+#include "dtcore/common/c10_error.h"
 #include "dtcore/common/error.h"
 #include "dtcore/common/log.h"
 
@@ -44,25 +46,12 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-std::string clean(const std::exception& e) {
-  if (auto* ce = dynamic_cast<const c10::Error*>(&e)) return ce->what_without_backtrace();
-  return e.what();
-}
 
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
-// Growing poll interval: fast when ranks arrive together, light on the store when they do not.
-class Backoff {
- public:
-  void sleep() {
-    std::this_thread::sleep_for(delay_);
-    delay_ = std::min(delay_ * 2, milliseconds(200));
-  }
-
- private:
-  milliseconds delay_{5};
-};
+// Store polls: fast when ranks arrive together, light on rank 0's server when they do not.
+Backoff store_backoff() { return Backoff(milliseconds(5), milliseconds(200)); }
 
 // The addresses of host:port, resolved once (a slow resolver must not eat the timeout per retry).
 struct Addresses {
@@ -137,7 +126,7 @@ c10::intrusive_ptr<c10d::TCPStore> serve(const Context& c, bool& uses_libuv) {
       uses_libuv = store->isLibUvBackend();
       return store;
     } catch (const std::exception& e) {
-      std::string msg = clean(e);
+      std::string msg = error_text(e);
       if (is_addr_in_use(msg)) {
         DTCORE_CHECK(false, RendezvousError, "the master port ", c.where, " is already in use on this host, so rank 0 ",
                      "cannot serve the rendezvous store there (", c.spec.master_port.source, "). Another job or a "
@@ -159,7 +148,7 @@ c10::intrusive_ptr<c10d::TCPStore> serve(const Context& c, bool& uses_libuv) {
 c10::intrusive_ptr<c10d::TCPStore> connect(const Context& c, const std::string& server) {
   // Wait for the port with our own probe (and progress lines), then connect once.
   auto next_log = Clock::now() + c.options.log_interval;
-  Backoff backoff;
+  Backoff backoff = store_backoff();
   Addresses addrs(c.spec.master_addr.value, c.spec.master_port.value);
   while (!port_accepts(addrs, milliseconds(500))) {
     DTCORE_CHECK(Clock::now() < c.deadline, RendezvousError, "rendezvous timed out after ",
@@ -173,7 +162,7 @@ c10::intrusive_ptr<c10d::TCPStore> connect(const Context& c, const std::string& 
                 static_cast<int>(c.left()), " s left)");
       next_log = Clock::now() + c.options.log_interval;
     }
-    backoff.sleep();
+    backoff.pause();
   }
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<std::uint16_t>(c.spec.master_port.value);
@@ -185,7 +174,7 @@ c10::intrusive_ptr<c10d::TCPStore> connect(const Context& c, const std::string& 
     return c10::make_intrusive<c10d::TCPStore>(c.spec.master_addr.value, opts);
   } catch (const std::exception& e) {
     DTCORE_CHECK(false, RendezvousError, "rank ", c.spec.rank.value, " reached ", c.where,
-                 " but could not talk to a rendezvous store there: ", clean(e),
+                 " but could not talk to a rendezvous store there: ", error_text(e),
                  " Fix: check that MASTER_PORT is this job's and not another program's.");
   }
   return {};  // unreachable
@@ -213,8 +202,8 @@ std::string timeout_message(const Context& c, const std::vector<int>& missing) {
 void linger_for_readers(c10d::Store& store, bool serving) {
   if (!serving) return;
   auto until = Clock::now() + milliseconds(1000);
-  Backoff backoff;
-  while (Clock::now() < until && store.add("roster/abort_ack", 0) < store.add("roster/started", 0)) backoff.sleep();
+  Backoff backoff = store_backoff();
+  while (Clock::now() < until && store.add("roster/abort_ack", 0) < store.add("roster/started", 0)) backoff.pause();
 }
 
 // Publishes a failure that every rank raises, and raises it here.
@@ -243,7 +232,7 @@ void linger_for_readers(c10d::Store& store, bool serving) {
 void wait_as_rank0(const Context& c, c10d::Store& store, bool serving) {
   const int world = c.spec.world_size.value;
   auto next_log = Clock::now() + c.options.log_interval;
-  Backoff backoff;
+  Backoff backoff = store_backoff();
   for (;;) {
     int64_t joined = store.add("roster/joined", 0);
     if (joined >= world) return;
@@ -256,13 +245,13 @@ void wait_as_rank0(const Context& c, c10d::Store& store, bool serving) {
                 static_cast<int>(c.left()), " s left)");
       next_log = Clock::now() + c.options.log_interval;
     }
-    backoff.sleep();
+    backoff.pause();
   }
 }
 
 void wait_for_verdict(const Context& c, c10d::Store& store) {
   auto next_log = Clock::now() + c.options.log_interval;
-  Backoff backoff;
+  Backoff backoff = store_backoff();
   for (;;) {
     if (store.check({"roster/all"})) return;
     if (store.check({"roster/abort"})) raise_abort(store, false);
@@ -276,7 +265,7 @@ void wait_for_verdict(const Context& c, c10d::Store& store) {
                 "/", c.spec.world_size.value, " joined (", static_cast<int>(c.left()), " s left)");
       next_log = Clock::now() + c.options.log_interval;
     }
-    backoff.sleep();
+    backoff.pause();
   }
 }
 
@@ -368,7 +357,7 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry 
     throw;
   } catch (const std::exception& e) {
     DTCORE_CHECK(false, RendezvousError, "rank ", rank, " lost the rendezvous store at ", c.where, " (served by ",
-                 server, ") after ", static_cast<int>(c.elapsed()), " s: ", clean(e), " ", server,
+                 server, ") after ", static_cast<int>(c.elapsed()), " s: ", error_text(e), " ", server,
                  " has probably exited; its own log says why. Fix: look at ", server,
                  "'s error first; this rank only lost its connection.");
   }
@@ -385,7 +374,7 @@ void Rendezvous::close() {
 
 c10::intrusive_ptr<c10d::Store> Rendezvous::new_connection() {
   if (spare_) return std::exchange(spare_, {});
-  DTCORE_CHECK(tcp_store_, CommError, "the rendezvous store is closed (dtcore.shutdown() was called).");
+  DTCORE_CHECK(tcp_store_, CommError, "the rendezvous store is closed (dtcore.shutdown() was called). Fix: call dtcore.init() again.");
   auto connection = tcp_store_->clone();
   connection->setTimeout(tcp_store_->getTimeout());
   return c10::make_intrusive<c10d::PrefixStore>(prefix_, connection);
@@ -393,7 +382,7 @@ c10::intrusive_ptr<c10d::Store> Rendezvous::new_connection() {
 
 const std::vector<RosterEntry>& Rendezvous::roster() {
   if (roster_.empty()) {
-    DTCORE_CHECK(store_, CommError, "the rendezvous store is closed (dtcore.shutdown() was called).");
+    DTCORE_CHECK(store_, CommError, "the rendezvous store is closed (dtcore.shutdown() was called). Fix: call dtcore.init() again.");
     roster_ = split_roster(text(store_->get("roster/all")));
   }
   return roster_;

@@ -28,14 +28,14 @@ std::string_view reduce_op_name(ReduceOp op) {
 
 void Communicator::check_input(const at::Tensor& t, std::string_view what, std::string_view op_name,
                                const ReduceOp* op) const {
-  DTCORE_CHECK(t.defined(), ConfigError, op_name, ": ", what, " is an undefined tensor.");
+  DTCORE_CHECK(t.defined(), ConfigError, op_name, ": ", what, " is an undefined tensor. Fix: pass a tensor that holds data (e.g. torch.zeros(...)).");
   DTCORE_CHECK(accepts_device(t), ConfigError, op_name, ": ", what, " is on ", t.device().str(),
                ", but this job's backend is ", backend(), backend() == "gloo" ? " (CPU tensors)" : " (CUDA tensors)",
                ". Fix: move the tensor (", backend() == "gloo" ? ".cpu()" : ".cuda()",
                ") or initialize with the matching backend (dtcore.init(backend=...)).");
   DTCORE_CHECK(t.is_contiguous(), ConfigError, op_name, ": ", what,
                " is not contiguous. Fix: pass tensor.contiguous() (and copy the result back if needed).");
-  DTCORE_CHECK(!t.is_sparse(), ConfigError, op_name, ": ", what, " is sparse; dtcore reduces dense tensors only.");
+  DTCORE_CHECK(!t.is_sparse(), ConfigError, op_name, ": ", what, " is sparse; dtcore reduces dense tensors only. Fix: pass tensor.to_dense().");
   if (op != nullptr && *op == ReduceOp::Avg) {
     DTCORE_CHECK(at::isFloatingType(t.scalar_type()), ConfigError, op_name, ": op='avg' needs a floating-point ",
                  "tensor, but ", what, " is ", c10::toString(t.scalar_type()),
@@ -48,12 +48,12 @@ void Communicator::check_flat_sizes(const at::Tensor& big, const at::Tensor& sma
                " elements but must have world size x ", small.numel(), " = ", small.numel() * size_,
                ". Fix: size it as world_size * shard elements.");
   DTCORE_CHECK(big.scalar_type() == small.scalar_type(), ConfigError, op_name, ": input and output dtypes differ (",
-               c10::toString(big.scalar_type()), " vs ", c10::toString(small.scalar_type()), ").");
+               c10::toString(big.scalar_type()), " vs ", c10::toString(small.scalar_type()), "). Fix: give both buffers the same dtype.");
 }
 
 void Communicator::check_root(int root) const {
   DTCORE_CHECK(root >= 0 && root < size_, ConfigError, "broadcast: src=", root, " is not a rank of this job (0..",
-               size_ - 1, ").");
+               size_ - 1, "). Fix: pass the rank that holds the data, e.g. src=0.");
 }
 
 std::string Communicator::describe(std::string_view op_name, uint64_t seq, const at::Tensor& t,

@@ -4,6 +4,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "dtcore/common/c10_error.h"
 #include "dtcore/common/error.h"
 
 namespace dtcore {
@@ -19,10 +20,6 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return c10d::ReduceOp::SUM;
 }
 
-std::string clean(const std::exception& e) {
-  if (auto* ce = dynamic_cast<const c10::Error*>(&e)) return ce->what_without_backtrace();
-  return e.what();
-}
 
 // Names dead or stalled peers once a collective has failed (see HealthMonitor).
 using FailureDiagnosis = std::function<std::string()>;
@@ -46,7 +43,7 @@ class GlooWork final : public Work {
       work_->wait(timeout);
     } catch (const std::exception& e) {
       double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-      std::string msg = clean(e);
+      std::string msg = error_text(e);
       bool timed_out = msg.find("timed out") != std::string::npos || msg.find("Timed out") != std::string::npos;
       std::string who = diagnosis_ ? diagnosis_() : std::string();
       DTCORE_CHECK(false, CommError, what_, " ", timed_out ? "timed out" : "failed", " on rank ", rank_, " after ",
@@ -102,7 +99,8 @@ std::shared_ptr<Work> GlooCommunicator::launch(std::string_view op_name, uint64_
   try {
     work = start();
   } catch (const std::exception& e) {
-    DTCORE_CHECK(false, CommError, what, " could not start on rank ", rank(), ": ", clean(e));
+    DTCORE_CHECK(false, CommError, what, " could not start on rank ", rank(), ": ", error_text(e),
+                 ". Fix: if a peer exited, look at its error first; a closed or broken group needs dtcore.init() again.");
   }
   return std::make_shared<GlooWork>(std::move(work), std::move(what), rank(), size(), std::move(divide_on_completion),
                                     diagnosis_for(seq, op_name));

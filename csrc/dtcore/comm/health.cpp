@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include "dtcore/bootstrap/roster.h"
+#include "dtcore/common/c10_error.h"
 #include "dtcore/common/error.h"
 #include "dtcore/common/log.h"
 
@@ -14,10 +15,6 @@ namespace {
 
 std::string key_of(size_t rank) { return "health/" + std::to_string(rank); }
 
-std::string clean(const std::exception& e) {
-  if (auto* ce = dynamic_cast<const c10::Error*>(&e)) return ce->what_without_backtrace();
-  return e.what();
-}
 
 }  // namespace
 
@@ -84,7 +81,7 @@ void HealthMonitor::loop() {
     } catch (const std::exception& e) {
       // Keep trying: a passing hiccup must not make this live rank look dead to the others. If
       // the server is gone for good, every other rank's diagnosis says so anyway.
-      if (!failing) log::debug("health: a heartbeat failed (will retry): ", clean(e));
+      if (!failing) log::debug("health: a heartbeat failed (will retry): ", error_text(e));
       failing = true;
     }
     lock.lock();
@@ -140,7 +137,7 @@ std::string HealthMonitor::diagnose(uint64_t failing_seq, const std::string& op_
       std::this_thread::sleep_for(wait);
       second = sample(*store, world);
     } catch (const std::exception& e) {
-      error = clean(e);
+      error = error_text(e);
     }
     std::lock_guard<std::mutex> lock(result->mu);
     result->first = std::move(first);

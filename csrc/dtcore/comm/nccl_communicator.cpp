@@ -20,6 +20,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
+#include "dtcore/common/backoff.h"
 #include "dtcore/common/error.h"
 #include "dtcore/common/log.h"
 
@@ -40,18 +41,8 @@ double seconds(Clock::duration d) {
   return static_cast<double>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count() / 100) / 10.0;
 }
 
-// Sleeps between polls: 20 us doubling to 2 ms, so that short waits stay short and long ones
-// cost no CPU.
-class Backoff {
- public:
-  void pause() {
-    std::this_thread::sleep_for(delay_);
-    delay_ = std::min(delay_ * 2, std::chrono::microseconds(2000));
-  }
-
- private:
-  std::chrono::microseconds delay_{20};
-};
+// GPU polls: 20 us doubling to 2 ms, so that short waits stay short and long ones cost no CPU.
+Backoff gpu_backoff() { return Backoff(std::chrono::microseconds(20), std::chrono::microseconds(2000)); }
 
 std::string host_name() {
   char host[256] = {};
@@ -194,7 +185,7 @@ class NcclState {
   // Polls ncclCommGetAsyncError until the communicator leaves ncclInProgress, or `deadline`
   // passes (then returns ncclInProgress). mu held, comm not null.
   ncclResult_t poll_async(Clock::time_point deadline) const {
-    Backoff backoff;
+    Backoff backoff = gpu_backoff();
     for (;;) {
       ncclResult_t state = ncclInProgress;
       ncclResult_t rc = ncclCommGetAsyncError(comm, &state);
@@ -246,7 +237,7 @@ class NcclWork final : public Work {
 
   void wait(std::chrono::milliseconds timeout) override {
     const auto deadline = Clock::now() + timeout;
-    Backoff backoff;
+    Backoff backoff = gpu_backoff();
     for (;;) {
       cudaError_t query = cudaSuccess;
       int status = settle(&query);  // the status first, the event second: see the Note
@@ -425,7 +416,7 @@ void NcclCommunicator::close() {
   if (s.comm != nullptr) {
     // 1. Let the collectives in flight finish, watching NCCL for errors meanwhile.
     std::string problem;  // why the orderly teardown gave up; "" while it goes on
-    Backoff backoff;
+    Backoff backoff = gpu_backoff();
     for (;;) {
       cudaError_t query = cudaStreamQuery(s.stream);
       if (query == cudaSuccess) break;
@@ -475,7 +466,7 @@ void NcclCommunicator::close() {
   //    that their tensors are not released under them.
   if (s.stream != nullptr && !s.failure().empty()) {
     const auto grace = Clock::now() + kAbortGrace;
-    Backoff backoff;
+    Backoff backoff = gpu_backoff();
     while (cudaStreamQuery(s.stream) == cudaErrorNotReady && Clock::now() < grace) backoff.pause();
   }
   // 4. Settle and release the works (which breaks their cycle with the state), then the stream.
@@ -526,7 +517,8 @@ std::shared_ptr<Work> NcclCommunicator::launch(std::string_view op_name, uint64_
                "dtcore.shutdown() ran). Fix: call dtcore.init() again before more collectives.");
   std::string failure = s.failure();
   DTCORE_CHECK(failure.empty() && s.comm != nullptr, CommError, what, " cannot start on ", s.where(),
-               ": the NCCL communicator was aborted earlier: ", failure);
+               ": the NCCL communicator was aborted earlier: ", failure,
+               " Fix: this job cannot go on with it; restart the job after fixing the first error above.");
   DeviceScope scope(device_);
   // The collective's inputs are produced on the caller's stream: wait for them there.
   cudaError_t waited = cudaSuccess;

@@ -24,9 +24,9 @@ int64_t megabytes_to_bytes(double megabytes, const char* argument) {
 
 std::vector<Bucket> plan_buckets(const std::vector<GradSpec>& grads, const std::vector<size_t>& order,
                                  const BucketCaps& caps) {
-  DTCORE_CHECK(caps.bytes > 0, ConfigError, "bucket_mb gives ", caps.bytes, " bytes; it must be positive.");
+  DTCORE_CHECK(caps.bytes > 0, ConfigError, "bucket_mb gives ", caps.bytes, " bytes; it must be positive. Fix: pass bucket_mb > 0, e.g. 25.");
   DTCORE_CHECK(caps.first_bytes > 0, ConfigError, "first_bucket_mb gives ", caps.first_bytes,
-               " bytes; it must be positive.");
+               " bytes; it must be positive. Fix: pass first_bucket_mb > 0, e.g. 1.");
   std::vector<bool> seen(grads.size(), false);
   if (order.size() != grads.size()) {
     throw std::invalid_argument("plan_buckets: order lists " + std::to_string(order.size()) + " indices for " +

@@ -17,14 +17,15 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                  Options options)
     : comm_(std::move(comm)), options_(options) {
   DTCORE_CHECK(params.size() == names.size(), ConfigError, "Reducer: ", params.size(), " parameters but ",
-               names.size(), " names.");
+               names.size(), " names. Fix: pass one name per parameter (module.named_parameters() gives both).");
   for (size_t i = 0; i < params.size(); ++i) {
     at::Tensor& p = params[i];
     if (!p.requires_grad()) continue;
     DTCORE_CHECK(!p.is_sparse() && p.layout() == at::kStrided, ConfigError, "parameter '", names[i],
-                 "' is not a dense tensor; dtcore reduces dense gradients only.");
+                 "' is not a dense tensor; dtcore reduces dense gradients only. Fix: make it dense, or freeze it with "
+                 "requires_grad_(False) and reduce its gradient yourself.");
     DTCORE_CHECK(p.is_leaf(), ConfigError, "parameter '", names[i], "' is not a leaf tensor; wrap the module that "
-                 "owns it, not a view or a computed tensor.");
+                 "owns it, not a view or a computed tensor. Fix: pass the module whose parameters these are.");
     Slot s;
     s.param = p;
     s.name = names[i];

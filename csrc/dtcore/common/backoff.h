@@ -1,0 +1,29 @@
+// Backoff: the sleep between polls of something that is not ready yet.
+//
+// Starts short, so that a wait that ends soon ends soon, and doubles up to a cap, so that a long
+// wait costs neither CPU nor requests to a shared server. Each waiter picks its own bounds (a
+// CUDA event: microseconds; the rendezvous store, polled by every rank: milliseconds).
+// Thread safety: one Backoff per waiting loop.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+namespace dtcore {
+
+class Backoff {
+ public:
+  Backoff(std::chrono::microseconds first, std::chrono::microseconds cap) : delay_(first), cap_(cap) {}
+
+  void pause() {
+    std::this_thread::sleep_for(delay_);
+    delay_ = std::min(delay_ * 2, cap_);
+  }
+
+ private:
+  std::chrono::microseconds delay_;
+  const std::chrono::microseconds cap_;
+};
+
+}  // namespace dtcore
