@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include "bindings.h"
 #include "dtcore/bootstrap/launcher.h"
 #include "dtcore/bootstrap/rendezvous.h"
 #include "dtcore/bootstrap/validate.h"
@@ -82,19 +83,6 @@ WorldCheckOptions check_options(const std::string& backend, int visible_gpus, co
   return o;
 }
 
-py::dict sources_of(const WorldSpec& s) {
-  py::dict d;
-  d["rank"] = s.rank.source;
-  d["world_size"] = s.world_size.source;
-  d["local_rank"] = s.local_rank.source;
-  d["local_world_size"] = s.local_world_size.source;
-  d["node_rank"] = s.node_rank.source;
-  d["num_nodes"] = s.num_nodes.source;
-  d["master_addr"] = s.master_addr.source;
-  d["master_port"] = s.master_port.source;
-  return d;
-}
-
 py::dict roster_entry_dict(const RosterEntry& e) {
   py::dict d;
   d["rank"] = e.rank;
@@ -125,6 +113,8 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception<RendezvousError>(m, "RendezvousError", base.ptr());
   py::register_exception<CommError>(m, "CommError", base.ptr());
   py::register_exception<CheckpointError>(m, "CheckpointError", base.ptr());
+
+  dtcore::bindings::bind_check(m);
 
   // Knobs.
   m.def("knobs", [] {
@@ -172,7 +162,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("master_port", [](const WorldSpec& s) { return s.master_port.value; })
       .def_readonly("use_agent_store", &WorldSpec::use_agent_store)
       .def_readonly("restart_count", &WorldSpec::restart_count)
-      .def_property_readonly("sources", &sources_of)
+      .def_property_readonly("sources", [](const WorldSpec& s) { return dtcore::bindings::world_fields(s, true); })
       .def("describe", &WorldSpec::describe)
       .def("__repr__", [](const WorldSpec& s) { return "WorldSpec(" + s.describe() + ")"; });
 

@@ -119,3 +119,21 @@ class Reducer:
 
 def gloo_communicator(backend: object, timeout_s: float) -> Communicator: ...
 def nccl_communicator(store: object, rank: int, size: int, device: int, timeout_s: float) -> Communicator: ...
+
+# Resource checker (csrc/dtcore/check/): items as dicts with id, group, title, status, value, message, fix.
+def run_checks(
+    env: dict[str, str],
+    facts: dict,
+    nccl_dirs: list[str],
+    arch_list: list[str],
+    host: str,
+    shm_path: str,
+    dirs: list[tuple[str, str]],
+    min_free_disk_gb: float,
+    accelerate_config_path: str,
+    accelerate_config_text: str,
+    wandb_installed: bool,
+    wandb_credentials: bool,
+    distributed: bool,
+    job_pids: list[int],
+) -> dict: ...

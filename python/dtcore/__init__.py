@@ -6,22 +6,30 @@
     model = dtcore.wrap(model)   # gradients averaged across ranks during backward
 """
 
-from ._guard import check_torch_matches_build as _check_torch_matches_build
+from . import _guard
 
-_check_torch_matches_build()  # before _C: a mismatched torch fails here, clearly
+_mismatch = _guard.torch_mismatch()
+if _mismatch is not None and not _guard.running_checker():
+    raise ImportError(_mismatch)  # before _C: a mismatched torch fails here, clearly
 
-from . import _logging  # noqa: E402  (joins Python logging to the C++ sinks)
-from ._C import (  # noqa: E402
-    CheckpointError,
-    CommError,
-    ConfigError,
-    DtcoreError,
-    RendezvousError,
-)
-from ._C import __version__  # noqa: E402
-from ._collectives import all_reduce, barrier, broadcast, is_main_process, main_process_first  # noqa: E402
-from ._context import Context, get_context, init, is_initialized, shutdown  # noqa: E402
-from ._distributed_model import DistributedDataParallel, DistributedModel, wrap  # noqa: E402
+try:
+    from . import _logging  # noqa: E402  (joins Python logging to the C++ sinks)
+    from ._C import (  # noqa: E402
+        CheckpointError,
+        CommError,
+        ConfigError,
+        DtcoreError,
+        RendezvousError,
+    )
+    from ._C import __version__  # noqa: E402
+    from ._collectives import all_reduce, barrier, broadcast, is_main_process, main_process_first  # noqa: E402
+    from ._context import Context, get_context, init, is_initialized, shutdown  # noqa: E402
+    from ._distributed_model import DistributedDataParallel, DistributedModel, wrap  # noqa: E402
+    from . import check  # noqa: E402
+except ImportError as e:  # only `python -m dtcore.check` gets here with a mismatch: it reports it
+    if _mismatch is None:
+        raise
+    _guard.load_error = f"{_mismatch} (loading dtcore._C failed: {e})"
 
 __all__ = [
     "__version__",
@@ -36,6 +44,7 @@ __all__ = [
     "is_main_process",
     "main_process_first",
     "wrap",
+    "check",
     "DistributedModel",
     "DistributedDataParallel",
     "DtcoreError",

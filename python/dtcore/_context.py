@@ -20,7 +20,7 @@ import random
 import socket
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -233,17 +233,29 @@ def init(
     `overrides` are rank, world_size, local_rank, local_world_size, node_rank, num_nodes,
     master_addr, master_port; they beat DTCORE_* variables, which beat the launcher's.
     With `seed`, this rank is seeded with `seed + rank` (Python, torch, NumPy).
+    With `preflight`, the resource checker's probes run first (`python -m dtcore.check` without
+    the collective tests) and any FAIL is raised as a ConfigError listing each with its fix.
     """
+    return _init(backend, timeout, seed, log_dir, torch_distributed, preflight, overrides, _fingerprint)
+
+
+def _init(
+    backend: str,
+    timeout: Optional[float],
+    seed: Optional[int],
+    log_dir: Optional[str],
+    torch_distributed: bool,
+    preflight: bool,
+    overrides: dict[str, Any],
+    fingerprint: Callable[[str, int], dict[str, str]],
+) -> Context:
+    """init() with the fingerprint ranks must agree on as a parameter: the distributed checker
+    joins with a smaller one, so that it can report version differences instead of failing on them."""
     global _context, _generation
     with _lock:
         if _context is not None:
             _check_same(_context, backend, overrides)
             return _context
-        if preflight:
-            raise _C.ConfigError(
-                "init(preflight=True) runs the resource checker, which this dtcore does not have yet. "
-                "Fix: call init() without preflight."
-            )
         started = time.perf_counter()
         timeout_s = _resolve_timeout(timeout)
         host = socket.gethostname()
@@ -253,6 +265,8 @@ def init(
         backend_name = _resolve_backend(backend)
         visible = torch.cuda.device_count() if backend_name == "nccl" else -1
         _C.validate_world(spec, backend_name, visible, host)
+        if preflight:
+            _preflight(overrides, log_dir)
 
         log_dir = log_dir if log_dir is not None else (_C.knob_value("DTCORE_LOG_DIR") or "")
         console = console_level_for(spec.rank, level, _C.knob_value("DTCORE_LOG_RANKS"))
@@ -275,7 +289,7 @@ def init(
             spec,
             host,
             str(device),
-            _fingerprint(backend_name, spec.world_size),
+            fingerprint(backend_name, spec.world_size),
             timeout_s,
             _C.knob_seconds("DTCORE_RDZV_LOG_INTERVAL"),
             _C.knob_value("DTCORE_STORE_LIBUV"),
@@ -320,6 +334,25 @@ def init(
             rdzv.port,
         )
         return _context
+
+
+def _preflight(overrides: dict[str, Any], log_dir: Optional[str]) -> None:
+    """The resource checker's probes for this process; FAILs raise, WARNs are logged."""
+    from .check import run
+
+    env = dict(os.environ)
+    for key, value in overrides.items():  # init() arguments beat the environment here too
+        if value is not None:
+            env[f"DTCORE_{key.upper()}"] = str(value)
+    report = run(env=env, log_dir=log_dir, distributed=False)
+    for item in report.warnings:
+        log.warning("preflight: %s: %s %s Fix: %s", item.title, item.value, item.message, item.fix)
+    if report.failures:
+        lines = "\n".join(f"  - {i.title} ({i.value}): {i.message} Fix: {i.fix}" for i in report.failures)
+        raise _C.ConfigError(
+            f"init(preflight=True): {len(report.failures)} check(s) failed on host {report.host}:\n{lines}\n"
+            "Run `python -m dtcore.check` for the whole report."
+        )
 
 
 def _check_same(ctx: Context, backend: str, overrides: dict[str, Any]) -> None:

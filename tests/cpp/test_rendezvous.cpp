@@ -112,6 +112,30 @@ TEST(Rendezvous, MissingRankIsNamedByEveryStartedRankWithinTimeoutPlusTwoSeconds
   }
 }
 
+TEST(Rendezvous, RanksThatDisagreeOnTheWorldSizeAreToldSo) {
+  int port = free_port();
+  // Rank 0 expects 3 ranks, rank 1 expects 2: rank 1 sees all "its" ranks joined, yet no verdict.
+  auto rank0 = std::async(std::launch::async, [&] {
+    try {
+      Rendezvous::join(spec_for(0, 3, port), entry(0), options(2s));
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  });
+  std::string err1;
+  try {
+    std::this_thread::sleep_for(200ms);  // rank 0 serves the store first
+    Rendezvous::join(spec_for(1, 2, port), entry(1), options(1500ms));
+  } catch (const std::exception& e) {
+    err1 = e.what();
+  }
+  std::string err0 = rank0.get();
+  EXPECT_NE(err1.find("expects a different world size"), std::string::npos) << err1;
+  EXPECT_NE(err1.find("same world size"), std::string::npos) << err1;
+  EXPECT_NE(err0.find("rendezvous timed out"), std::string::npos) << err0;
+}
+
 TEST(Rendezvous, MissingRankZeroIsNamedByTheOthers) {
   int port = free_port();
   auto errors = join_all({1}, 2, port, 1500ms, {entry(1)});

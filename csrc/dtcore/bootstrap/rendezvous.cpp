@@ -190,6 +190,14 @@ std::vector<int> missing_ranks(c10d::Store& store, int world) {
 
 std::string timeout_message(const Context& c, const std::vector<int>& missing) {
   int world = c.spec.world_size.value;
+  if (missing.empty()) {
+    // Every rank this process expects has joined, yet rank 0 never declared the roster complete:
+    // rank 0 waits for more ranks than this one knows of.
+    return detail::cat("rendezvous timed out after ", static_cast<int>(c.elapsed() + 0.5), " s: all ", world,
+                       " ranks that this process expects (", c.spec.world_size.source, "=", world, ") joined at ",
+                       c.where, ", but the rendezvous never completed: rank 0 expects a different world size. "
+                       "Fix: start every rank with the same world size (one launcher command for the whole job).");
+  }
   return detail::cat("rendezvous timed out after ", static_cast<int>(c.elapsed() + 0.5), " s: ",
                      world - static_cast<int>(missing.size()), " of ", world, " ranks joined at ", c.where,
                      "; missing rank", missing.size() == 1 ? " " : "s ", format_ranks(missing),

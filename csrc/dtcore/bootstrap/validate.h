@@ -14,6 +14,7 @@
 namespace dtcore {
 
 struct Problem {
+  std::string field;     // the WorldSpec field, e.g. "local_rank"
   std::string variable;  // where the value came from, e.g. "LOCAL_RANK"
   std::string value;     // as seen
   std::string message;   // what is wrong

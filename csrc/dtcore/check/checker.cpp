@@ -1,0 +1,105 @@
+#include "dtcore/check/checker.h"
+
+#include "dtcore/check/env_probe.h"
+#include "dtcore/check/host_probe.h"
+#include "dtcore/check/launch_probe.h"
+#include "dtcore/check/network_probe.h"
+#include "dtcore/common/env.h"
+#include "dtcore/common/knobs.h"
+
+namespace dtcore::check {
+namespace {
+
+std::optional<std::string> raw(const std::map<std::string, std::string>& env, const char* name) {
+  auto it = env.find(name);
+  if (it == env.end()) return std::nullopt;
+  return it->second;  // unlike Env::get, "" is a value: CUDA_VISIBLE_DEVICES="" hides every GPU
+}
+
+void append(std::vector<Item>& to, Items&& from) {
+  for (Item& i : from.take()) to.push_back(std::move(i));
+}
+
+}  // namespace
+
+CheckResult run_checks(const CheckInputs& in) {
+  CheckResult r;
+  const Env env(std::map<std::string, std::string, std::less<>>(in.env.begin(), in.env.end()));
+  r.gpus = in.gpus ? *in.gpus : probe_gpus();
+  const auto cvd = raw(in.env, "CUDA_VISIBLE_DEVICES");
+  r.visible_gpus = r.gpus.driver_loaded
+                       ? static_cast<int>(visible_devices(cvd, r.gpus.devices).indices.size())
+                       : 0;
+
+  // The backend init(backend="auto") would pick; DTCORE_BACKEND=nccl makes GPUs required.
+  std::string wanted = knob_value(env, "DTCORE_BACKEND").value_or("auto");
+  const bool cuda_usable = r.visible_gpus > 0 && !in.versions.torch_cuda.empty();
+  r.backend = wanted == "nccl" || wanted == "gloo" ? wanted
+              : cuda_usable && in.versions.built_with_nccl ? "nccl"
+                                                          : "gloo";
+
+  Items versions;
+  VersionFacts vf = in.versions;
+  vf.nccl_library = probe_nccl_library(in.nccl_dirs);
+  vf.gpus_present = !r.gpus.devices.empty();
+  judge_versions(vf, versions);
+
+  Items launch;
+  LaunchExpectations le;
+  le.backend = r.backend;
+  le.visible_gpus = r.visible_gpus;  // 0 without a driver: there are none
+  le.host = in.host;
+  le.resolve_master = false;  // the network probe owns DNS: one item, one lookup
+  le.accelerate_config_path = in.accelerate_config_path;
+  if (!in.accelerate_config_path.empty()) le.accelerate_config = parse_accelerate_config(in.accelerate_config_text);
+  r.spec = judge_launch(env, le, launch);
+
+  Items gpus;
+  GpuExpectations ge;
+  ge.cuda_visible_devices = cvd;
+  ge.torch_cuda = in.versions.torch_cuda;
+  ge.arch_list = in.arch_list;
+  ge.gpu_required = wanted == "nccl";
+  ge.local_world_size = r.spec ? r.spec->local_world_size.value : 1;
+  ge.job_pids = in.job_pids;
+  judge_gpus(r.gpus, ge, gpus);
+
+  Items network;
+  if (r.spec) {
+    NetworkOptions no;
+    no.test_connect = in.distributed;
+    WorldSpec planned = *r.spec;
+    if (planned.master_port.value == 0) {
+      // One process picks any free port; the port a launch will use is the one worth checking.
+      auto port = env.get("MASTER_PORT");
+      if (port && port->find_first_not_of("0123456789") == std::string::npos && port->size() <= 5) {
+        planned.master_port = Sourced<int>{std::stoi(*port), "MASTER_PORT"};
+      }
+    }
+    judge_network(probe_network(planned, env.get("NCCL_SOCKET_IFNAME"), env.get("GLOO_SOCKET_IFNAME"), no), network);
+  }
+
+  Items host;
+  HostOptions ho;
+  ho.shm_path = in.shm_path;
+  ho.dirs = in.dirs;
+  HostExpectations he;
+  he.world_size = r.spec ? r.spec->world_size.value : 1;
+  he.local_world_size = r.spec ? r.spec->local_world_size.value : 1;
+  he.gpus = r.backend == "nccl";
+  he.omp_num_threads = env.get("OMP_NUM_THREADS");
+  he.min_free_disk_gb = in.min_free_disk_gb;
+  judge_host(probe_host(ho), he, host);
+
+  Items traps;
+  TrapContext tc;
+  tc.gpus = r.visible_gpus > 0;
+  tc.wandb_installed = in.wandb_installed;
+  tc.wandb_credentials = in.wandb_credentials;
+  judge_env_traps(env, tc, traps);
+
+  for (Items* group : {&versions, &gpus, &launch, &network, &host, &traps}) append(r.items, std::move(*group));
+  return r;
+}
+
+}  // namespace dtcore::check

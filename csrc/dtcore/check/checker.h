@@ -1,0 +1,48 @@
+// The resource checker: runs every probe of this process and judges it, in report order
+// (version, gpu, launch, network, host, env). Python adds what only it knows (the running torch,
+// wandb) and formats the report; `python -m dtcore.check` and dtcore.init(preflight=True) both
+// come here. The probes are fast (no CUDA context, no collective): well under a second.
+// Thread safety: call from one thread at a time (NVML init/shutdown is process-wide).
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtcore/bootstrap/world_spec.h"
+#include "dtcore/check/gpu_probe.h"
+#include "dtcore/check/item.h"
+#include "dtcore/check/version_probe.h"
+
+namespace dtcore::check {
+
+struct CheckInputs {
+  std::map<std::string, std::string> env;  // the environment to judge (the process's, or a test's)
+  VersionFacts versions;                   // filled by Python; the NCCL library is probed here
+  std::vector<std::string> nccl_dirs;      // where torch's NCCL may live
+  std::vector<std::string> arch_list;      // torch.cuda.get_arch_list()
+  std::string host;
+  std::string shm_path = "/dev/shm";
+  std::vector<std::pair<std::string, std::string>> dirs;  // (role, path) whose free disk matters
+  double min_free_disk_gb = 10.0;
+  std::string accelerate_config_path;  // "" when there is none
+  std::string accelerate_config_text;
+  bool wandb_installed = false;
+  bool wandb_credentials = false;
+  bool distributed = false;  // the whole job runs the check: also test reachability of the master
+  std::vector<unsigned> job_pids;
+  std::optional<GpuFacts> gpus;  // given: use instead of probing the driver (tests)
+};
+
+struct CheckResult {
+  std::vector<Item> items;
+  std::optional<WorldSpec> spec;  // the job as init() would read it, when readable
+  std::string backend;            // what init(backend="auto") would choose: "nccl" or "gloo"
+  int visible_gpus = 0;
+  GpuFacts gpus;
+};
+
+CheckResult run_checks(const CheckInputs& inputs);
+
+}  // namespace dtcore::check

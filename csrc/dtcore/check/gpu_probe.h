@@ -1,0 +1,69 @@
+// GPU probe: what the NVIDIA driver reports (through NVML, loaded at run time) and its judge.
+//
+// probe_gpus() dlopens libnvidia-ml.so.1, so the checker runs, and says "no GPU", on a machine
+// without the driver; dtcore never links NVML. NVML sees every GPU of the machine whatever
+// CUDA_VISIBLE_DEVICES says; visible_devices() applies CUDA's own rules to map that variable
+// onto them, so that the judge can compare the two. Nothing here creates a CUDA context.
+// Thread safety: probe_gpus() takes NVML's process-wide init/shutdown; call it from one thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtcore/check/item.h"
+
+namespace dtcore::check {
+
+struct GpuProcess {
+  unsigned pid = 0;
+  uint64_t used_bytes = 0;
+  std::string name;  // the process's executable, "" when not readable
+};
+
+struct GpuDevice {
+  int index = 0;  // NVML's (physical) index
+  std::string name;
+  std::string uuid;  // "GPU-..."
+  uint64_t memory_total = 0;
+  uint64_t memory_free = 0;
+  int cc_major = 0;
+  int cc_minor = 0;
+  bool mig_enabled = false;
+  std::vector<GpuProcess> processes;  // compute processes holding memory on it
+};
+
+struct GpuFacts {
+  bool driver_loaded = false;
+  std::string load_error;      // why not, when !driver_loaded
+  std::string driver_version;  // e.g. "580.95.05"
+  int cuda_driver_version = 0;  // the newest CUDA the driver supports, e.g. 13000 for 13.0
+  std::vector<GpuDevice> devices;
+};
+
+GpuFacts probe_gpus();
+
+// CUDA_VISIBLE_DEVICES applied to the devices NVML lists, following CUDA's rules: entries are
+// indices or (prefixes of) UUIDs, separated by commas; parsing stops at the first invalid entry,
+// and a device named twice makes the whole list invalid.
+struct VisibleDevices {
+  std::vector<int> indices;  // into GpuFacts::devices, in CUDA's order
+  std::string problem;       // non-empty when an entry is invalid, duplicated or unknown
+};
+VisibleDevices visible_devices(const std::optional<std::string>& cuda_visible_devices,
+                               const std::vector<GpuDevice>& devices);
+
+// What the judge needs besides the facts: what this torch and this job expect.
+struct GpuExpectations {
+  std::optional<std::string> cuda_visible_devices;
+  std::string torch_cuda;               // torch.version.cuda, "" for a CPU build
+  std::vector<std::string> arch_list;   // torch.cuda.get_arch_list(): "sm_90", "compute_90", ...
+  bool gpu_required = false;            // the job asked for NCCL (DTCORE_BACKEND=nccl)
+  int local_world_size = 1;             // processes this node starts
+  std::vector<unsigned> job_pids;       // processes of this job, not counted as "other"
+};
+
+void judge_gpus(const GpuFacts& facts, const GpuExpectations& expect, Items& out);
+
+}  // namespace dtcore::check

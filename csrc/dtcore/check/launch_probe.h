@@ -1,0 +1,33 @@
+// Launcher probe: the same detection and validation as dtcore.init() (read_world, check_world),
+// reported item by item, plus what contradicts the environment around it: a SLURM allocation
+// whose nodes or GPUs do not match what torchrun or mpirun was told, and an `accelerate`
+// configuration file that asks for more processes than the machine has GPUs.
+// Thread safety: pure, except the DNS lookup of the master address (check_world).
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+
+#include "dtcore/bootstrap/world_spec.h"
+#include "dtcore/check/item.h"
+#include "dtcore/common/env.h"
+
+namespace dtcore::check {
+
+// The keys of an accelerate config file (YAML) that the judge reads; flat "key: value" lines.
+std::map<std::string, std::string> parse_accelerate_config(const std::string& text);
+
+struct LaunchExpectations {
+  std::string backend = "gloo";  // what init() would choose here: "nccl" or "gloo"
+  int visible_gpus = -1;         // GPUs this process sees; -1 when unknown
+  std::string host;
+  bool resolve_master = true;
+  std::string accelerate_config_path;                 // "" when there is none
+  std::map<std::string, std::string> accelerate_config;
+};
+
+// Appends the launch.* items; returns the WorldSpec when the environment could be read.
+std::optional<WorldSpec> judge_launch(const Env& env, const LaunchExpectations& expect, Items& out);
+
+}  // namespace dtcore::check

@@ -1,0 +1,104 @@
+"""python -m dtcore.check: the resource checker's command line. Exit 0: nothing failed; 1: something
+failed; 2: bad usage."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from ._report import SCHEMA, Item, Report
+
+
+def _parser() -> argparse.ArgumentParser:
+    from . import DEFAULT_SIZES  # noqa: F401  (documents the default below)
+
+    p = argparse.ArgumentParser(
+        prog="python -m dtcore.check",
+        description="Checks this node (or, under torchrun/srun/mpirun, every rank) for what breaks distributed "
+        "training: GPUs, versions, launcher variables, network, host limits and known environment traps. "
+        "Each item is PASS, WARN or FAIL, with the fix for anything that is not PASS.",
+        epilog="Exit status: 0 when nothing failed (warnings allowed), 1 when an item failed, 2 for bad usage. "
+        "Items and the JSON schema: docs/check.md.",
+    )
+    p.add_argument("--json", action="store_true", help=f"print the report as one JSON document (schema {SCHEMA})")
+    p.add_argument("--checkpoint-dir", metavar="DIR", help="where checkpoints go: free disk is checked there "
+                   "(default: the working directory)")
+    p.add_argument("--log-dir", metavar="DIR", help="where logs go (default: DTCORE_LOG_DIR, when set)")
+    p.add_argument("--min-free-gb", type=float, default=10.0, metavar="GB",
+                   help="warn when a checkpoint or log directory has less free disk (default: 10)")
+    p.add_argument("--shm-path", default="/dev/shm", metavar="PATH", help="the shared-memory mount (default: /dev/shm)")
+    p.add_argument("--accelerate-config", metavar="FILE", help="an accelerate config to judge (default: accelerate's "
+                   "default_config.yaml, when present)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--distributed", dest="distributed", action="store_true", default=None,
+                      help="join the other ranks, compare and measure (default: when launched with several ranks)")
+    mode.add_argument("--local", dest="distributed", action="store_false",
+                      help="check this process only, even under a launcher")
+    p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
+                   help="collective backend of the distributed mode (default: auto, as dtcore.init)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                   help="seconds to wait for the other ranks and for each collective (default: 60)")
+    p.add_argument("--no-bandwidth", dest="bandwidth", action="store_false",
+                   help="skip the allreduce sweep and the link test of the distributed mode")
+    p.add_argument("--sizes", default="8B:64MiB", metavar="MIN:MAX",
+                   help="allreduce sizes of the sweep, doubling from MIN to MAX (default: 8B:64MiB)")
+    p.add_argument("--factor", type=int, default=2, metavar="F", help="size multiplier between steps (default: 2)")
+    p.add_argument("--iters", type=int, metavar="N",
+                   help="timed allreduces per size (default: 20 up to 64 KiB, 10 up to 4 MiB, 5 above)")
+    return p
+
+
+def _torch_mismatch_report(error: str) -> Report:
+    """When dtcore cannot load against this torch, the one thing to report is that, and the fix."""
+    import socket
+
+    message, _, fix = error.partition(" Fix: ")
+    return Report(items=[Item.make("version.dtcore", "dtcore build", "FAIL", "cannot load", message, fix)],
+                  host=socket.gethostname())
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)  # exits 2 on bad usage
+    from .. import _guard
+
+    if _guard.load_error is not None:
+        report = _torch_mismatch_report(_guard.load_error)
+    else:
+        from . import parse_size, run, size_range
+
+        try:
+            low, _, high = args.sizes.partition(":")
+            sizes = size_range(parse_size(low), parse_size(high or low), args.factor)
+            if args.iters is not None and args.iters < 1:
+                raise ValueError(f"--iters {args.iters}: need at least 1")
+            if not args.timeout > 0:
+                raise ValueError(f"--timeout {args.timeout}: need a positive number of seconds")
+        except ValueError as e:
+            _parser().error(str(e))
+        from .. import _C
+
+        try:
+            report = run(
+                checkpoint_dir=args.checkpoint_dir,
+                log_dir=args.log_dir,
+                shm_path=args.shm_path,
+                min_free_disk_gb=args.min_free_gb,
+                accelerate_config=args.accelerate_config,
+                distributed=args.distributed,
+                backend=args.backend,
+                timeout=args.timeout,
+                bandwidth=args.bandwidth,
+                sizes=sizes,
+                iters=args.iters,
+            )
+        except _C.ConfigError as e:  # an argument the checker cannot use, e.g. a missing --accelerate-config
+            _parser().error(str(e))
+    rank = (report.world or {}).get("rank", 0)
+    if report.mode != "distributed" or rank == 0:
+        print(report.to_json() if args.json else report.format(), flush=True)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

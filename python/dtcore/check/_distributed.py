@@ -1,0 +1,297 @@
+"""Distributed mode: every rank probes itself, the job joins, and rank 0 reports the whole.
+
+Under `torchrun --nproc_per_node=N -m dtcore.check` each rank first runs its local probes, then
+joins the job with a fingerprint smaller than init()'s (so that differing versions are reported
+instead of refused), gathers every rank's report, compares what must be equal, summarizes each
+node, and measures the job's backend: an allreduce sweep (algbw and busbw as nccl-tests define
+them) and a ring of point-to-point transfers that names slow links, ranks and nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from .. import _C, _context
+from ._report import Item, Report, worst
+
+# What must be equal on every rank, with the fix when it is not.
+_MUST_AGREE = {
+    "torch": ("torch", "install the same torch on every node (pip install torch=={value})."),
+    "torch_cuda": ("torch's CUDA", "install the same torch build (same CUDA variant) on every node."),
+    "torch_cxx11_abi": ("C++11 ABI", "install the same torch build on every node."),
+    "torch_nccl": ("torch's NCCL", "install the same torch (and nvidia-nccl package) on every node."),
+    "dtcore_nccl": ("dtcore's NCCL", "build dtcore against the same NCCL on every node."),
+    "dtcore": ("dtcore", "install the same dtcore on every node."),
+    "built_torch": ("dtcore built for", "rebuild dtcore against the same torch on every node."),
+    "driver": ("NVIDIA driver", "run the same driver on every node (ask the cluster's administrators)."),
+    "cuda_driver": ("driver's CUDA", "run the same driver on every node."),
+    "python": ("Python", "use the same Python (minor version) on every node."),
+}
+
+
+def _check_fingerprint(backend: str, world_size: int) -> dict[str, str]:
+    # Only what the check itself needs to agree on; versions are compared, not refused.
+    return {"purpose": "dtcore.check", "backend": backend, "world_size": str(world_size), "job": _context._job_id()}
+
+
+def _split_fix(text: str) -> tuple[str, str]:
+    message, _, fix = str(text).partition(" Fix: ")
+    return message, fix or "see the message; `python -m dtcore.check` on the failing rank tells more."
+
+
+def _ranges(ranks: Sequence[int]) -> str:
+    out, ranks = [], sorted(ranks)
+    start = prev = ranks[0]
+    for r in ranks[1:] + [None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ",".join(out)
+
+
+def _gather(ctx: _context.Context, payload: dict) -> list[dict]:
+    """Every rank's payload, in rank order, on every rank (two collectives on the job's backend)."""
+    data = torch.frombuffer(bytearray(json.dumps(payload).encode()), dtype=torch.uint8)
+    length = torch.tensor([data.numel()], dtype=torch.int64, device=ctx.device)
+    ctx.communicator.all_reduce(length, "max").wait(ctx.timeout)
+    n = int(length.item())
+    mine = torch.zeros(n, dtype=torch.uint8, device=ctx.device)
+    mine[: data.numel()] = data.to(ctx.device)
+    everyone = torch.empty(n * ctx.world_size, dtype=torch.uint8, device=ctx.device)
+    ctx.communicator.all_gather(everyone, mine).wait(ctx.timeout)
+    raw = everyone.cpu().view(ctx.world_size, n)
+    return [json.loads(bytes(row.tolist()).rstrip(b"\0").decode()) for row in raw]
+
+
+def _consistency(reports: list[dict]) -> list[Item]:
+    items = []
+    for key, (title, fix) in _MUST_AGREE.items():
+        by_value: dict[str, list[int]] = {}
+        for r in reports:
+            by_value.setdefault(str(r["facts"].get(key, "")), []).append(r["world"]["rank"])
+        if len(by_value) == 1:
+            value = next(iter(by_value))
+            items.append(Item.make(f"consistency.{key}", title, "PASS", value or "none", "same on every rank"))
+            continue
+        majority = max(by_value, key=lambda v: len(by_value[v]))
+        hosts = {r["world"]["rank"]: r["host"] for r in reports}
+        odd = [f"rank(s) {_ranges(ranks)} ({', '.join(sorted({hosts[x] for x in ranks}))}) have '{v or 'none'}'"
+               for v, ranks in by_value.items() if v != majority]
+        status = "WARN" if key == "python" else "FAIL"
+        items.append(Item.make(
+            f"consistency.{key}", title, status, " vs ".join(sorted(v or "none" for v in by_value)),
+            f"{'; '.join(odd)}; the other {len(by_value[majority])} rank(s) have '{majority or 'none'}'.",
+            fix.format(value=majority),
+        ))
+    return items
+
+
+def _other_ranks(reports: list[dict]) -> list[Item]:
+    """Non-PASS items of ranks 1.. that rank 0 does not share, attributed by rank and host."""
+    seen = {(i["id"], i["status"], i["value"]) for i in reports[0]["items"]}
+    out = []
+    for r in reports[1:]:
+        rank = r["world"]["rank"]
+        for i in r["items"]:
+            if i["status"] != "PASS" and (i["id"], i["status"], i["value"]) not in seen:
+                out.append(Item.make(f"ranks.{rank}.{i['id']}", f"rank {rank} ({r['host']}): {i['title']}",
+                                     i["status"], i["value"], i["message"], i["fix"]))
+    return out
+
+
+def _nodes(reports: list[dict]) -> tuple[list[dict], list[Item]]:
+    nodes: dict[str, list[dict]] = {}
+    for r in reports:
+        nodes.setdefault(r["host"], []).append(r)
+    summaries, items = [], []
+    for host, rs in nodes.items():
+        ranks = [r["world"]["rank"] for r in rs]
+        devices = rs[0]["gpus"].get("devices", [])
+        gpus = f"{len(devices)} x {devices[0]['name']}" if devices else "no GPU"
+        statuses = [i["status"] for r in rs for i in r["items"]]
+        counts = {s: statuses.count(s) for s in ("WARN", "FAIL")}
+        status = worst(statuses)
+        summaries.append({"host": host, "ranks": ranks, "gpus": gpus, "status": status, **counts})
+        message = "" if status == "PASS" else "see the items of these ranks above"
+        fix = "" if status == "PASS" else "fix the failures and warnings listed for this node's ranks."
+        items.append(Item.make(f"nodes.{host}", host, status,
+                               f"ranks {_ranges(ranks)}, {gpus}, {counts['FAIL']} failure(s), {counts['WARN']} "
+                               "warning(s)", message, fix))
+    sizes = {len(v) for v in nodes.values()}
+    if len(sizes) > 1:
+        items.append(Item.make("nodes.balance", "ranks per node", "WARN",
+                               ", ".join(f"{h}: {len(v)}" for h, v in nodes.items()),
+                               "nodes run different numbers of ranks; the job's pace is set by the busiest node.",
+                               "start the same number of processes on every node."))
+    return summaries, items
+
+
+def _sync(ctx: _context.Context) -> None:
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+
+
+def default_iters(nbytes: int) -> int:
+    return 20 if nbytes <= 64 << 10 else 10 if nbytes <= 4 << 20 else 5
+
+
+def _sweep(ctx: _context.Context, sizes: Sequence[int], iters: Optional[int]) -> tuple[list[dict], list[str]]:
+    """Allreduce (sum, float32) of each size: time per op (slowest rank), algbw, busbw; and any
+    size whose result was wrong."""
+    n = ctx.world_size
+    comm = ctx.communicator
+    expected = n * (n + 1) / 2
+    times, wrong, counts = [], [], []
+    for nbytes in sizes:
+        count = max(1, nbytes // 4)
+        counts.append(count)
+        t = torch.empty(count, dtype=torch.float32, device=ctx.device)
+        t.fill_(ctx.rank + 1)
+        comm.all_reduce(t, "sum").wait(ctx.timeout)  # also the warm-up
+        if not bool((t == expected).all()):
+            wrong.append(nbytes)
+        k = iters or default_iters(nbytes)
+        comm.barrier().wait(ctx.timeout)
+        _sync(ctx)
+        start = time.perf_counter()
+        for _ in range(k):
+            comm.all_reduce(t, "sum").wait(ctx.timeout)
+        _sync(ctx)
+        times.append((time.perf_counter() - start) / k)
+    slowest = torch.tensor(times, dtype=torch.float64, device=ctx.device)
+    comm.all_reduce(slowest, "max").wait(ctx.timeout)
+    results = []
+    for nbytes, count, seconds in zip(sizes, counts, slowest.cpu().tolist()):
+        algbw = count * 4 / seconds / 1e9
+        results.append({
+            "bytes": count * 4, "count": count, "iters": iters or default_iters(nbytes), "time_us": seconds * 1e6,
+            "algbw_gbps": algbw, "busbw_gbps": algbw * 2 * (n - 1) / n,
+        })
+    return results, [str(w) for w in wrong]
+
+
+def _ring(ctx: _context.Context, nbytes: int, iters: int) -> list[float]:
+    """Each rank sends to rank+1 and receives from rank-1 at once; GB/s of each rank's incoming link."""
+    n, r = ctx.world_size, ctx.rank
+    send = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=ctx.device)
+    recv = torch.empty_like(send)
+    ops = [dist.P2POp(dist.isend, send, (r + 1) % n), dist.P2POp(dist.irecv, recv, (r - 1) % n)]
+    for req in dist.batch_isend_irecv(ops):  # warm-up: connections are made lazily
+        req.wait()
+    ctx.communicator.barrier().wait(ctx.timeout)
+    _sync(ctx)
+    start = time.perf_counter()
+    for _ in range(iters):
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+    _sync(ctx)
+    mine = torch.zeros(n, dtype=torch.float64, device=ctx.device)
+    mine[r] = send.numel() * 4 * iters / (time.perf_counter() - start) / 1e9
+    ctx.communicator.all_reduce(mine, "sum").wait(ctx.timeout)
+    return mine.cpu().tolist()
+
+
+def _link_items(links: list[dict]) -> list[Item]:
+    """Links far slower (under half) than the median of their kind, intra- or inter-node."""
+    items = []
+    for kind in ("intra-node", "inter-node"):
+        group = [link for link in links if link["kind"] == kind]
+        if not group:
+            continue
+        median = statistics.median(link["gbps"] for link in group)
+        slow = [link for link in group if link["gbps"] < 0.5 * median]
+        value = f"{len(group)} link(s), median {median:.2f} GB/s, slowest {min(x['gbps'] for x in group):.2f} GB/s"
+        if not slow:
+            items.append(Item.make(f"bandwidth.{kind}", f"{kind} links", "PASS", value))
+            continue
+        named = "; ".join(f"rank {x['dst']} ({x['dst_host']}) <- rank {x['src']} ({x['src_host']}): "
+                          f"{x['gbps']:.2f} GB/s" for x in slow)
+        items.append(Item.make(
+            f"bandwidth.{kind}", f"{kind} links", "WARN", value,
+            f"under half the median of {kind} links: {named}.",
+            "check those hosts' network (link speed, NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME picking a slow "
+            "interface, a busy or throttled node) before a long job runs at their pace.",
+        ))
+    return items
+
+
+def _failed(local: Report, item: Item, started: float) -> Report:
+    """This rank's own report and what stopped the distributed part."""
+    elapsed = local.elapsed_s + time.perf_counter() - started
+    return Report(**{**local.__dict__, "items": local.items + [item], "mode": "distributed", "elapsed_s": elapsed})
+
+
+def run_distributed(
+    local: Report, *, backend: str, timeout: float, bandwidth: bool, sizes: Sequence[int], iters: Optional[int]
+) -> Report:
+    started = time.perf_counter()
+    try:
+        ctx = _context._init(backend, timeout, None, None, True, False, {}, _check_fingerprint)
+    except _C.DtcoreError as e:
+        message, fix = _split_fix(e)
+        item = Item.make("distributed.join", "joining the job", "FAIL", type(e).__name__, message, fix)
+        return _failed(local, item, started)
+    try:
+        local.world = dict(local.world or {}, rank=ctx.rank, world_size=ctx.world_size)
+        reports = _gather(ctx, local.to_dict())
+        items = list(local.items)
+        items.append(Item.make("distributed.join", "joining the job", "PASS",
+                               f"{ctx.world_size} rank(s), backend {ctx.backend}"))
+        items += _consistency(reports)
+        items += _other_ranks(reports)
+        nodes, node_items = _nodes(reports)
+        items += node_items
+        bw = None
+        if bandwidth and ctx.world_size > 1:
+            results, wrong = _sweep(ctx, sizes, iters)
+            hosts = [r["host"] for r in reports]
+            ring_bytes = min(max(sizes), 16 << 20)
+            gbps = _ring(ctx, ring_bytes, iters or default_iters(ring_bytes))
+            links = [{"src": (d - 1) % ctx.world_size, "dst": d, "src_host": hosts[(d - 1) % ctx.world_size],
+                      "dst_host": hosts[d], "gbps": g,
+                      "kind": "intra-node" if hosts[d] == hosts[(d - 1) % ctx.world_size] else "inter-node"}
+                     for d, g in enumerate(gbps)]
+            bw = {"op": "allreduce", "dtype": "float32", "backend": ctx.backend, "world_size": ctx.world_size,
+                  "results": results, "ring_bytes": ring_bytes, "links": links}
+            peak = max(results, key=lambda x: x["busbw_gbps"])
+            if wrong:
+                items.append(Item.make("bandwidth.allreduce", "allreduce", "FAIL", f"wrong at {', '.join(wrong)} B",
+                                       "the allreduce returned wrong values: data is corrupted in transit.",
+                                       "run the check again; if it repeats, test the hosts' network and memory."))
+            else:
+                items.append(Item.make("bandwidth.allreduce", "allreduce", "PASS",
+                                       f"busbw {peak['busbw_gbps']:.3f} GB/s at {peak['bytes']} B, "
+                                       f"{results[0]['time_us']:.1f} us at {results[0]['bytes']} B",
+                                       "results verified"))
+            items += _link_items(links)
+        return Report(
+            items=items,
+            host=local.host,
+            mode="distributed",
+            elapsed_s=local.elapsed_s + time.perf_counter() - started,
+            world=local.world,
+            backend=ctx.backend,
+            facts=local.facts,
+            gpus=local.gpus,
+            ranks=[{"rank": r["world"]["rank"], "host": r["host"], "local_rank": r["world"].get("local_rank"),
+                    "status": r["status"], "counts": r["counts"]} for r in reports],
+            nodes=nodes,
+            bandwidth=bw,
+        )
+    except _C.DtcoreError as e:
+        message, fix = _split_fix(e)
+        item = Item.make("distributed.collectives", "check collectives", "FAIL", type(e).__name__, message, fix)
+        return _failed(local, item, started)
+    finally:
+        from .._context import shutdown
+
+        shutdown()

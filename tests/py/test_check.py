@@ -1,0 +1,240 @@
+"""The resource checker: each probe under simulated conditions, the JSON schema, exit codes,
+init(preflight=True), and the distributed mode with 2 and 4 real ranks on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from launch_helpers import clean_env, describe, free_port, leftover_processes, run_processes, run_ranks, torchrun_style
+
+import dtcore
+import dtcore.check
+from dtcore.check import Report
+
+ITEM_KEYS = {"id", "group", "title", "status", "value", "message", "fix"}
+TOP_KEYS = {"schema", "mode", "status", "counts", "host", "elapsed_s", "world", "backend", "facts", "gpus", "items",
+            "ranks", "nodes", "bandwidth"}
+
+
+def check(**env: str) -> Report:
+    return dtcore.check.run(env=clean_env(**env), distributed=False)
+
+
+def cli(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dtcore.check", *args], env=env or clean_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def assert_schema(doc: dict) -> None:
+    assert set(doc) == TOP_KEYS
+    assert doc["schema"] == "dtcore.check/1"
+    assert doc["status"] in ("PASS", "WARN", "FAIL")
+    assert doc["counts"] == {s: sum(i["status"] == s for i in doc["items"]) for s in ("PASS", "WARN", "FAIL")}
+    ids = [i["id"] for i in doc["items"]]
+    assert len(ids) == len(set(ids)), "item ids are unique"
+    for item in doc["items"]:
+        assert set(item) == ITEM_KEYS
+        assert item["group"] == item["id"].split(".")[0]
+        assert item["status"] in ("PASS", "WARN", "FAIL")
+        if item["status"] != "PASS":
+            assert item["message"] and item["fix"], item
+
+
+def test_clean_single_node_passes_with_every_group_and_the_json_schema():
+    out = cli("--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    assert_schema(doc)
+    assert doc["mode"] == "local" and doc["status"] != "FAIL"
+    assert {i["group"] for i in doc["items"]} == {"version", "gpu", "launch", "network", "host", "env"}
+    assert Report.from_dict(doc).to_dict() == doc  # the document round-trips
+
+
+def test_table_is_grouped_with_status_value_and_fix():
+    report = check(GLOO_SOCKET_IFNAME="nonexistent0")
+    text = report.format(width=100)
+    assert text.splitlines()[0] == "versions"
+    line = next(x for x in text.splitlines() if "GLOO_SOCKET_IFNAME" in x)
+    assert line.split()[:3] == ["FAIL", "GLOO_SOCKET_IFNAME", "nonexistent0"]
+    assert "fix: set GLOO_SOCKET_IFNAME to interfaces that exist" in " ".join(text.split())
+    assert text.splitlines()[-1].startswith("dtcore.check: FAIL - ")
+
+
+def test_no_gpu_is_reported_not_failed():
+    item = check().item("gpu.driver")
+    assert item.status == "PASS" and "no GPU" in item.message
+    failing = check(DTCORE_BACKEND="nccl").item("gpu.driver")
+    assert failing.status == "FAIL" and "DTCORE_BACKEND=gloo" in failing.fix
+
+
+def test_cuda_visible_devices_without_a_driver_warns():
+    item = check(CUDA_VISIBLE_DEVICES="3").item("gpu.visible")
+    assert item.status == "WARN" and "no NVIDIA driver" in item.message
+
+
+def test_port_held_by_another_socket_fails_naming_the_process():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        item = check(MASTER_PORT=str(port)).item("network.port")
+    assert item.status == "FAIL", item
+    assert f"pid {os.getpid()}" in item.message and str(port) in item.value
+    assert "MASTER_PORT" in item.fix and "is free now" in item.fix
+
+
+def test_missing_interface_name_fails():
+    report = check(NCCL_SOCKET_IFNAME="=nonexistent0", GLOO_SOCKET_IFNAME="lo")
+    assert report.item("network.nccl_socket_ifname").status == "FAIL"
+    assert report.item("network.gloo_socket_ifname").status == "PASS"
+
+
+def test_torchrun_environment_with_contradictions():
+    env = dict(torchrun_style(0, 3, free_port()), TORCHELASTIC_RUN_ID="x", LOCAL_WORLD_SIZE="2", GROUP_WORLD_SIZE="2")
+    report = check(**env)
+    item = report.item("launch.world_size")
+    assert item.status == "FAIL" and "2 x" in item.message and "--nproc_per_node" in item.fix
+    assert report.item("launch.launcher").value == "torchrun"
+
+
+def test_slurm_allocation_smaller_than_the_torchrun_job():
+    env = dict(torchrun_style(0, 4, free_port()), TORCHELASTIC_RUN_ID="x", LOCAL_WORLD_SIZE="2", GROUP_WORLD_SIZE="2",
+               SLURM_JOB_ID="99", SLURM_JOB_NUM_NODES="1")
+    item = check(**env).item("launch.slurm_nodes")
+    assert item.status == "FAIL" and "sbatch -N 2" in item.fix
+
+
+def test_accelerate_config_for_gpus_on_a_machine_without(tmp_path):
+    config = tmp_path / "default_config.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_processes: 8\n"
+                      "num_machines: 1\n")
+    report = dtcore.check.run(env=clean_env(HF_HOME=str(tmp_path.parent)), accelerate_config=str(config),
+                              distributed=False)
+    item = report.item("launch.accelerate")
+    assert item.status == "FAIL" and "MULTI_GPU" in item.message
+    assert cli("--accelerate-config", str(tmp_path / "missing.yaml")).returncode == 2
+
+
+def test_stand_in_shm_path_that_is_missing():
+    report = dtcore.check.run(env=clean_env(), shm_path="/nonexistent/shm", distributed=False)
+    assert report.item("host.shm").status == "WARN"  # CPU job: NCCL does not need it here
+
+
+def test_environment_traps():
+    report = check(USE_LIBUV="0", NCCL_IB_DISABLE="1", TORCHELASTIC_USE_AGENT_STORE="True")
+    assert report.item("env.use_libuv").status == "WARN"
+    assert report.item("env.nccl_ib_disable").status == "WARN"
+    assert report.item("env.agent_store").status == "FAIL"
+
+
+def test_disk_of_the_checkpoint_and_log_directories(tmp_path):
+    report = dtcore.check.run(env=clean_env(), checkpoint_dir=str(tmp_path / "ckpt"), log_dir=str(tmp_path),
+                              min_free_disk_gb=1e9, distributed=False)
+    assert report.item("host.disk.checkpoint").status == "WARN"  # under the (absurd) threshold
+    assert str(tmp_path) in report.item("host.disk.log").value
+
+
+def test_exit_codes_and_help():
+    assert cli(env=clean_env(TORCHELASTIC_USE_AGENT_STORE="1")).returncode == 1
+    assert cli("--sizes", "0B:1MiB").returncode == 2
+    assert cli("--no-such-option").returncode == 2
+    out = cli("--help")
+    assert out.returncode == 0
+    for option in ("--json", "--checkpoint-dir", "--log-dir", "--min-free-gb", "--shm-path", "--accelerate-config",
+                   "--distributed", "--local", "--backend", "--timeout", "--no-bandwidth", "--sizes", "--factor",
+                   "--iters", "Exit status"):
+        assert option in out.stdout, option
+
+
+def test_sizes_parse_like_nccl_tests():
+    assert dtcore.check.parse_size("64MiB") == 64 << 20 and dtcore.check.parse_size("8") == 8
+    assert dtcore.check.size_range(8, 64) == [8, 16, 32, 64]
+    assert dtcore.check.DEFAULT_SIZES[0] == 8 and dtcore.check.DEFAULT_SIZES[-1] == 64 << 20
+    with pytest.raises(ValueError, match="'12XB' is not a size"):
+        dtcore.check.parse_size("12XB")
+
+
+def test_a_dtcore_built_for_another_torch_is_a_fail_with_the_rebuild_command(tmp_path):
+    # sitecustomize runs before `-m dtcore.check`: the process now runs "another" torch.
+    (tmp_path / "sitecustomize.py").write_text("import torch\ntorch.__version__ = '9.9.9+fake'\n")
+    env = clean_env(PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    out = cli("--json", env=env)
+    assert out.returncode == 1, out.stderr
+    item = next(i for i in json.loads(out.stdout)["items"] if i["id"] == "version.dtcore")
+    assert item["status"] == "FAIL" and "9.9.9+fake" in item["message"]
+    assert "pip install --no-build-isolation" in item["fix"]
+    # Anything else that imports dtcore is still refused at import.
+    code = subprocess.run([sys.executable, "-c", "import dtcore"], env=env, capture_output=True, text=True, timeout=60)
+    assert code.returncode != 0 and "ImportError" in code.stderr
+
+
+def test_init_preflight_raises_the_failures_with_their_fixes(fresh_dtcore, monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "nonexistent0")
+    with pytest.raises(dtcore.ConfigError, match=r"(?s)preflight.*GLOO_SOCKET_IFNAME.*Fix: set GLOO_SOCKET_IFNAME"):
+        dtcore.init(preflight=True, timeout=20)
+    assert not dtcore.is_initialized()
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    ctx = dtcore.init(preflight=True, timeout=20)
+    assert ctx.world_size == 1
+
+
+@pytest.mark.multirank
+def test_distributed_mode_under_torchrun_reports_bandwidth():
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dtcore.check",
+           "--json", "--sizes", "8B:1MiB", "--factor", "8", "--timeout", "30"]
+    results, sessions = run_processes([cmd], [clean_env()], timeout=120)
+    r = results[0]
+    assert r.returncode == 0, describe(results)
+    doc = json.loads(r.stdout)  # only rank 0 prints
+    assert_schema(doc)
+    assert doc["mode"] == "distributed" and [x["rank"] for x in doc["ranks"]] == [0, 1]
+    assert doc["world"]["world_size"] == 2 and len(doc["nodes"]) == 1
+    bw = doc["bandwidth"]
+    assert [x["bytes"] for x in bw["results"]] == [8, 64, 512, 4096, 32768, 262144]
+    for x in bw["results"]:
+        assert x["busbw_gbps"] == pytest.approx(x["algbw_gbps"] * 2 * (2 - 1) / 2)
+        assert x["algbw_gbps"] == pytest.approx(x["bytes"] / (x["time_us"] * 1e-6) / 1e9)
+    assert {link["kind"] for link in bw["links"]} == {"intra-node"} and len(bw["links"]) == 2
+    ids = {i["id"]: i["status"] for i in doc["items"]}
+    assert ids["consistency.torch"] == "PASS" and ids["bandwidth.allreduce"] == "PASS"
+    assert leftover_processes(sessions) == []
+
+
+@pytest.mark.multirank
+def test_distributed_mode_with_four_ranks_names_a_version_mismatch():
+    port = free_port()
+    envs = [clean_env(**torchrun_style(rank, 4, port)) for rank in range(4)]
+    envs[1]["CHECK_FAKE_TORCH"] = "2.12.0+cpu"
+    results, sessions = run_ranks("check_worker.py", envs, ("--json", "--sizes", "8B:4KiB", "--factor", "16",
+                                                           "--timeout", "30"), timeout=120)
+    assert [r.returncode for r in results] == [1, 1, 1, 1], describe(results)  # every rank exits with the verdict
+    doc = json.loads(results[0].stdout)
+    assert all(r.stdout == "" for r in results[1:]), "only rank 0 prints"
+    items = {i["id"]: i for i in doc["items"]}
+    torch_item = items["consistency.torch"]
+    assert torch_item["status"] == "FAIL"
+    assert "rank(s) 1 (" in torch_item["message"] and "'2.12.0+cpu'" in torch_item["message"]
+    assert "other 3 rank(s)" in torch_item["message"] and "pip install torch==" in torch_item["fix"]
+    assert items["ranks.1.version.dtcore"]["status"] == "FAIL"  # rank 1's own view: built for another torch
+    assert items["consistency.dtcore"]["status"] == "PASS"
+    assert [x["rank"] for x in doc["ranks"]] == [0, 1, 2, 3]
+    assert doc["bandwidth"]["world_size"] == 4 and len(doc["bandwidth"]["links"]) == 4
+    assert leftover_processes(sessions) == []
+
+
+@pytest.mark.multirank
+def test_distributed_mode_names_the_rank_that_never_joins():
+    port = free_port()
+    envs = [clean_env(**torchrun_style(rank, 3, port)) for rank in range(2)]  # rank 2 never comes
+    results, sessions = run_ranks("check_worker.py", envs, ("--json", "--timeout", "5"), timeout=60)
+    assert [r.returncode for r in results] == [1, 1], describe(results)
+    doc = json.loads(results[0].stdout)
+    join = next(i for i in doc["items"] if i["id"] == "distributed.join")
+    assert join["status"] == "FAIL" and "2" in join["message"]
+    assert leftover_processes(sessions) == []
