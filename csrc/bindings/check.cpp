@@ -77,7 +77,8 @@ void bind_check(py::module_& m) {
          std::vector<std::string> arch_list, std::string host, std::string shm_path,
          std::vector<std::pair<std::string, std::string>> dirs, double min_free_disk_gb,
          std::string accelerate_config_path, std::string accelerate_config_text, bool wandb_installed,
-         bool wandb_credentials, bool distributed, std::vector<unsigned> job_pids) {
+         bool wandb_credentials, bool distributed, bool preflight, std::vector<unsigned> job_pids,
+         bool pid_namespace) {
         check::CheckInputs in;
         in.env = std::move(env);
         in.versions = version_facts(facts);
@@ -92,7 +93,9 @@ void bind_check(py::module_& m) {
         in.wandb_installed = wandb_installed;
         in.wandb_credentials = wandb_credentials;
         in.distributed = distributed;
+        in.preflight = preflight;
         in.job_pids = std::move(job_pids);
+        in.pid_namespace = pid_namespace;
         check::CheckResult r;
         {
           py::gil_scoped_release release;
@@ -117,7 +120,7 @@ void bind_check(py::module_& m) {
       py::arg("env"), py::arg("facts"), py::arg("nccl_dirs"), py::arg("arch_list"), py::arg("host"),
       py::arg("shm_path"), py::arg("dirs"), py::arg("min_free_disk_gb"), py::arg("accelerate_config_path"),
       py::arg("accelerate_config_text"), py::arg("wandb_installed"), py::arg("wandb_credentials"),
-      py::arg("distributed"), py::arg("job_pids"),
+      py::arg("distributed"), py::arg("preflight"), py::arg("job_pids"), py::arg("pid_namespace"),
       "Runs every probe of this process and judges it; see csrc/dtcore/check/checker.h.");
 }
 

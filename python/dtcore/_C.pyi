@@ -135,5 +135,7 @@ def run_checks(
     wandb_installed: bool,
     wandb_credentials: bool,
     distributed: bool,
+    preflight: bool,
     job_pids: list[int],
+    pid_namespace: bool,
 ) -> dict: ...

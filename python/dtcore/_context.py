@@ -344,7 +344,7 @@ def _preflight(overrides: dict[str, Any], log_dir: Optional[str]) -> None:
     for key, value in overrides.items():  # init() arguments beat the environment here too
         if value is not None:
             env[f"DTCORE_{key.upper()}"] = str(value)
-    report = run(env=env, log_dir=log_dir, distributed=False)
+    report = run(env=env, log_dir=log_dir, distributed=False, preflight=True)
     for item in report.warnings:
         log.warning("preflight: %s: %s %s Fix: %s", item.title, item.value, item.message, item.fix)
     if report.failures:

@@ -38,5 +38,5 @@ def torch_mismatch() -> Optional[str]:
 
 def running_checker() -> bool:
     """True when this process is `python -m dtcore.check`."""
-    argv = getattr(sys, "orig_argv", [])
-    return any(a == "-m" and b == "dtcore.check" for a, b in zip(argv, argv[1:]))
+    argv = getattr(sys, "orig_argv", [])  # Python >= 3.10, which dtcore requires
+    return "-mdtcore.check" in argv or any(a == "-m" and b == "dtcore.check" for a, b in zip(argv, argv[1:]))

@@ -32,6 +32,7 @@ GpuFacts machine(int gpus, int cuda = 13000) {
 
 GpuExpectations cuda_torch(int local_world_size = 8) {
   GpuExpectations e;
+  e.launched = true;
   e.torch_cuda = "13.0";
   e.arch_list = {"sm_80", "sm_90", "sm_100"};
   e.local_world_size = local_world_size;
@@ -69,6 +70,9 @@ TEST(GpuProbe, VisibleDevicesFollowCudaRules) {
   EXPECT_EQ(visible_devices("GPU-aaaa0003", gpus).indices, (std::vector<int>{3}));
   EXPECT_TRUE(visible_devices("", gpus).indices.empty());
   EXPECT_TRUE(visible_devices("-1", gpus).problem.empty());
+  EXPECT_EQ(visible_devices("0,1,", gpus).indices, (std::vector<int>{0, 1}));  // CUDA stops, no complaint
+  EXPECT_EQ(visible_devices("1,-2,3", gpus).indices, (std::vector<int>{1}));
+  EXPECT_EQ(visible_devices("2gpu", gpus).indices, (std::vector<int>{2}));    // read as CUDA reads it
   auto bad = visible_devices("1,7,2", gpus);  // CUDA stops at the first invalid entry
   EXPECT_EQ(bad.indices, (std::vector<int>{1}));
   EXPECT_NE(bad.problem.find("'7'"), std::string::npos) << bad.problem;
@@ -104,6 +108,11 @@ TEST(GpuProbe, IdleGpusWarn) {
   Items full;
   judge_gpus(machine(8), cuda_torch(8), full);
   EXPECT_FALSE(has(full, "gpu.usage"));
+  GpuExpectations plain = cuda_torch(1);
+  plain.launched = false;  // `python -m dtcore.check` on its own: one process, no launcher
+  Items alone;
+  judge_gpus(machine(8), plain, alone);
+  EXPECT_FALSE(has(alone, "gpu.usage"));
 }
 
 TEST(GpuProbe, DriverOlderThanTorchsCuda) {
@@ -118,6 +127,20 @@ TEST(GpuProbe, DriverOlderThanTorchsCuda) {
   Items ok;
   judge_gpus(machine(1, 13000), cuda_torch(1), ok);
   expect_item(ok, "gpu.cuda", Status::Pass);
+}
+
+TEST(GpuProbe, AHungDriverFailsTheNode) {
+  GpuFacts f;
+  f.hung = true;
+  Items out;
+  judge_gpus(f, cuda_torch(8), out);
+  expect_item(out, "gpu.driver", Status::Fail, {"did not answer", "Xid"});
+}
+
+TEST(GpuProbe, UnknownDriverCudaVersionIsNotJudged) {
+  Items out;
+  judge_gpus(machine(1, 0), cuda_torch(1), out);
+  EXPECT_FALSE(has(out, "gpu.cuda"));
 }
 
 TEST(GpuProbe, ArchitectureWithoutKernelsFails) {

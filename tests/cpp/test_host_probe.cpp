@@ -72,8 +72,13 @@ TEST(HostProbe, StandInShmPathThatDoesNotExist) {
 TEST(HostProbe, LockedMemoryMattersWithGpus) {
   HostFacts f = healthy();
   f.memlock_soft = 64 * 1024;
+  Items single;
+  judge_host(f, gpu_node(), single);  // one node without InfiniBand: no RDMA
+  expect_item(single, "host.memlock", Status::Pass);
+  HostExpectations e = gpu_node();
+  e.num_nodes = 2;
   Items out;
-  judge_host(f, gpu_node(), out);
+  judge_host(f, e, out);
   expect_item(out, "host.memlock", Status::Warn, {"64 KiB", "RDMA", "ulimit -l unlimited"});
 }
 
@@ -82,9 +87,18 @@ TEST(HostProbe, TooFewOpenFilesForTheWorldFails) {
   f.nofile_soft = 1024;
   HostExpectations e = gpu_node();
   e.world_size = 1024;
+  Items client;
+  judge_host(f, e, client);  // an NCCL rank that only connects to the store needs few
+  expect_item(client, "host.nofile", Status::Pass);
+  e.serves_store = true;
   Items out;
   judge_host(f, e, out);
-  expect_item(out, "host.nofile", Status::Fail, {"1024 ranks", "ulimit -n 4352", "1048576"});
+  expect_item(out, "host.nofile", Status::Fail, {"1024 ranks", "serves the store", "ulimit -n 2304", "1048576"});
+  e.serves_store = false;
+  e.gpus = false;  // Gloo: a socket mesh to every peer
+  Items gloo;
+  judge_host(f, e, gloo);
+  expect_item(gloo, "host.nofile", Status::Fail, {"Gloo", "ulimit -n 2304"});
 }
 
 TEST(HostProbe, OversubscribedCpusWarnAndBadOmpFails) {
@@ -95,6 +109,18 @@ TEST(HostProbe, OversubscribedCpusWarnAndBadOmpFails) {
   Items out;
   judge_host(f, e, out);
   expect_item(out, "host.cpus", Status::Warn, {"128 threads", "16 CPU(s)", "OMP_NUM_THREADS=2"});
+  f.node_cpus = 96;
+  f.cpus = 12;  // srun --cpu-bind: 12 CPUs of this task's own
+  e.omp_num_threads = "12";
+  Items bound;
+  judge_host(f, e, bound);
+  expect_item(bound, "host.cpus", Status::Pass, {"bound to this process"});
+  e.omp_num_threads = "16,2";  // a nested OpenMP list: 16 threads at the first level
+  Items over;
+  judge_host(f, e, over);
+  expect_item(over, "host.cpus", Status::Warn, {"16 threads compete for 12"});
+  f.node_cpus = 0;
+  f.cpus = 16;
   e.omp_num_threads = "four";
   Items bad;
   judge_host(f, e, bad);

@@ -200,7 +200,7 @@ def test_distributed_mode_under_torchrun_reports_bandwidth():
     for x in bw["results"]:
         assert x["busbw_gbps"] == pytest.approx(x["algbw_gbps"] * 2 * (2 - 1) / 2)
         assert x["algbw_gbps"] == pytest.approx(x["bytes"] / (x["time_us"] * 1e-6) / 1e9)
-    assert {link["kind"] for link in bw["links"]} == {"intra-node"} and len(bw["links"]) == 2
+    assert [(x["src"], x["dst"], x["kind"]) for x in bw["links"]] == [(0, 1, "intra-node")]
     ids = {i["id"]: i["status"] for i in doc["items"]}
     assert ids["consistency.torch"] == "PASS" and ids["bandwidth.allreduce"] == "PASS"
     assert leftover_processes(sessions) == []
@@ -221,10 +221,12 @@ def test_distributed_mode_with_four_ranks_names_a_version_mismatch():
     assert torch_item["status"] == "FAIL"
     assert "rank(s) 1 (" in torch_item["message"] and "'2.12.0+cpu'" in torch_item["message"]
     assert "other 3 rank(s)" in torch_item["message"] and "pip install torch==" in torch_item["fix"]
-    assert items["ranks.1.version.dtcore"]["status"] == "FAIL"  # rank 1's own view: built for another torch
+    assert items["consistency.built_torch"]["status"] == "FAIL"
     assert items["consistency.dtcore"]["status"] == "PASS"
+    assert items["version.dtcore"]["status"] == "PASS"  # each rank's own build matches its own torch
     assert [x["rank"] for x in doc["ranks"]] == [0, 1, 2, 3]
-    assert doc["bandwidth"]["world_size"] == 4 and len(doc["bandwidth"]["links"]) == 4
+    assert doc["bandwidth"]["world_size"] == 4
+    assert sorted((x["src"], x["dst"]) for x in doc["bandwidth"]["links"]) == [(0, 1), (1, 2), (2, 3), (3, 0)]
     assert leftover_processes(sessions) == []
 
 
@@ -236,5 +238,47 @@ def test_distributed_mode_names_the_rank_that_never_joins():
     assert [r.returncode for r in results] == [1, 1], describe(results)
     doc = json.loads(results[0].stdout)
     join = next(i for i in doc["items"] if i["id"] == "distributed.join")
-    assert join["status"] == "FAIL" and "2" in join["message"]
+    assert join["status"] == "FAIL" and "missing rank 2" in join["message"], join
+    assert "rank 1 (" in results[1].stderr and "missing rank 2" in results[1].stderr  # rank 1 says so too
     assert leftover_processes(sessions) == []
+
+
+@pytest.mark.multirank
+def test_a_rank_whose_rank_zero_never_comes_still_reports():
+    port = free_port()
+    envs = [clean_env(**torchrun_style(1, 2, port))]  # only rank 1: nobody serves the store
+    results, sessions = run_ranks("check_worker.py", envs, ("--timeout", "3"), timeout=60)
+    assert results[0].returncode == 1, describe(results)
+    assert "FAIL  joining the job" in results[0].stderr and "rank 1 (" in results[0].stderr, describe(results)
+    assert leftover_processes(sessions) == []
+
+
+def test_link_rounds_measure_each_ring_pair_alone():
+    from dtcore.check._distributed import ring_rounds
+
+    assert ring_rounds(2) == [[(0, 1)]]
+    assert ring_rounds(4) == [[(0, 1), (2, 3)], [(1, 2), (3, 0)]]
+    assert ring_rounds(5) == [[(0, 1), (2, 3)], [(1, 2), (3, 4)], [(4, 0)]]
+    for n in range(2, 10):
+        rounds = ring_rounds(n)
+        for pairs in rounds:
+            ranks = [r for pair in pairs for r in pair]
+            assert len(ranks) == len(set(ranks)), (n, pairs)  # no rank in two pairs of a round
+        covered = {frozenset(p) for pairs in rounds for p in pairs}
+        assert covered == {frozenset((r, (r + 1) % n)) for r in range(n)}
+
+
+def test_preflight_ignores_what_init_does_not_use(fresh_dtcore, monkeypatch, tmp_path):
+    # A stale accelerate config of another machine, and torchrun's default port taken by someone.
+    (tmp_path / "accelerate").mkdir()
+    (tmp_path / "accelerate" / "default_config.yaml").write_text("distributed_type: MULTI_GPU\nnum_processes: 8\n")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with socket.socket() as s:
+        try:
+            s.bind(("0.0.0.0", 29500))
+            s.listen()
+        except OSError:
+            pass  # taken already, which is the case under test too
+        assert dtcore.init(preflight=True, timeout=20).world_size == 1
+    report = check()
+    assert report.item("network.port").status in ("PASS", "WARN")  # a warning for the next launch, at most

@@ -195,8 +195,9 @@ std::string timeout_message(const Context& c, const std::vector<int>& missing) {
     // rank 0 waits for more ranks than this one knows of.
     return detail::cat("rendezvous timed out after ", static_cast<int>(c.elapsed() + 0.5), " s: all ", world,
                        " ranks that this process expects (", c.spec.world_size.source, "=", world, ") joined at ",
-                       c.where, ", but the rendezvous never completed: rank 0 expects a different world size. "
-                       "Fix: start every rank with the same world size (one launcher command for the whole job).");
+                       c.where, ", but the rendezvous never completed: most likely rank 0 expects a different world size "
+                       "(it waits for more ranks), or rank 0 is stuck. Fix: start every rank with the same world size "
+                       "(one launcher command for the whole job); if they agree, look at rank 0's log.");
   }
   return detail::cat("rendezvous timed out after ", static_cast<int>(c.elapsed() + 0.5), " s: ",
                      world - static_cast<int>(missing.size()), " of ", world, " ranks joined at ", c.where,

@@ -1,5 +1,6 @@
 #include "dtcore/check/checker.h"
 
+#include "dtcore/check/deadline.h"
 #include "dtcore/check/env_probe.h"
 #include "dtcore/check/host_probe.h"
 #include "dtcore/check/launch_probe.h"
@@ -9,6 +10,9 @@
 
 namespace dtcore::check {
 namespace {
+
+// NVML answers in well under a second; a GPU that fell off the bus makes it hang for minutes.
+constexpr std::chrono::milliseconds kGpuProbeDeadline{15000};
 
 std::optional<std::string> raw(const std::map<std::string, std::string>& env, const char* name) {
   auto it = env.find(name);
@@ -25,7 +29,13 @@ void append(std::vector<Item>& to, Items&& from) {
 CheckResult run_checks(const CheckInputs& in) {
   CheckResult r;
   const Env env(std::map<std::string, std::string, std::less<>>(in.env.begin(), in.env.end()));
-  r.gpus = in.gpus ? *in.gpus : probe_gpus();
+  if (in.gpus) {
+    r.gpus = *in.gpus;
+  } else if (auto probed = with_deadline<GpuFacts>([] { return probe_gpus(); }, kGpuProbeDeadline)) {
+    r.gpus = std::move(*probed);
+  } else {
+    r.gpus.hung = true;
+  }
   const auto cvd = raw(in.env, "CUDA_VISIBLE_DEVICES");
   r.visible_gpus = r.gpus.driver_loaded
                        ? static_cast<int>(visible_devices(cvd, r.gpus.devices).indices.size())
@@ -62,14 +72,17 @@ CheckResult run_checks(const CheckInputs& in) {
   ge.gpu_required = wanted == "nccl";
   ge.local_world_size = r.spec ? r.spec->local_world_size.value : 1;
   ge.job_pids = in.job_pids;
+  ge.launched = r.spec && r.spec->launcher != Launcher::Single;
+  ge.pid_namespace = in.pid_namespace;
   judge_gpus(r.gpus, ge, gpus);
 
   Items network;
   if (r.spec) {
     NetworkOptions no;
     no.test_connect = in.distributed;
+    no.probe_default_port = !in.preflight;
     WorldSpec planned = *r.spec;
-    if (planned.master_port.value == 0) {
+    if (planned.master_port.value == 0 && !in.preflight) {
       // One process picks any free port; the port a launch will use is the one worth checking.
       auto port = env.get("MASTER_PORT");
       if (port && port->find_first_not_of("0123456789") == std::string::npos && port->size() <= 5) {
@@ -87,6 +100,8 @@ CheckResult run_checks(const CheckInputs& in) {
   he.world_size = r.spec ? r.spec->world_size.value : 1;
   he.local_world_size = r.spec ? r.spec->local_world_size.value : 1;
   he.gpus = r.backend == "nccl";
+  he.num_nodes = r.spec ? r.spec->num_nodes.value : 1;
+  he.serves_store = r.spec && r.spec->rank.value == 0 && !r.spec->use_agent_store;
   he.omp_num_threads = env.get("OMP_NUM_THREADS");
   he.min_free_disk_gb = in.min_free_disk_gb;
   judge_host(probe_host(ho), he, host);

@@ -31,7 +31,9 @@ struct CheckInputs {
   bool wandb_installed = false;
   bool wandb_credentials = false;
   bool distributed = false;  // the whole job runs the check: also test reachability of the master
-  std::vector<unsigned> job_pids;
+  bool preflight = false;    // from init(): judge what init() will do (one process takes any port)
+  std::vector<unsigned> job_pids;  // this process, its launcher and its sibling ranks
+  bool pid_namespace = false;      // in a container: NVML's pids are not ours
   std::optional<GpuFacts> gpus;  // given: use instead of probing the driver (tests)
 };
 

@@ -39,11 +39,6 @@ void judge_store(const Env& env, Items& out) {
              "says torchrun's agent serves the rendezvous store, but this process was not started by torchrun: "
              "rank 0 will not serve one, and every rank waits for a store nobody runs.",
              "unset TORCHELASTIC_USE_AGENT_STORE (torchrun sets it for its own workers).");
-  } else if (agent && falsy(*agent) && under_torchrun) {
-    out.warn("env.agent_store", "TORCHELASTIC_USE_AGENT_STORE", *agent,
-             "under torchrun this makes rank 0 serve a second store on MASTER_PORT, where torchrun's agent "
-             "already listens: start-up fails with 'address already in use'.",
-             "unset TORCHELASTIC_USE_AGENT_STORE and let torchrun set it.");
   } else {
     out.pass("env.agent_store", "TORCHELASTIC_USE_AGENT_STORE", agent.value_or("unset"));
   }
@@ -98,7 +93,9 @@ void judge_allocator(const Env& env, const TrapContext& c, Items& out) {
       v = alt;
     }
   }
-  const bool expandable = v && lower(*v).find("expandable_segments:true") != std::string::npos;
+  std::string compact = lower(v.value_or(""));
+  compact.erase(std::remove_if(compact.begin(), compact.end(), ::isspace), compact.end());
+  const bool expandable = compact.find("expandable_segments:true") != std::string::npos;
   if (!c.gpus) {
     out.pass("env.alloc_conf", name, v.value_or("unset"), "matters on GPUs only");
   } else if (!expandable) {
@@ -124,7 +121,7 @@ void judge_wandb(const Env& env, const TrapContext& c, Items& out) {
     out.warn("env.wandb", "wandb", detail::cat("WANDB_PROJECT=", env.get("WANDB_PROJECT").value_or("unset"),
                                                ", no credentials"),
              "wandb is set to log in, but finds no WANDB_API_KEY and no login (netrc): under a launcher, "
-             "wandb.init() on rank 0 waits for an interactive login that nobody answers.",
+             "wandb.init() prompts for a login that nobody answers, or fails without a terminal.",
              "run `wandb login` on each node (or set WANDB_API_KEY), or set WANDB_MODE=offline.");
   } else {
     out.pass("env.wandb", "wandb", credentials ? "credentials found" : "installed, not configured");

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <sstream>
 
 #include "dtcore/common/error.h"
 
@@ -152,7 +153,8 @@ GpuFacts probe_gpus() {
     if (fn(buf, sizeof buf) == kNvmlSuccess) f.driver_version = buf;
   }
   if (auto fn = sym<nvmlReturn_t (*)(int*)>(lib, "nvmlSystemGetCudaDriverVersion_v2")) {
-    fn(&f.cuda_driver_version);
+    int version = 0;
+    if (fn(&version) == kNvmlSuccess) f.cuda_driver_version = version;
   }
   auto get_count = sym<nvmlReturn_t (*)(unsigned int*)>(lib, "nvmlDeviceGetCount_v2");
   auto get_handle = sym<nvmlReturn_t (*)(unsigned int, nvmlDevice_t*)>(lib, "nvmlDeviceGetHandleByIndex_v2");
@@ -187,34 +189,33 @@ GpuFacts probe_gpus() {
 VisibleDevices visible_devices(const std::optional<std::string>& cvd, const std::vector<GpuDevice>& devices) {
   VisibleDevices v;
   if (!cvd) {
-    for (size_t i = 0; i < devices.size(); ++i) v.indices.push_back(static_cast<int>(i));
+    for (const auto& d : devices) v.indices.push_back(d.index);
     return v;
   }
   std::set<int> seen;
-  size_t start = 0;
-  const std::string& s = *cvd;
-  while (start <= s.size() && !s.empty()) {
-    size_t end = s.find(',', start);
-    std::string entry = s.substr(start, end == std::string::npos ? std::string::npos : end - start);
+  std::stringstream in(*cvd);
+  std::string entry;
+  while (std::getline(in, entry, ',')) {
     entry.erase(0, entry.find_first_not_of(" \t"));
     entry.erase(entry.find_last_not_of(" \t") + 1);
-    if (entry == "-1" || entry == "NoDevFiles") break;  // the usual ways to hide every GPU
+    // CUDA stops, without complaint, at an empty or negative entry ("-1" is the usual way to hide
+    // every GPU) or anything that is neither an index nor a UUID.
+    if (entry.empty() || entry[0] == '-') break;
     int found = -1;
-    bool is_index = !entry.empty() && std::all_of(entry.begin(), entry.end(), ::isdigit);
-    if (is_index) {
-      long idx = std::stol(entry.substr(0, 9));
-      if (idx < static_cast<long>(devices.size())) found = static_cast<int>(idx);
-    } else if (entry.rfind("GPU-", 0) == 0 || entry.rfind("MIG-", 0) == 0) {
-      for (size_t i = 0; i < devices.size() && entry.rfind("GPU-", 0) == 0; ++i) {
-        if (devices[i].uuid.rfind(entry, 0) == 0) found = static_cast<int>(i);
+    if (std::isdigit(static_cast<unsigned char>(entry[0]))) {
+      unsigned long idx = std::strtoul(entry.c_str(), nullptr, 10);  // like CUDA: "1gpu" reads as 1
+      for (const auto& d : devices) {
+        if (static_cast<unsigned long>(d.index) == idx) found = d.index;
       }
-      if (entry.rfind("MIG-", 0) == 0) {
-        // A MIG instance: NVML's device list holds the parents; count it as one visible device.
-        v.indices.push_back(-1);
-        if (end == std::string::npos) break;
-        start = end + 1;
-        continue;
+    } else if (entry.rfind("MIG-", 0) == 0) {
+      v.indices.push_back(-1);  // a MIG instance: NVML lists its parent GPU, not the instance
+      continue;
+    } else if (entry.rfind("GPU-", 0) == 0) {
+      for (const auto& d : devices) {
+        if (d.uuid.rfind(entry, 0) == 0) found = d.index;
       }
+    } else {
+      break;
     }
     if (found < 0) {
       v.problem = detail::cat("entry '", entry, "' names no GPU of this machine (it has ", devices.size(),
@@ -227,13 +228,18 @@ VisibleDevices visible_devices(const std::optional<std::string>& cvd, const std:
       break;
     }
     v.indices.push_back(found);
-    if (end == std::string::npos) break;
-    start = end + 1;
   }
   return v;
 }
 
 void judge_gpus(const GpuFacts& f, const GpuExpectations& e, Items& out) {
+  if (f.hung) {
+    out.fail("gpu.driver", "NVIDIA driver", "not answering",
+             "NVML did not answer within the probe's deadline: a GPU has probably fallen off the bus or the driver "
+             "is wedged (`nvidia-smi` hangs too).",
+             "drain this node and have it checked (`dmesg` shows Xid errors); do not start the job here.");
+    return;
+  }
   const std::string cvd_text = e.cuda_visible_devices ? "CUDA_VISIBLE_DEVICES=" + *e.cuda_visible_devices
                                                        : std::string("CUDA_VISIBLE_DEVICES unset");
   if (!f.driver_loaded) {
@@ -255,7 +261,9 @@ void judge_gpus(const GpuFacts& f, const GpuExpectations& e, Items& out) {
   }
 
   out.pass("gpu.driver", "NVIDIA driver", detail::cat(f.driver_version, " (CUDA ", cuda_version_text(f.cuda_driver_version), ")"));
-  if (!e.torch_cuda.empty()) {
+  if (!e.torch_cuda.empty() && f.cuda_driver_version <= 0) {
+    // NVML did not say which CUDA the driver supports: nothing to compare.
+  } else if (!e.torch_cuda.empty()) {
     int torch_cuda = parse_cuda_version(e.torch_cuda);
     std::string value = detail::cat("torch CUDA ", e.torch_cuda, ", driver supports ", cuda_version_text(f.cuda_driver_version));
     if (torch_cuda / 1000 > f.cuda_driver_version / 1000) {
@@ -265,8 +273,9 @@ void judge_gpus(const GpuFacts& f, const GpuExpectations& e, Items& out) {
                "upgrade the NVIDIA driver, or install a torch built for this driver's CUDA version.");
     } else if (torch_cuda > f.cuda_driver_version) {
       out.warn("gpu.cuda", "CUDA runtime vs driver", value,
-               "the driver is older than torch's CUDA minor version: it runs under minor-version compatibility, "
-               "but kernels that need PTX compilation by the driver fail.",
+               "the driver is older than torch's CUDA minor version: CUDA runs under minor-version compatibility "
+               "(torch's own kernels work), but code that the driver must compile from PTX at run time, e.g. "
+               "some Triton or custom kernels, can fail.",
                "upgrade the NVIDIA driver to one for CUDA " + e.torch_cuda + " or later.");
     } else {
       out.pass("gpu.cuda", "CUDA runtime vs driver", value);
@@ -274,7 +283,8 @@ void judge_gpus(const GpuFacts& f, const GpuExpectations& e, Items& out) {
   } else if (!f.devices.empty()) {
     out.warn("gpu.cuda", "CUDA runtime vs driver", "torch is a CPU build",
              detail::cat("this machine has ", f.devices.size(), " GPU(s), but this torch cannot use them."),
-             "install a CUDA build of torch (pip install torch --index-url https://download.pytorch.org/whl/cu130).");
+             "install a CUDA build of torch for this driver's CUDA version (pip install torch --index-url "
+             "https://download.pytorch.org/whl/cu<version>, see https://pytorch.org/get-started/locally/).");
   }
 
   if (f.devices.empty()) {
@@ -309,7 +319,7 @@ void judge_gpus(const GpuFacts& f, const GpuExpectations& e, Items& out) {
   } else {
     out.pass("gpu.visible", "CUDA_VISIBLE_DEVICES", cvd_text, detail::cat(n_visible, " of ", f.devices.size(), " GPU(s) visible"));
   }
-  if (n_visible > 0 && e.local_world_size < n_visible && e.local_world_size >= 1) {
+  if (e.launched && n_visible > 0 && e.local_world_size < n_visible && e.local_world_size >= 1) {
     out.warn("gpu.usage", "GPUs used", detail::cat(e.local_world_size, " process(es) for ", n_visible, " GPU(s)"),
              detail::cat(n_visible - e.local_world_size, " visible GPU(s) will stay idle."),
              detail::cat("start one process per GPU (torchrun --nproc_per_node=", n_visible,
@@ -319,7 +329,9 @@ void judge_gpus(const GpuFacts& f, const GpuExpectations& e, Items& out) {
   const std::set<unsigned> job(e.job_pids.begin(), e.job_pids.end());
   for (int idx : visible.indices) {
     if (idx < 0) continue;  // a MIG instance named by UUID: its parent is judged if listed
-    const GpuDevice& d = f.devices[static_cast<size_t>(idx)];
+    auto it = std::find_if(f.devices.begin(), f.devices.end(), [&](const GpuDevice& g) { return g.index == idx; });
+    if (it == f.devices.end()) continue;
+    const GpuDevice& d = *it;
     const std::string id = detail::cat("gpu.", d.index);
     const std::string title = detail::cat("GPU ", d.index);
     std::string value = detail::cat(d.name, ", sm_", d.cc_major, d.cc_minor, ", ", format_bytes(static_cast<double>(d.memory_free)),
@@ -339,13 +351,18 @@ void judge_gpus(const GpuFacts& f, const GpuExpectations& e, Items& out) {
     for (const auto& p : d.processes) {
       if (job.count(p.pid)) continue;
       foreign_bytes += p.used_bytes;
-      holders += detail::cat(holders.empty() ? "" : ", ", "pid ", p.pid, p.name.empty() ? "" : " (" + p.name + ")",
-                             " ", format_bytes(static_cast<double>(p.used_bytes)));
+      // No /proc entry: a process of another container or of the host (NVML reports host pids).
+      holders += detail::cat(holders.empty() ? "" : ", ", "pid ", p.pid,
+                             p.name.empty() ? std::string(" (not visible from here)") : " (" + p.name + ")", " ",
+                             format_bytes(static_cast<double>(p.used_bytes)));
     }
     if (!holders.empty()) {
       out.warn(id + ".processes", title + " processes", holders,
                detail::cat("other processes hold ", format_bytes(static_cast<double>(foreign_bytes)),
-                           " on this GPU; the job has that much less memory and shares compute."),
+                           " on this GPU; the job has that much less memory and shares compute.",
+                           e.pid_namespace ? " (In a container NVML shows the host's pids, which cannot be told "
+                                             "apart from this job's.)"
+                                           : ""),
                "stop them (`nvidia-smi` lists them; a leftover run is the usual suspect) or choose other GPUs.");
     }
     if (d.mig_enabled) {

@@ -35,6 +35,7 @@ struct GpuDevice {
 };
 
 struct GpuFacts {
+  bool hung = false;           // NVML did not answer within the deadline (see checker.cpp)
   bool driver_loaded = false;
   std::string load_error;      // why not, when !driver_loaded
   std::string driver_version;  // e.g. "580.95.05"
@@ -45,10 +46,12 @@ struct GpuFacts {
 GpuFacts probe_gpus();
 
 // CUDA_VISIBLE_DEVICES applied to the devices NVML lists, following CUDA's rules: entries are
-// indices or (prefixes of) UUIDs, separated by commas; parsing stops at the first invalid entry,
-// and a device named twice makes the whole list invalid.
+// indices or (prefixes of) UUIDs, separated by commas; parsing stops silently at an empty,
+// negative or unparsable entry, an entry that names no device is reported (CUDA ignores it and
+// all after it), and a device named twice makes the whole list invalid. Indices are NVML's (PCI
+// order); CUDA_DEVICE_ORDER=FASTEST_FIRST, CUDA's default, may number them differently.
 struct VisibleDevices {
-  std::vector<int> indices;  // into GpuFacts::devices, in CUDA's order
+  std::vector<int> indices;  // NVML indices (GpuDevice::index) in CUDA's order; -1 for a MIG instance
   std::string problem;       // non-empty when an entry is invalid, duplicated or unknown
 };
 VisibleDevices visible_devices(const std::optional<std::string>& cuda_visible_devices,
@@ -62,6 +65,8 @@ struct GpuExpectations {
   bool gpu_required = false;            // the job asked for NCCL (DTCORE_BACKEND=nccl)
   int local_world_size = 1;             // processes this node starts
   std::vector<unsigned> job_pids;       // processes of this job, not counted as "other"
+  bool launched = false;                // started by a launcher (idle GPUs are then worth a warning)
+  bool pid_namespace = false;           // in a container: NVML's pids are the host's
 };
 
 void judge_gpus(const GpuFacts& facts, const GpuExpectations& expect, Items& out);

@@ -35,7 +35,13 @@ int usable_cpus() {
   double quota = -1, period = -1;
   std::ifstream v2("/sys/fs/cgroup/cpu.max");  // cgroup v2: "<quota|max> <period>"
   std::string q;
-  if (v2 >> q >> period && q != "max") quota = std::stod(q);
+  if (v2 >> q >> period && q != "max") {
+    try {
+      quota = std::stod(q);
+    } catch (const std::exception&) {
+      quota = -1;  // unreadable: fall back to affinity alone
+    }
+  }
   if (quota < 0) {
     std::ifstream vq("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), vp("/sys/fs/cgroup/cpu/cpu.cfs_period_us");
     if (!(vq >> quota && vp >> period)) quota = -1;
@@ -77,6 +83,10 @@ HostFacts probe_host(const HostOptions& o) {
   f.memlock_soft = soft_limit(RLIMIT_MEMLOCK);
   f.nofile_soft = soft_limit(RLIMIT_NOFILE, &f.nofile_hard);
   f.cpus = usable_cpus();
+  f.node_cpus = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  std::error_code ec;
+  f.infiniband = std::filesystem::is_directory("/sys/class/infiniband", ec) &&
+                 !std::filesystem::is_empty("/sys/class/infiniband", ec);
   for (const auto& [role, path] : o.dirs) f.disks.push_back(probe_disk(role, path));
   return f;
 }
@@ -113,25 +123,28 @@ void judge_host(const HostFacts& f, const HostExpectations& e, Items& out) {
     out.pass("host.memlock", "ulimit -l", "unlimited");
   } else {
     std::string value = format_bytes(static_cast<double>(*f.memlock_soft));
-    if (e.gpus) {
+    if (e.gpus && (e.num_nodes > 1 || f.infiniband)) {
       out.warn("host.memlock", "ulimit -l", value,
                "locked memory is limited: RDMA (InfiniBand, RoCE) cannot register NCCL's buffers, and NCCL falls "
                "back to slower transports or fails.",
                "raise it to unlimited (`ulimit -l unlimited`; memlock in /etc/security/limits.conf; docker: "
                "--ulimit memlock=-1).");
     } else {
-      out.pass("host.memlock", "ulimit -l", value, "matters for RDMA with GPUs only");
+      out.pass("host.memlock", "ulimit -l", value, "matters for RDMA (InfiniBand, RoCE) between GPU nodes only");
     }
   }
 
-  // Rank 0 holds two store connections per rank (rendezvous, heartbeat), and Gloo one or two
-  // sockets per peer on every rank: about 4 per rank, plus room for files and the DataLoader.
-  const uint64_t need = 4ull * static_cast<uint64_t>(std::max(e.world_size, 1)) + 256;
+  // Sockets per process: the store server holds two connections per rank (rendezvous and
+  // heartbeat), and Gloo's full mesh one or two per peer; NCCL and store clients need few. Plus
+  // room for files, the DataLoader and the rest.
+  const uint64_t world = static_cast<uint64_t>(std::max(e.world_size, 1));
+  const uint64_t need = 256 + (e.serves_store ? 2 * world : 0) + (e.gpus ? 0 : 2 * world);
   if (f.nofile_soft && *f.nofile_soft < need) {
     std::string hard = f.nofile_hard ? std::to_string(*f.nofile_hard) : std::string("unlimited");
     out.fail("host.nofile", "ulimit -n", std::to_string(*f.nofile_soft),
-             detail::cat("a job of ", e.world_size, " ranks needs about ", need,
-                         " open files on rank 0 (sockets to every rank); it would fail with 'Too many open files'."),
+             detail::cat("a job of ", e.world_size, " ranks needs about ", need, " open files in this process (",
+                         e.serves_store ? "it serves the store, " : "", e.gpus ? "NCCL" : "Gloo's socket mesh",
+                         "); it would fail with 'Too many open files'."),
              detail::cat("raise it before launching: `ulimit -n ", need, "` (the hard limit here is ", hard,
                          "; raise that in /etc/security/limits.conf or the container's --ulimit nofile)."));
   } else {
@@ -140,10 +153,12 @@ void judge_host(const HostFacts& f, const HostExpectations& e, Items& out) {
 
   std::optional<int> threads;
   if (e.omp_num_threads) {
+    // "4" or a nested list "4,2": the first level is what each process starts.
+    const std::string first = e.omp_num_threads->substr(0, e.omp_num_threads->find(','));
     try {
       size_t used = 0;
-      int t = std::stoi(*e.omp_num_threads, &used);
-      if (used == e.omp_num_threads->size() && t >= 1) threads = t;
+      int t = std::stoi(first, &used);
+      if (used == first.size() && t >= 1) threads = t;
     } catch (const std::exception&) {
     }
     if (!threads) {
@@ -155,15 +170,20 @@ void judge_host(const HostFacts& f, const HostExpectations& e, Items& out) {
   }
   if (!e.omp_num_threads || threads) {
     int per_process = threads.value_or(f.cpus);  // unset: every process starts one thread per CPU
-    long total = static_cast<long>(per_process) * std::max(1, e.local_world_size);
-    std::string value = detail::cat(f.cpus, " CPU(s), ", e.local_world_size, " process(es) x ", per_process,
-                                    " thread(s)", threads ? "" : " (OMP_NUM_THREADS unset)");
-    if (total > f.cpus && e.local_world_size > 1) {
+    // Bound to fewer CPUs than the node has (srun --cpu-bind, taskset): these CPUs are this
+    // process's own, so its threads alone must fit; otherwise all local processes share them.
+    const bool bound = f.node_cpus > 0 && f.cpus < f.node_cpus;
+    const int sharing = bound ? 1 : std::max(1, e.local_world_size);
+    long total = static_cast<long>(per_process) * sharing;
+    std::string value = detail::cat(f.cpus, " CPU(s)", bound ? " bound to this process" : "", ", ", sharing,
+                                    " process(es) x ", per_process, " thread(s)",
+                                    threads ? "" : " (OMP_NUM_THREADS unset)");
+    if (total > f.cpus && (bound ? threads.has_value() : e.local_world_size > 1)) {
       out.warn("host.cpus", "CPUs", value,
                detail::cat(total, " threads compete for ", f.cpus, " CPU(s): oversubscription slows every rank, "
                            "and the slowest rank sets the pace of each collective."),
                per_process > 1
-                   ? detail::cat("set OMP_NUM_THREADS=", std::max(1, f.cpus / e.local_world_size),
+                   ? detail::cat("set OMP_NUM_THREADS=", std::max(1, f.cpus / sharing),
                                  " (CPUs / processes on this node).")
                    : detail::cat("run at most ", f.cpus, " processes on this node, or give it more CPUs (SLURM: "
                                  "--cpus-per-task; containers: --cpus)."));

@@ -19,12 +19,14 @@
 #include <sstream>
 
 #include "dtcore/bootstrap/validate.h"
+#include "dtcore/check/deadline.h"
 #include "dtcore/common/error.h"
 
 namespace dtcore::check {
 namespace {
 
 constexpr int kTorchDefaultPort = 29500;
+constexpr const char* kTorchDefaultSource = "torchrun's default";
 
 std::string numeric_address(const sockaddr* sa) {
   char buf[INET6_ADDRSTRLEN] = {0};
@@ -195,8 +197,9 @@ PortProbe probe_port(int port) {
       rc = bind(s.fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
     }
     if (rc != 0) {
+      p.in_use = errno == EADDRINUSE;
       p.error = std::strerror(errno);
-      if (errno == EADDRINUSE) p.holder = holder_of(listening_inode(port));
+      if (p.in_use) p.holder = holder_of(listening_inode(port));
       return p;
     }
   }
@@ -232,7 +235,11 @@ std::optional<std::string> connect_error(const std::string& host, int port, std:
       freeaddrinfo(result);
       return std::nullopt;
     }
-    error = ready == 0 ? detail::cat("no answer within ", timeout.count(), " ms") : std::string(std::strerror(so_error));
+    if (ready == 0) {
+      error = detail::cat("no answer within ", timeout.count(), " ms");
+    } else {
+      error = std::strerror(ready < 0 ? errno : so_error);
+    }
   }
   freeaddrinfo(result);
   return error;
@@ -287,16 +294,23 @@ NetworkFacts probe_network(const WorldSpec& spec, const std::optional<std::strin
   f.master_addr_source = spec.master_addr.source;
   f.master_port = spec.master_port.value;
   f.master_port_source = spec.master_port.source;
-  if (f.master_port == 0) {  // one process picks any port; what torchrun would use is more useful
+  if (f.master_port == 0 && options.probe_default_port) {
+    // One process picks any free port; the port a later torchrun would use is the one worth checking.
     f.master_port = kTorchDefaultPort;
-    f.master_port_source = "torchrun's default";
+    f.master_port_source = kTorchDefaultSource;
   }
   f.num_nodes = spec.num_nodes.value;
   f.is_rank0 = spec.rank.value == 0;
   f.agent_store = spec.use_agent_store;
-  f.resolve_error = resolve_error(f.master_addr);
+  // One bounded lookup; route_to and connect_error below then hit the resolver's cache.
+  std::string host = f.master_addr;
+  auto looked_up = with_deadline<std::optional<std::string>>([host] { return resolve_error(host); },
+                                                             options.resolve_timeout);
+  f.resolve_error = looked_up ? *looked_up
+                              : detail::cat("no answer from the resolver within ", options.resolve_timeout.count() / 1000,
+                                            " s (/etc/resolv.conf)");
   if (!f.resolve_error) f.route = route_to(f.master_addr, f.interfaces);
-  if (!f.agent_store && f.is_rank0) f.port = probe_port(f.master_port);
+  if (!f.agent_store && f.is_rank0 && f.master_port > 0) f.port = probe_port(f.master_port);
   if (options.test_connect && f.agent_store && !f.resolve_error) {
     f.connect = connect_error(f.master_addr, f.master_port, options.connect_timeout).value_or("");
   }
@@ -304,6 +318,10 @@ NetworkFacts probe_network(const WorldSpec& spec, const std::optional<std::strin
 }
 
 namespace {
+
+bool literal_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
 
 void judge_ifname(const char* var, const std::optional<std::string>& value, bool nccl_syntax,
                   const std::vector<Interface>& interfaces, Items& out) {
@@ -351,11 +369,19 @@ void judge_network(const NetworkFacts& f, Items& out) {
     out.fail("network.master", "master address", f.master_addr,
              detail::cat(f.master_addr_source, "=", f.master_addr, " does not resolve: ", *f.resolve_error, "."),
              "set MASTER_ADDR to the name or IP address of rank 0's host, as every node can reach it.");
-  } else if (f.num_nodes > 1 && f.route.target_is_loopback) {
+  } else if (f.num_nodes > 1 && f.route.target_is_loopback && literal_loopback(f.master_addr)) {
     out.fail("network.master", "master address", f.master_addr,
-             detail::cat(f.master_addr_source, "=", f.master_addr, " is this host's loopback address, but the job spans ",
+             detail::cat(f.master_addr_source, "=", f.master_addr, " is a loopback address, but the job spans ",
                          f.num_nodes, " nodes: the other nodes cannot reach it."),
              "set MASTER_ADDR to rank 0's host name or its address on the cluster network.");
+  } else if (f.num_nodes > 1 && f.route.target_is_loopback) {
+    // Debian's "127.0.1.1 <hostname>": other nodes resolve the name through DNS and reach the
+    // store, but Gloo on this host would advertise the loopback address to its peers.
+    out.warn("network.master", "master address", f.master_addr,
+             detail::cat(f.master_addr, " resolves to a loopback address on this host (/etc/hosts). Other nodes "
+                         "resolve it through DNS and reach the store, but Gloo here would announce 127.x to its peers."),
+             "map the host name to its cluster address in /etc/hosts, or set GLOO_SOCKET_IFNAME to the cluster "
+             "interface.");
   } else if (f.is_rank0 && !f.agent_store && f.num_nodes >= 1 && !f.route.target_is_local &&
              !f.route.target_is_loopback && f.route.error.empty() && f.master_addr_source.rfind("default", 0) != 0) {
     out.fail("network.master", "master address", f.master_addr,
@@ -376,20 +402,30 @@ void judge_network(const NetworkFacts& f, Items& out) {
       out.pass("network.port", port_title, master,
                f.connect ? "served by torchrun's agent store; reachable" : "served by torchrun's agent store");
     }
+  } else if (!f.port && f.master_port == 0) {
+    out.pass("network.port", port_title, "any free port", "one process: the store takes any free port");
   } else if (f.port) {
+    const bool planned = f.master_port_source == kTorchDefaultSource;
     if (f.port->free) {
       out.pass("network.port", port_title, detail::cat(f.master_port, " (", f.master_port_source, ")"), "free");
     } else {
       std::string who = f.port->holder ? detail::cat("pid ", f.port->holder->pid, " (", f.port->holder->name, ")")
                                        : std::string("another process");
       int suggestion = some_free_port();
-      out.fail("network.port", port_title, detail::cat(f.master_port, " (", f.master_port_source, ")"),
-               detail::cat("port ", f.master_port, " is taken on this host by ", who, ": ", f.port->error,
-                           ". Rank 0 could not serve the rendezvous store there."),
-               detail::cat("set MASTER_PORT to a free port",
-                           suggestion > 0 ? detail::cat(" (", suggestion, " is free now)") : std::string(),
-                           ", the same on every rank; or stop ", who,
-                           " if it is a leftover run (torchrun: --master_port)."));
+      std::string value = detail::cat(f.master_port, " (", f.master_port_source, ")");
+      std::string message =
+          f.port->in_use ? detail::cat("port ", f.master_port, " is taken on this host by ", who,
+                                       ". Rank 0 could not serve the rendezvous store there.")
+                         : detail::cat("port ", f.master_port, " cannot be bound here: ", f.port->error, ".");
+      std::string fix = detail::cat("set MASTER_PORT to a free port",
+                                    suggestion > 0 ? detail::cat(" (", suggestion, " is free now)") : std::string(),
+                                    ", the same on every rank (torchrun: --master_port)",
+                                    f.port->in_use ? "; or stop " + who + " if it is a leftover run." : ".");
+      if (planned) {  // nobody asked for this port yet: a warning for the next launch
+        out.warn("network.port", port_title, value, message, fix);
+      } else {
+        out.fail("network.port", port_title, value, message, fix);
+      }
     }
   } else {
     out.pass("network.port", port_title, master, "rank 0 serves it; not tested from this rank");

@@ -38,6 +38,7 @@ struct PortHolder {
 
 struct PortProbe {
   bool free = false;
+  bool in_use = false;              // EADDRINUSE (rather than, e.g., EACCES below 1024)
   std::string error;                // why not, e.g. "Address already in use"
   std::optional<PortHolder> holder;  // the listening process, when /proc lets us see it
 };
@@ -77,7 +78,11 @@ struct NetworkFacts {
 
 struct NetworkOptions {
   bool test_connect = false;  // try a TCP connection to the master (distributed mode)
+  // With no port set (one process: any free port), check torchrun's default 29500 instead; a
+  // taken 29500 is then a warning for the next launch. Off for init(preflight=True).
+  bool probe_default_port = true;
   std::chrono::milliseconds connect_timeout{2000};
+  std::chrono::milliseconds resolve_timeout{5000};  // a resolver that does not answer must not hang the check
 };
 
 NetworkFacts probe_network(const WorldSpec& spec, const std::optional<std::string>& nccl_ifname,

@@ -2,6 +2,9 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
+#include <cstdio>
+
 #include "dtcore/common/error.h"
 
 namespace dtcore::check {
@@ -11,6 +14,14 @@ std::string nccl_code_text(int code) {
   // NCCL >= 2.9 encodes major*10000 + minor*100 + patch; older ones major*1000 + minor*100 + patch.
   if (code >= 10000) return detail::cat(code / 10000, ".", (code % 10000) / 100, ".", code % 100);
   return detail::cat(code / 1000, ".", (code % 1000) / 100, ".", code % 100);
+}
+
+// "2.21.5" < "2.27.3", numerically by component.
+bool older(const std::string& a, const std::string& b) {
+  int x[3] = {0, 0, 0}, y[3] = {0, 0, 0};
+  std::sscanf(a.c_str(), "%d.%d.%d", &x[0], &x[1], &x[2]);
+  std::sscanf(b.c_str(), "%d.%d.%d", &y[0], &y[1], &y[2]);
+  return std::lexicographical_compare(x, x + 3, y, y + 3);
 }
 
 }  // namespace
@@ -55,8 +66,8 @@ void judge_versions(const VersionFacts& f, Items& out) {
              detail::cat("dtcore was built against torch ", f.built_torch, " (C++11 ABI ", int(f.built_cxx11_abi),
                          ") but this Python runs torch ", f.torch, " (C++11 ABI ", int(f.torch_cxx11_abi),
                          "); a C++ extension must be rebuilt for the torch it runs with."),
-             detail::cat("in dtcore's source directory run `", f.rebuild_command, "`, or install torch==",
-                         f.built_torch.substr(0, f.built_torch.find('+')), "."));
+             detail::cat("in dtcore's source directory run `", f.rebuild_command, "`, or install the torch it was "
+                         "built for (", f.built_torch, ", from the index of its CUDA variant)."));
   } else if (f.gpus_present && !f.torch_cuda.empty() && !f.built_with_nccl) {
     out.warn("version.dtcore", "dtcore build", built,
              "this machine has GPUs, but dtcore was built without NCCL: GPU jobs would fall back to Gloo, "
@@ -70,6 +81,8 @@ void judge_versions(const VersionFacts& f, Items& out) {
   if (!f.torch_nccl.empty()) nccl += ", torch's " + f.torch_nccl;
   if (!f.dtcore_nccl.empty()) nccl += ", dtcore's " + f.dtcore_nccl;
   const bool any_nccl = !f.nccl_library.version.empty() || !f.torch_nccl.empty() || !f.dtcore_nccl.empty();
+  // What runs: dtcore's linked NCCL when built with it, else what the loader finds.
+  const std::string loaded = !f.dtcore_nccl.empty() ? f.dtcore_nccl : f.nccl_library.version;
   if (!any_nccl) {
     if (f.gpus_present && !f.torch_cuda.empty()) {
       out.fail("version.nccl", "NCCL", nccl,
@@ -79,11 +92,12 @@ void judge_versions(const VersionFacts& f, Items& out) {
     } else {
       out.pass("version.nccl", "NCCL", nccl, "not needed without GPUs: Gloo carries the collectives.");
     }
-  } else if (!f.torch_nccl.empty() && !f.dtcore_nccl.empty() && f.torch_nccl != f.dtcore_nccl) {
+  } else if (!f.torch_nccl.empty() && !loaded.empty() && older(loaded, f.torch_nccl)) {
     out.warn("version.nccl", "NCCL", nccl,
-             "torch and dtcore were built with different NCCL versions; both load libnccl.so.2, so one of them "
-             "runs against the other's NCCL.",
-             "rebuild dtcore against torch's NCCL (NCCL_HOME pointing at the nvidia-nccl wheel that torch uses).");
+             detail::cat("torch was compiled against NCCL ", f.torch_nccl, " but NCCL ", loaded,
+                         " is what loads: features torch expects may be missing or behave differently."),
+             "install the nvidia-nccl package version that this torch requires (pip show torch lists it), and "
+             "remove older libnccl.so.2 from LD_LIBRARY_PATH.");
   } else {
     out.pass("version.nccl", "NCCL", nccl);
   }

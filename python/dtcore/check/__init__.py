@@ -67,6 +67,7 @@ def run(
     bandwidth: bool = True,
     sizes: Sequence[int] = DEFAULT_SIZES,
     iters: Optional[int] = None,
+    preflight: bool = False,
 ) -> Report:
     """Runs the checker and returns its Report (the same as `python -m dtcore.check --json`).
 
@@ -74,14 +75,21 @@ def run(
     disk matters (default: the working directory and DTCORE_LOG_DIR). distributed: join the other
     ranks, compare and measure (default: when the launcher started more than one process).
     backend/timeout/bandwidth/sizes/iters: the distributed mode's join and allreduce sweep.
+    preflight: judge what dtcore.init() is about to do (init(preflight=True) sets it): a single
+    process takes any free port, and only directories that were named are judged.
     """
     from ._local import run_local
+
+    from .. import _guard
 
     env = dict(os.environ if env is None else env)
     if distributed is None:
         distributed = _launched_world(env) > 1
+    if _guard.torch_mismatch() is not None:
+        distributed = False  # an extension built for another torch must not run collectives; report it
     local = run_local(env=env, checkpoint_dir=checkpoint_dir, log_dir=log_dir, shm_path=shm_path,
-                      min_free_disk_gb=min_free_disk_gb, accelerate_config=accelerate_config, distributed=distributed)
+                      min_free_disk_gb=min_free_disk_gb, accelerate_config=accelerate_config, distributed=distributed,
+                      preflight=preflight)
     if not distributed:
         return local
     from ._distributed import run_distributed

@@ -97,6 +97,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rank = (report.world or {}).get("rank", 0)
     if report.mode != "distributed" or rank == 0:
         print(report.to_json() if args.json else report.format(), flush=True)
+    elif any(i.group == "distributed" and i.status == "FAIL" for i in report.items):
+        # Rank 0 may be the one missing: every rank that could not finish says why, on stderr.
+        print(f"rank {rank} ({report.host}):\n{report.format()}", file=sys.stderr, flush=True)
     return 0 if report.ok else 1
 
 

@@ -4,11 +4,13 @@ Under `torchrun --nproc_per_node=N -m dtcore.check` each rank first runs its loc
 joins the job with a fingerprint smaller than init()'s (so that differing versions are reported
 instead of refused), gathers every rank's report, compares what must be equal, summarizes each
 node, and measures the job's backend: an allreduce sweep (algbw and busbw as nccl-tests define
-them) and a ring of point-to-point transfers that names slow links, ranks and nodes.
+them) and point-to-point transfers between ring neighbours, pair by pair, that name slow links,
+ranks and nodes.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import statistics
 import time
@@ -40,8 +42,9 @@ def _check_fingerprint(backend: str, world_size: int) -> dict[str, str]:
     return {"purpose": "dtcore.check", "backend": backend, "world_size": str(world_size), "job": _context._job_id()}
 
 
-def _split_fix(text: str) -> tuple[str, str]:
-    message, _, fix = str(text).partition(" Fix: ")
+def _split_fix(error: BaseException) -> tuple[str, str]:
+    text = str(error) if isinstance(error, _C.DtcoreError) else f"{type(error).__name__}: {str(error).splitlines()[0]}"
+    message, _, fix = text.partition(" Fix: ")
     return message, fix or "see the message; `python -m dtcore.check` on the failing rank tells more."
 
 
@@ -145,59 +148,95 @@ def default_iters(nbytes: int) -> int:
 
 
 def _sweep(ctx: _context.Context, sizes: Sequence[int], iters: Optional[int]) -> tuple[list[dict], list[str]]:
-    """Allreduce (sum, float32) of each size: time per op (slowest rank), algbw, busbw; and any
-    size whose result was wrong."""
+    """Allreduce (sum, float32) of each size: time per op (slowest rank), algbw, busbw; and the
+    sizes whose result was wrong on any rank."""
     n = ctx.world_size
     comm = ctx.communicator
     expected = n * (n + 1) / 2
+    gpu = ctx.device.type == "cuda"
     times, wrong, counts = [], [], []
     for nbytes in sizes:
         count = max(1, nbytes // 4)
         counts.append(count)
         t = torch.empty(count, dtype=torch.float32, device=ctx.device)
         t.fill_(ctx.rank + 1)
-        comm.all_reduce(t, "sum").wait(ctx.timeout)  # also the warm-up
-        if not bool((t == expected).all()):
-            wrong.append(nbytes)
+        comm.all_reduce(t, "sum").wait(ctx.timeout)
+        wrong.append(0.0 if bool((t == expected).all()) else 1.0)
         k = iters or default_iters(nbytes)
+        for _ in range(5 if gpu else 1):  # warm-up, as nccl-tests does
+            comm.all_reduce(t, "sum").wait(ctx.timeout)
         comm.barrier().wait(ctx.timeout)
         _sync(ctx)
         start = time.perf_counter()
-        for _ in range(k):
-            comm.all_reduce(t, "sum").wait(ctx.timeout)
+        if gpu:
+            # Back to back on one stream, as nccl-tests times them: waiting on each would add the
+            # host's polling delay to every op.
+            works = [comm.all_reduce(t, "sum") for _ in range(k)]
+            works[-1].wait(ctx.timeout)
+        else:
+            for _ in range(k):  # Gloo's wait blocks without polling; ops on one tensor run in turn
+                comm.all_reduce(t, "sum").wait(ctx.timeout)
         _sync(ctx)
         times.append((time.perf_counter() - start) / k)
-    slowest = torch.tensor(times, dtype=torch.float64, device=ctx.device)
+    slowest = torch.tensor(times + wrong, dtype=torch.float64, device=ctx.device)
     comm.all_reduce(slowest, "max").wait(ctx.timeout)
+    merged = slowest.cpu().tolist()
     results = []
-    for nbytes, count, seconds in zip(sizes, counts, slowest.cpu().tolist()):
+    for nbytes, count, seconds in zip(sizes, counts, merged[: len(sizes)]):
         algbw = count * 4 / seconds / 1e9
         results.append({
             "bytes": count * 4, "count": count, "iters": iters or default_iters(nbytes), "time_us": seconds * 1e6,
             "algbw_gbps": algbw, "busbw_gbps": algbw * 2 * (n - 1) / n,
         })
-    return results, [str(w) for w in wrong]
+    return results, [str(b) for b, w in zip(sizes, merged[len(sizes):]) if w > 0]
 
 
-def _ring(ctx: _context.Context, nbytes: int, iters: int) -> list[float]:
-    """Each rank sends to rank+1 and receives from rank-1 at once; GB/s of each rank's incoming link."""
+def ring_rounds(n: int) -> list[list[tuple[int, int]]]:
+    """The ring's links (r, r+1) in rounds where no rank is in two pairs, so that each pair is
+    measured alone: a slow link then shows as that pair's figure, not as the pace of the ring."""
+    edges = [(r, (r + 1) % n) for r in range(n if n > 2 else 1)]
+    rounds = [edges[0 : (n // 2) * 2 : 2], edges[1 : (n // 2) * 2 : 2]]
+    if n % 2:
+        rounds.append([edges[-1]])
+    return [r for r in rounds if r]
+
+
+def _wait_all(ctx: _context.Context, works: list, what: str) -> None:
+    """Bounded waits on torch.distributed work: Gloo's wait takes a timeout; on NCCL the host
+    polls completion (wait() there only orders streams) until the deadline."""
+    deadline = time.monotonic() + ctx.timeout
+    for w in works:
+        if ctx.backend == "gloo":
+            w.wait(datetime.timedelta(seconds=ctx.timeout))
+            continue
+        while not w.is_completed():
+            if time.monotonic() > deadline:
+                raise _C.CommError(f"{what} did not complete within {ctx.timeout:.0f} s on rank {ctx.rank}. Fix: a "
+                                   "peer has probably stalled or died; look at the lowest failing rank first.")
+            time.sleep(0)
+
+
+def _links(ctx: _context.Context, nbytes: int, iters: int) -> list[list[float]]:
+    """GB/s each rank measured to its ring neighbours, both directions at once: matrix[r][p]."""
     n, r = ctx.world_size, ctx.rank
     send = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=ctx.device)
     recv = torch.empty_like(send)
-    ops = [dist.P2POp(dist.isend, send, (r + 1) % n), dist.P2POp(dist.irecv, recv, (r - 1) % n)]
-    for req in dist.batch_isend_irecv(ops):  # warm-up: connections are made lazily
-        req.wait()
-    ctx.communicator.barrier().wait(ctx.timeout)
-    _sync(ctx)
-    start = time.perf_counter()
-    for _ in range(iters):
-        for req in dist.batch_isend_irecv(ops):
-            req.wait()
-    _sync(ctx)
-    mine = torch.zeros(n, dtype=torch.float64, device=ctx.device)
-    mine[r] = send.numel() * 4 * iters / (time.perf_counter() - start) / 1e9
-    ctx.communicator.all_reduce(mine, "sum").wait(ctx.timeout)
-    return mine.cpu().tolist()
+    seen = torch.zeros(n, n, dtype=torch.float64, device=ctx.device)
+    for pairs in ring_rounds(n):
+        partner = next((b if a == r else a for a, b in pairs if r in (a, b)), None)
+        ctx.communicator.barrier().wait(ctx.timeout)
+        if partner is None:
+            continue
+        for _ in range(2):  # warm-up: connections are made lazily
+            _wait_all(ctx, [dist.isend(send, partner), dist.irecv(recv, partner)], f"link test {r}<->{partner}")
+        _sync(ctx)
+        start = time.perf_counter()
+        for _ in range(iters):
+            _wait_all(ctx, [dist.isend(send, partner), dist.irecv(recv, partner)], f"link test {r}<->{partner}")
+        _sync(ctx)
+        seen[r, partner] = send.numel() * 4 * iters / (time.perf_counter() - start) / 1e9
+    ctx.communicator.all_reduce(seen, "sum").wait(ctx.timeout)
+    return seen.cpu().tolist()
 
 
 def _link_items(links: list[dict]) -> list[Item]:
@@ -213,7 +252,7 @@ def _link_items(links: list[dict]) -> list[Item]:
         if not slow:
             items.append(Item.make(f"bandwidth.{kind}", f"{kind} links", "PASS", value))
             continue
-        named = "; ".join(f"rank {x['dst']} ({x['dst_host']}) <- rank {x['src']} ({x['src_host']}): "
+        named = "; ".join(f"rank {x['src']} ({x['src_host']}) <-> rank {x['dst']} ({x['dst_host']}): "
                           f"{x['gbps']:.2f} GB/s" for x in slow)
         items.append(Item.make(
             f"bandwidth.{kind}", f"{kind} links", "WARN", value,
@@ -255,11 +294,12 @@ def run_distributed(
             results, wrong = _sweep(ctx, sizes, iters)
             hosts = [r["host"] for r in reports]
             ring_bytes = min(max(sizes), 16 << 20)
-            gbps = _ring(ctx, ring_bytes, iters or default_iters(ring_bytes))
-            links = [{"src": (d - 1) % ctx.world_size, "dst": d, "src_host": hosts[(d - 1) % ctx.world_size],
-                      "dst_host": hosts[d], "gbps": g,
-                      "kind": "intra-node" if hosts[d] == hosts[(d - 1) % ctx.world_size] else "inter-node"}
-                     for d, g in enumerate(gbps)]
+            seen = _links(ctx, ring_bytes, iters or default_iters(ring_bytes))
+            links = []
+            for a, b in (pair for pairs in ring_rounds(ctx.world_size) for pair in pairs):
+                gbps = min(seen[a][b], seen[b][a])  # the slower end's view of the pair
+                links.append({"src": a, "dst": b, "src_host": hosts[a], "dst_host": hosts[b], "gbps": gbps,
+                              "kind": "intra-node" if hosts[a] == hosts[b] else "inter-node"})
             bw = {"op": "allreduce", "dtype": "float32", "backend": ctx.backend, "world_size": ctx.world_size,
                   "results": results, "ring_bytes": ring_bytes, "links": links}
             peak = max(results, key=lambda x: x["busbw_gbps"])
@@ -287,7 +327,7 @@ def run_distributed(
             nodes=nodes,
             bandwidth=bw,
         )
-    except _C.DtcoreError as e:
+    except Exception as e:  # a peer died or stalled mid-test: report it, never a traceback
         message, fix = _split_fix(e)
         item = Item.make("distributed.collectives", "check collectives", "FAIL", type(e).__name__, message, fix)
         return _failed(local, item, started)

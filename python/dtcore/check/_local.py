@@ -79,6 +79,32 @@ def _wandb_credentials(env: Mapping[str, str]) -> bool:
         return False
 
 
+def _job_pids() -> tuple[list[int], bool]:
+    """This process, its launcher (parent) and its siblings (the other local ranks), whose GPU
+    memory is the job's own; and whether this runs in a PID namespace (a container), where NVML
+    reports the host's pids instead."""
+    me, parent = os.getpid(), os.getppid()
+    pids = {me, parent}
+    for stat in os.listdir("/proc"):
+        if not stat.isdigit():
+            continue
+        try:
+            with open(f"/proc/{stat}/stat", encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            continue
+        if int(text[text.rindex(")") + 2 :].split()[1]) == parent:
+            pids.add(int(stat))
+    namespaced = False
+    try:
+        with open("/proc/self/status", encoding="utf-8") as f:
+            nspid = next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
+        namespaced = len(nspid) > 1
+    except OSError:
+        pass
+    return sorted(pids), namespaced
+
+
 def run_local(
     *,
     env: Optional[Mapping[str, str]] = None,
@@ -88,6 +114,7 @@ def run_local(
     min_free_disk_gb: float = 10.0,
     accelerate_config: Optional[str] = None,
     distributed: bool = False,
+    preflight: bool = False,
     facts: Optional[dict] = None,
 ) -> Report:
     """Every probe of this process, judged; see dtcore.check.run()."""
@@ -95,10 +122,16 @@ def run_local(
     env = dict(os.environ if env is None else env)
     facts = dict(torch_facts(), **(facts or {}))
     log_dir = log_dir if log_dir is not None else env.get("DTCORE_LOG_DIR") or None
-    dirs = [("checkpoint directory", checkpoint_dir or ".")]
+    dirs = []
+    if checkpoint_dir or not preflight:  # init() cannot know where checkpoints go: judge only what was named
+        dirs.append(("checkpoint directory", checkpoint_dir or "."))
     if log_dir:
         dirs.append(("log directory", log_dir))
-    config_path, config_text = _accelerate_config(env, accelerate_config)
+    config_path, config_text = "", ""
+    if accelerate_config is not None or any(k.startswith("ACCELERATE_") for k in env):
+        # accelerate's default file only matters to `accelerate launch`; elsewhere it may be stale.
+        config_path, config_text = _accelerate_config(env, accelerate_config)
+    job_pids, namespaced = _job_pids()
     result = _C.run_checks(
         env=env,
         facts=facts,
@@ -113,7 +146,9 @@ def run_local(
         wandb_installed=importlib.util.find_spec("wandb") is not None,
         wandb_credentials=_wandb_credentials(env),
         distributed=distributed,
-        job_pids=[os.getpid()],
+        preflight=preflight,
+        job_pids=job_pids,
+        pid_namespace=namespaced,
     )
     gpus = result["gpus"]
     shared = {k: facts[k] for k in ("python", "torch", "torch_cuda", "torch_cxx11_abi", "torch_nccl", "dtcore",
