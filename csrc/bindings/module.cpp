@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include "bindings/bindings.h"
 #include "dtcore/bootstrap/launcher.h"
 #include "dtcore/bootstrap/rendezvous.h"
 #include "dtcore/bootstrap/validate.h"
@@ -125,6 +126,8 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception<RendezvousError>(m, "RendezvousError", base.ptr());
   py::register_exception<CommError>(m, "CommError", base.ptr());
   py::register_exception<CheckpointError>(m, "CheckpointError", base.ptr());
+
+  bindings::bind_activation(m);  // activation-checkpoint planner
 
   // Knobs.
   m.def("knobs", [] {
