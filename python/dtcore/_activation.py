@@ -12,7 +12,6 @@ Which blocks, and how, is the policy's choice; the "budget:" policy profiles one
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 from typing import Any, Optional, Union
 
@@ -238,6 +237,9 @@ def checkpoint_activations(
     Returns a CheckpointSummary; print it for a table of blocks.
     """
     kind, arg = _parse_policy(policy)
+    if not isinstance(profile_repeats, int) or profile_repeats < 1:
+        raise _C.ConfigError(f"profile_repeats={profile_repeats!r} must be a whole number >= 1 (forward passes "
+                             "timed per block). Fix: leave the default, 3.")
     root = _unwrap(model)
     removed = _remove(root)
     if kind == "none":
@@ -281,7 +283,7 @@ def checkpoint_activations(
                 f"above the budget of {format_bytes(arg)}; without checkpointing it is "
                 f"{format_bytes(plan.baseline_peak_bytes)}, and {format_bytes(profile.fixed_bytes)} of it is outside "
                 f"the {len(found)} blocks. Fix: raise the budget to at least {format_bytes(plan.min_peak_bytes)}, or "
-                "lower the batch size or sequence length" + (", or pass offload=True." if device.type == "cuda" else ".")
+                "lower the batch size or sequence length" + (", or pass offload=True." if device.type == "cuda" and not offload else ".")
             )
         modes = list(plan.modes)
 

@@ -18,8 +18,9 @@ measured too: what it holds beyond the model (temporaries such as gradients flow
 reserved off the budget, so that the budget bounds what the meter measures.
 
 The model's state is left as it was: the random-number state is restored, buffers (e.g.
-BatchNorm statistics) are put back, and backward runs with torch.autograd.grad to the blocks'
-inputs only, so no parameter's .grad is touched and no gradient hook (dtcore.wrap's reducer) fires.
+BatchNorm statistics) are put back, and backward runs with torch.autograd.grad, which returns the
+gradients instead of accumulating them: no parameter's .grad is touched and no gradient hook
+(dtcore.wrap's reducer) fires.
 
 LiveTensorMemory is the CPU stand-in for torch.cuda.max_memory_allocated: a TorchDispatchMode that
 sees every tensor an operator creates while it is active and tracks the bytes of those storages
@@ -237,11 +238,17 @@ def profile_blocks(root: torch.nn.Module, blocks: list[tuple[str, torch.nn.Modul
             with meter, kept_ops, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 out = _call(root, example_inputs)
                 losses = [t.float().sum() for t in _tensors(out) if t.requires_grad]
-                wrt = [t for t in kept if t.requires_grad]  # activations, not parameters: no .grad touched
+                # Gradients returned, not accumulated: no .grad is touched and no AccumulateGrad hook
+                # (dtcore.wrap's reducer, torch DDP) fires. Parameters' gradients are computed as in a
+                # real backward, so their temporaries count; the gradients themselves do not.
+                params = [p for p in root.parameters() if p.requires_grad]
+                wrt = [t for t in kept if t.requires_grad] + params
+                grads = []
                 if losses and wrt:
-                    torch.autograd.grad(torch.stack(losses).sum(), wrt, allow_unused=True)
+                    grads = torch.autograd.grad(torch.stack(losses).sum(), wrt, allow_unused=True)
                 del out, losses, wrt
-            measured = meter.peak_bytes()
+            measured = meter.peak_bytes(excluding=grads[len(grads) - len(params):] if grads else ())
+            del grads
             measuring[0] = False
             kept.clear()
             for s in hooks.seconds:

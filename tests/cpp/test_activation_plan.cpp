@@ -17,6 +17,16 @@ BlockProfile block(int64_t act, int64_t in, double seconds, std::string name = "
   return BlockProfile{std::move(name), act, in, seconds};
 }
 
+// The plan for `budget` is feasible, with these modes, this peak and this recompute time.
+void expect_plan(const std::vector<BlockProfile>& b, int64_t fixed, int64_t budget, const std::vector<Mode>& modes,
+                 int64_t peak, double seconds) {
+  CheckpointPlan p = plan_checkpoints(b, fixed, budget);
+  ASSERT_TRUE(p.feasible) << "budget " << budget;
+  EXPECT_EQ(p.modes, modes) << "budget " << budget;
+  EXPECT_EQ(p.peak_bytes, peak) << "budget " << budget;
+  EXPECT_DOUBLE_EQ(p.recompute_seconds, seconds) << "budget " << budget;
+}
+
 struct Best {
   bool feasible = false;
   double seconds = 0;
@@ -89,43 +99,23 @@ TEST(ActivationPlan, ZeroAndOneBlock) {
 TEST(ActivationPlan, TiesInTimeGoToTheLowerPeak) {
   // {a} and {b} cost 1 s each and both fit 45: {a} peaks at 1 + 10 + 30 = 41, {b} at 10 + 3 + 30 = 43.
   std::vector<BlockProfile> b{block(10, 1, 1, "a"), block(10, 3, 1, "b"), block(30, 30, 9, "c")};
-  CheckpointPlan p = plan_checkpoints(b, 0, 45);
-  ASSERT_TRUE(p.feasible);
-  EXPECT_EQ(p.modes, (std::vector<Mode>{F, K, K}));
-  EXPECT_EQ(p.peak_bytes, 41);
-  EXPECT_DOUBLE_EQ(p.recompute_seconds, 1.0);
+  expect_plan(b, 0, 45, {F, K, K}, 41, 1.0);
   // Identical blocks: the earlier one's recompute comes when less is held, so it is preferred.
-  std::vector<BlockProfile> same{block(10, 1, 1), block(10, 1, 1), block(10, 1, 1)};
-  CheckpointPlan q = plan_checkpoints(same, 0, 21);
-  ASSERT_TRUE(q.feasible);
-  EXPECT_EQ(q.modes, (std::vector<Mode>{F, K, K}));
-  EXPECT_EQ(q.peak_bytes, 21);
+  expect_plan({block(10, 1, 1), block(10, 1, 1), block(10, 1, 1)}, 0, 21, {F, K, K}, 21, 1.0);
 }
 
 TEST(ActivationPlan, TheRecomputeOfALateBlockCanRuleItOut) {
   // Checkpointing the last block alone sheds the most bytes at the end of forward, but its
   // recompute comes when both earlier blocks are still held: 10 + 10 + 10 = 30 > 25.
-  std::vector<BlockProfile> b{block(10, 1, 3, "a"), block(10, 1, 3, "b"), block(10, 1, 1, "c")};
-  CheckpointPlan p = plan_checkpoints(b, 0, 25);
-  ASSERT_TRUE(p.feasible);
-  EXPECT_EQ(p.modes, (std::vector<Mode>{F, K, K}));
-  EXPECT_EQ(p.peak_bytes, 21);
-  EXPECT_DOUBLE_EQ(p.recompute_seconds, 3.0);
+  expect_plan({block(10, 1, 3, "a"), block(10, 1, 3, "b"), block(10, 1, 1, "c")}, 0, 25, {F, K, K}, 21, 3.0);
 }
 
 TEST(ActivationPlan, GreedyByBytesPerSecondIsWrongAndThePlannerIsNot) {
-  // Need to shed 10 bytes from 30 (budget 20, every x = 0, recompute terms small as blocks come first).
-  // Greedy by saved bytes per second takes A (ratio 1.2: 6 bytes for 5 s), then needs 4 more and
-  // takes C or B (5 s each) -> 10 s. Optimal: B + C shed 10 bytes for 10 s... make it strictly better:
+  // Baseline 30, budget 20: at least 10 bytes must go (every x = 0). Greedy by bytes saved per
+  // second takes A (6 bytes for 5 s, 1.2/s), then B (1.11/s): 9.5 s. B + C shed 10 for 9.0 s.
   std::vector<BlockProfile> b{block(6, 0, 5, "A"), block(5, 0, 4.5, "B"), block(5, 0, 4.5, "C"),
                               block(14, 14, 100, "D")};
-  // baseline = 30; budget 20: shed >= 10. Greedy: A (1.2/s) first, then B (1.11/s) -> 9.5 s, shed 11.
-  // Optimal: B + C shed 10 for 9.0 s.
-  CheckpointPlan p = plan_checkpoints(b, 0, 20);
-  ASSERT_TRUE(p.feasible);
-  EXPECT_EQ(p.modes, (std::vector<Mode>{K, F, F, K}));
-  EXPECT_DOUBLE_EQ(p.recompute_seconds, 9.0);
-  EXPECT_EQ(p.peak_bytes, 20);
+  expect_plan(b, 0, 20, {K, F, F, K}, 20, 9.0);
 }
 
 TEST(ActivationPlan, SelectiveBlocksFillTheGapsBetweenWholeBlocks) {
@@ -138,15 +128,9 @@ TEST(ActivationPlan, SelectiveBlocksFillTheGapsBetweenWholeBlocks) {
   EXPECT_EQ(predicted_peak(b, 0, {S, K, K}), 44);  // end of forward: 12 + 16 + 16
   EXPECT_EQ(predicted_peak(b, 0, {K, K, S}), 59);  // recompute of block 2: 16 + 16 + 16 + 12 - 1
   // Budget 44: one selective block (1 s) fits; whole blocks would cost 10 s.
-  CheckpointPlan p = plan_checkpoints(b, 0, 44);
-  ASSERT_TRUE(p.feasible);
-  EXPECT_EQ(p.modes, (std::vector<Mode>{S, K, K}));
-  EXPECT_DOUBLE_EQ(p.recompute_seconds, 1.0);
+  expect_plan(b, 0, 44, {S, K, K}, 44, 1.0);
   // Budget 33: two selective blocks hold 12 + 12 + 16 = 40, too much; one whole block does it.
-  CheckpointPlan q = plan_checkpoints(b, 0, 33);
-  ASSERT_TRUE(q.feasible);
-  EXPECT_EQ(q.modes, (std::vector<Mode>{F, K, K}));
-  EXPECT_EQ(q.peak_bytes, 33);
+  expect_plan(b, 0, 33, {F, K, K}, 33, 10.0);
   // Budget 29: a whole block and a selective one (11 s) rather than two whole blocks (20 s).
   CheckpointPlan r = plan_checkpoints(b, 0, 29);
   ASSERT_TRUE(r.feasible);

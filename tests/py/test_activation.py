@@ -81,9 +81,11 @@ def test_the_peak_model_matches_measured_memory_and_the_budget_holds():
             summary = dtcore.checkpoint_activations(model, policy, example_inputs=(x, y))
         measured = _peak(model, x, y)
         assert abs(summary.baseline_peak_bytes - measured_none) <= 0.05 * measured_none, summary
-        assert abs(summary.predicted_peak_bytes - measured) <= 0.05 * measured, (policy, measured, str(summary))
+        # never optimistic, and close: the model holds the budget without wasting it
+        assert measured <= summary.predicted_peak_bytes <= 1.1 * measured, (policy, measured, str(summary))
         if budget is not None:
-            assert summary.predicted_peak_bytes <= budget and measured <= budget * 1.01, (measured, budget)
+            assert summary.predicted_peak_bytes <= budget and measured <= budget, (measured, budget)
+            assert measured >= 0.85 * budget, (measured, budget, str(summary))
         assert measured < measured_none
 
 
