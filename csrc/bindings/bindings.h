@@ -1,5 +1,6 @@
 // The binding files of dtcore._C: module.cpp defines the module and calls one bind_<area>() per
-// area, each in its own csrc/bindings/<area>.cpp. Bindings only, no logic.
+// area, each in its own csrc/bindings/<area>.cpp; each adds its area's classes and functions to
+// `m`. Bindings only, no logic.
 #pragma once
 
 #include <torch/csrc/utils/pybind.h>
@@ -26,5 +27,9 @@ inline pybind11::dict world_fields(const WorldSpec& s, bool sources) {
 }
 
 void bind_check(pybind11::module_& m);  // csrc/bindings/check.cpp: the resource checker's probes
+
+// dtcore._C.CheckpointMode, BlockProfile, CheckpointPlan, plan_checkpoints, predicted_peak,
+// recompute_seconds (csrc/dtcore/activation/plan.h).
+void bind_activation(pybind11::module_& m);
 
 }  // namespace dtcore::bindings

@@ -1,7 +1,7 @@
 // dtcore._C bindings of the resource checker (csrc/dtcore/check/). Bindings only, no logic.
 #include <pybind11/stl.h>
 
-#include "bindings.h"
+#include "bindings/bindings.h"
 #include "dtcore/check/checker.h"
 #include "dtcore/comm/nccl_communicator.h"
 

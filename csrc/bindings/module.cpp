@@ -10,7 +10,7 @@
 
 #include <unistd.h>
 
-#include "bindings.h"
+#include "bindings/bindings.h"
 #include "dtcore/bootstrap/launcher.h"
 #include "dtcore/bootstrap/rendezvous.h"
 #include "dtcore/bootstrap/validate.h"
@@ -114,7 +114,8 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception<CommError>(m, "CommError", base.ptr());
   py::register_exception<CheckpointError>(m, "CheckpointError", base.ptr());
 
-  dtcore::bindings::bind_check(m);
+  bindings::bind_check(m);       // resource checker probes
+  bindings::bind_activation(m);  // activation-checkpoint planner
 
   // Knobs.
   m.def("knobs", [] {

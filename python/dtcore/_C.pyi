@@ -139,3 +139,42 @@ def run_checks(
     job_pids: list[int],
     pid_namespace: bool,
 ) -> dict: ...
+
+class CheckpointMode:
+    keep: CheckpointMode
+    full: CheckpointMode
+    selective: CheckpointMode
+    name: str
+
+class BlockProfile:
+    """One block for the checkpoint planner (Note [Checkpoint peak model])."""
+
+    name: str
+    activation_bytes: int
+    input_bytes: int
+    forward_seconds: float
+    selective_bytes: int
+    selective_seconds: float
+    selective_shared_bytes: int
+    def __init__(
+        self,
+        name: str,
+        activation_bytes: int,
+        input_bytes: int,
+        forward_seconds: float,
+        selective_bytes: int = -1,
+        selective_seconds: float = 0.0,
+        selective_shared_bytes: int = -1,
+    ) -> None: ...
+
+class CheckpointPlan:
+    feasible: bool
+    modes: list[CheckpointMode]
+    peak_bytes: int
+    recompute_seconds: float
+    min_peak_bytes: int
+    baseline_peak_bytes: int
+
+def plan_checkpoints(blocks: list[BlockProfile], fixed_bytes: int, budget_bytes: int) -> CheckpointPlan: ...
+def predicted_peak(blocks: list[BlockProfile], fixed_bytes: int, modes: list[CheckpointMode]) -> int: ...
+def recompute_seconds(blocks: list[BlockProfile], modes: list[CheckpointMode]) -> float: ...

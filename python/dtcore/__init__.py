@@ -4,6 +4,7 @@
     ctx = dtcore.init()          # under torchrun, SLURM, mpirun, accelerate, or alone
     dtcore.all_reduce(t, op="avg")
     model = dtcore.wrap(model)   # gradients averaged across ranks during backward
+    dtcore.checkpoint_activations(model, "budget:2GB", example_inputs=batch)  # recompute in backward
 """
 
 from . import _guard
@@ -22,6 +23,7 @@ try:
         RendezvousError,
     )
     from ._C import __version__  # noqa: E402
+    from ._activation import CheckpointSummary, checkpoint_activations  # noqa: E402
     from ._collectives import all_reduce, barrier, broadcast, is_main_process, main_process_first  # noqa: E402
     from ._context import Context, get_context, init, is_initialized, shutdown  # noqa: E402
     from ._distributed_model import DistributedDataParallel, DistributedModel, wrap  # noqa: E402
@@ -47,6 +49,8 @@ __all__ = [
     "check",
     "DistributedModel",
     "DistributedDataParallel",
+    "checkpoint_activations",
+    "CheckpointSummary",
     "DtcoreError",
     "ConfigError",
     "RendezvousError",

@@ -1,0 +1,308 @@
+"""`dtcore.checkpoint_activations()`: recompute the activations of repeated blocks in backward.
+
+The blocks (by default the longest run of sibling modules of one class, e.g. transformer layers;
+see _activation_blocks.py) get an instance-level `forward` that runs the class's forward under
+torch's non-reentrant checkpoint (torch.utils.checkpoint, use_reentrant=False,
+preserve_rng_state=True): parameters, their identity and the state_dict are untouched, so
+dtcore.wrap's reducer and later sharding see the same model, and policy=None takes it off again.
+Which blocks, and how, is the policy's choice; the "budget:" policy profiles one step
+(_activation_profile.py) and lets the C++ planner (csrc/dtcore/activation/plan.h) choose.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Optional, Union
+
+import torch
+from torch.utils.checkpoint import checkpoint, noop_context_fn
+
+from . import _C
+from ._activation_blocks import find_blocks, format_bytes
+from ._activation_offload import Offloader
+from ._activation_profile import profile_blocks
+from ._activation_selective import selective_context
+
+_POLICIES = "'all', 'every:<k>', 'budget:<size>' (e.g. 'budget:2GB'), 'selective', 'auto' or None"
+
+# Decimal units are powers of 1000, binary ones powers of 1024, as in the SI and IEC standards.
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: Union[str, int], where: str = "budget") -> int:
+    """'2GB' -> 2_000_000_000, '1.5GiB' -> 1610612736, 4096 -> 4096; ConfigError otherwise."""
+    if isinstance(text, int) and not isinstance(text, bool) and text > 0:
+        return text
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _UNITS or float(m.group(1)) * _UNITS[unit] < 1:
+        raise _C.ConfigError(
+            f"{where} '{text}' is not a size in bytes. Fix: pass a positive number of bytes or a number with a "
+            "unit, e.g. 2GB, 512MB (decimal: 1 GB = 10^9 bytes) or 1.5GiB, 768MiB (binary: 1 GiB = 2^30 bytes)."
+        )
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
+_offloaders: dict[torch.device, Offloader] = {}  # one side stream per device
+
+
+def offloader_for(device: torch.device) -> Offloader:
+    if device not in _offloaders:
+        _offloaders[device] = Offloader(device)
+    return _offloaders[device]
+
+
+class CheckpointedForward:
+    """A block's instance-level `forward` while it is checkpointed (removed by policy=None).
+
+    A plain object rather than a closure so that copy.deepcopy and pickling of the model copy it
+    with the block it belongs to.
+    """
+
+    def __init__(self, module: torch.nn.Module, selective: bool, offload: Optional[Offloader]) -> None:
+        self.module = module
+        self.previous = module.__dict__.get("forward")  # an instance forward set before us, if any
+        self.selective = selective
+        self.offload = offload
+
+    def _inner(self):  # noqa: ANN202
+        return self.previous if self.previous is not None else type(self.module).forward.__get__(self.module)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        inner = self._inner()
+        if not torch.is_grad_enabled():  # evaluation: nothing is saved, nothing to recompute
+            return inner(*args, **kwargs)
+        context = selective_context if self.selective else noop_context_fn
+        if self.offload is None:
+            return checkpoint(inner, *args, use_reentrant=False, preserve_rng_state=True, context_fn=context,
+                              **kwargs)
+        with self.offload.hooks():  # sees only the inputs the checkpoint keeps; see _activation_offload.py
+            return checkpoint(inner, *args, use_reentrant=False, preserve_rng_state=True, context_fn=context,
+                              **kwargs)
+
+
+@dataclasses.dataclass
+class BlockReport:
+    name: str
+    mode: str  # "keep" (not checkpointed), "full" or "selective"
+    # Measured when profiled (example_inputs), see _activation_profile.py:
+    activation_bytes: Optional[int] = None  # held when kept
+    input_bytes: Optional[int] = None  # held when fully checkpointed
+    forward_seconds: Optional[float] = None  # the full recompute cost
+    selective_bytes: Optional[int] = None  # held when selectively checkpointed
+    selective_seconds: Optional[float] = None  # the selective recompute cost
+
+    @property
+    def checkpointed(self) -> bool:
+        return self.mode != "keep"
+
+
+@dataclasses.dataclass
+class CheckpointSummary:
+    """What checkpoint_activations() did. str() gives a table."""
+
+    policy: str  # as resolved: "all", "every:2", "budget:2GB", "selective" or "none"
+    block_class: str
+    blocks: list[BlockReport]
+    offload: str  # "off", "on (pinned CPU memory, side stream)" or why it does nothing
+    budget_bytes: Optional[int] = None
+    predicted_peak_bytes: Optional[int] = None  # Note [Checkpoint peak model], when profiled
+    baseline_peak_bytes: Optional[int] = None  # the same with no block checkpointed
+    recompute_seconds: Optional[float] = None  # per step, from the profile
+    fixed_bytes: Optional[int] = None  # outside the blocks, temporaries included
+    measured_peak_bytes: Optional[int] = None  # the profiled step (no checkpointing), LiveTensorMemory
+
+    @property
+    def checkpointed(self) -> list[str]:
+        return [b.name for b in self.blocks if b.checkpointed]
+
+    def __str__(self) -> str:
+        n = len(self.checkpointed)
+        lines = [f"checkpoint_activations: policy {self.policy}, {n} of {len(self.blocks)} {self.block_class} "
+                 f"block(s) checkpointed, offload {self.offload}"]
+        profiled = any(b.activation_bytes is not None for b in self.blocks)
+        lines.append("| block | checkpoint |" + (" held if kept | if full | if selective | recompute full (ms) | "
+                                                 "recompute selective (ms) |" if profiled else ""))
+        lines.append("| --- | --- |" + (" --- | --- | --- | --- | --- |" if profiled else ""))
+        for b in self.blocks:
+            row = f"| {b.name} | {b.mode} |"
+            if b.activation_bytes is not None:
+                row += (f" {format_bytes(b.activation_bytes)} | {format_bytes(b.input_bytes or 0)} | "
+                        f"{format_bytes(b.selective_bytes or 0)} | {1000 * (b.forward_seconds or 0.0):.2f} | "
+                        f"{1000 * (b.selective_seconds or 0.0):.2f} |")
+            lines.append(row)
+        if self.predicted_peak_bytes is not None:
+            text = (f"activation peak (estimated): {format_bytes(self.predicted_peak_bytes)}, without checkpointing "
+                    f"{format_bytes(self.baseline_peak_bytes or 0)}; outside the blocks {format_bytes(self.fixed_bytes or 0)}"
+                    f"; recompute {1000 * (self.recompute_seconds or 0.0):.1f} ms per step")
+            if self.budget_bytes is not None:
+                text = f"budget {format_bytes(self.budget_bytes)}; " + text
+            lines.append(text)
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"CheckpointSummary(policy={self.policy!r}, checkpointed={self.checkpointed!r})\n{self}"
+
+
+def _parse_policy(policy: Optional[str]) -> tuple[str, Optional[int]]:
+    """-> (kind, argument): ("none", None), ("all", None), ("every", k), ("budget", bytes), ("selective", None)."""
+    if policy is None:
+        return "none", None
+    if not isinstance(policy, str):
+        raise _C.ConfigError(f"policy={policy!r} is not a policy. Fix: pass one of {_POLICIES}.")
+    p = policy.strip()
+    if p in ("all", "auto", "selective"):
+        return ("all" if p == "auto" else p), None
+    if p.startswith("every:"):
+        k = p[len("every:"):].strip()
+        if k.isdigit() and int(k) >= 1:
+            return "every", int(k)
+        raise _C.ConfigError(f"policy='{policy}': '{k}' is not a positive whole number of blocks. Fix: pass e.g. "
+                             "'every:2' to checkpoint one block in two.")
+    if p.startswith("budget:"):
+        return "budget", parse_bytes(p[len("budget:"):], where=f"policy='{policy}': the budget")
+    raise _C.ConfigError(f"policy='{policy}' is not a checkpoint policy. Fix: pass one of {_POLICIES}.")
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    from ._distributed_model import DistributedModel
+
+    if isinstance(model, (DistributedModel, torch.nn.parallel.DistributedDataParallel)):
+        return model.module  # the same parameters: the reducer's hooks stay where they are
+    return model
+
+
+def _remove(root: torch.nn.Module) -> list[str]:
+    removed = []
+    for name, m in root.named_modules():
+        wrapper = m.__dict__.get("forward")
+        if isinstance(wrapper, CheckpointedForward):
+            if wrapper.previous is None:
+                del m.forward
+            else:
+                m.forward = wrapper.previous
+            removed.append(name)
+    return removed
+
+
+def _model_device(root: torch.nn.Module) -> torch.device:
+    for p in root.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def checkpoint_activations(
+    model: torch.nn.Module,
+    policy: Optional[str] = "auto",
+    *,
+    blocks: Any = None,
+    example_inputs: Any = None,
+    offload: bool = False,
+    profile_repeats: int = 3,
+) -> CheckpointSummary:
+    """Recompute the activations of `model`'s repeated blocks in backward, in place.
+
+    model: an nn.Module, or a dtcore.wrap / DistributedDataParallel model (its `.module` is used).
+    policy:
+      "all"          every block keeps only its inputs and recomputes the rest in backward.
+      "every:<k>"    blocks 0, k, 2k, ... (earlier blocks: their recompute comes when less is held).
+      "budget:<size>"  profiles one step on `example_inputs` and gives each block a mode (kept,
+                     fully or selectively checkpointed) so that the activation peak fits the size
+                     with the least recompute time ("2GB" = 2*10^9 bytes, "1.5GiB" = 1.5*2^30, or
+                     plain bytes); see Note [Checkpoint peak model]. The budget covers the memory of
+                     the step's tensors: activations held for backward (in the blocks and outside
+                     them), the recompute of one block in backward, and the temporaries the
+                     profiled step held at its peak; not parameters, gradients or optimizer state.
+                     ConfigError with the smallest achievable figure when no choice fits.
+      "selective"    every block, keeping the outputs of matrix multiplications and attention and
+                     recomputing the rest (norms, activations, softmax, dropout): less memory saved
+                     than "all", for much less recompute.
+      "auto"         the default, for now the same as "all": choosing a budget needs the memory
+                     the rest of training takes (gradients, optimizer state, other processes), which
+                     is not known here; pass "budget:<size>" to plan one.
+      None           take checkpointing off again; the model is as it was.
+    Calling again with another policy replaces the previous one. Gradients are the same as without
+    checkpointing: the random-number state is replayed, so dropout masks match.
+    blocks: which modules are blocks; by default the longest run of sibling modules of one class.
+      A class, a class name, or a list of qualified names or fnmatch patterns (e.g. "blocks.*").
+    example_inputs: one forward call's positional arguments (a tuple), keyword arguments (a dict),
+      or a single tensor. Required by "budget:"; with any other policy, the summary then shows the
+      measured sizes and times and the estimated peak.
+    offload: with CUDA, the inputs kept by checkpointed blocks go to pinned CPU memory on a side
+      stream during forward and come back ahead of their recompute in backward; on CPU, a no-op.
+    profile_repeats: forward passes timed per block (median) for "budget:".
+
+    Returns a CheckpointSummary; print it for a table of blocks.
+    """
+    kind, arg = _parse_policy(policy)
+    if not isinstance(profile_repeats, int) or profile_repeats < 1:
+        raise _C.ConfigError(f"profile_repeats={profile_repeats!r} must be a whole number >= 1 (forward passes "
+                             "timed per block). Fix: leave the default, 3.")
+    root = _unwrap(model)
+    removed = _remove(root)
+    if kind == "none":
+        reports = [BlockReport(name, "keep") for name in removed]
+        return CheckpointSummary("none", "", reports, "off")
+    found = find_blocks(root, blocks)
+    names = [n for n, _ in found]
+    block_class = type(found[0][1]).__name__ if len({type(m) for _, m in found}) == 1 else "mixed"
+    device = _model_device(root)
+    offloading = offload and device.type == "cuda"
+    offload_text = ("on (pinned CPU memory, side stream)" if offloading else
+                    "requested, a no-op: the model is on the CPU, there is nothing to move" if offload else "off")
+    if kind == "budget" and example_inputs is None:
+        raise _C.ConfigError(
+            f"policy='{policy}' needs one step's input to measure the blocks. Fix: pass example_inputs= the "
+            "arguments of one forward call, e.g. checkpoint_activations(model, 'budget:2GB', example_inputs=(x, y)) "
+            "(a dict for keyword arguments)."
+        )
+    profile = None
+    if example_inputs is not None:
+        profile = profile_blocks(root, found, example_inputs, repeats=profile_repeats)
+    profiles = list(profile.blocks) if profile else []
+    if offloading:  # inputs kept by checkpointed blocks live on the host: not held on the device
+        profiles = [_C.BlockProfile(p.name, p.activation_bytes, 0, p.forward_seconds,
+                                    p.selective_bytes - p.input_bytes, p.selective_seconds,
+                                    p.selective_shared_bytes - p.input_bytes) for p in profiles]
+
+    keep, full, sel = _C.CheckpointMode.keep, _C.CheckpointMode.full, _C.CheckpointMode.selective
+    if kind == "all":
+        modes = [full] * len(found)
+    elif kind == "selective":
+        modes = [sel] * len(found)
+    elif kind == "every":
+        modes = [full if i % arg == 0 else keep for i in range(len(found))]
+    else:
+        plan = _C.plan_checkpoints(profiles, profile.fixed_bytes, arg)
+        if not plan.feasible:
+            raise _C.ConfigError(
+                f"policy='{policy}' cannot be met: the smallest activation peak that checkpointing blocks of "
+                f"{type(root).__name__} reaches is {format_bytes(plan.min_peak_bytes)} ({plan.min_peak_bytes} bytes), "
+                f"above the budget of {format_bytes(arg)}; without checkpointing it is "
+                f"{format_bytes(plan.baseline_peak_bytes)}, and {format_bytes(profile.fixed_bytes)} of it is outside "
+                f"the {len(found)} blocks. Fix: raise the budget to at least {format_bytes(plan.min_peak_bytes)}, or "
+                "lower the batch size or sequence length" + (", or pass offload=True." if device.type == "cuda" and not offload else ".")
+            )
+        modes = list(plan.modes)
+
+    offloader = offloader_for(device) if offloading else None
+    for (_, module), mode in zip(found, modes):
+        if mode != keep:
+            module.forward = CheckpointedForward(module, mode == sel, offloader)
+
+    resolved = {"every": f"every:{arg}", "budget": str(policy).strip()}.get(kind, kind)
+    summary = CheckpointSummary(resolved, block_class, [BlockReport(n, m.name) for n, m in zip(names, modes)],
+                                offload_text, budget_bytes=arg if kind == "budget" else None)
+    if profile is not None:
+        for report, p in zip(summary.blocks, profile.blocks):
+            report.activation_bytes, report.input_bytes, report.forward_seconds = (
+                p.activation_bytes, p.input_bytes, p.forward_seconds)
+            report.selective_bytes, report.selective_seconds = p.selective_bytes, p.selective_seconds
+        summary.predicted_peak_bytes = _C.predicted_peak(profiles, profile.fixed_bytes, modes)
+        summary.recompute_seconds = _C.recompute_seconds(profiles, modes)
+        summary.baseline_peak_bytes = _C.predicted_peak(profiles, profile.fixed_bytes, [keep] * len(profiles))
+        summary.fixed_bytes = profile.fixed_bytes
+        summary.measured_peak_bytes = profile.measured_peak_bytes
+    return summary

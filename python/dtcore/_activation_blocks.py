@@ -1,0 +1,100 @@
+"""Finding the blocks to checkpoint: the repeated layers of a model.
+
+By default the longest run of consecutive sibling modules of one class that hold parameters (a
+transformer's layers in a ModuleList or Sequential); ties go to the run with more parameters, then
+to the shallower one. Or given: a class, a class name, or qualified names / fnmatch patterns. Only
+the outermost matching modules count (a pattern "blocks.*" gives blocks.0, blocks.1, ..., not
+their children), and never the model itself.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any
+
+import torch
+
+from . import _C
+
+
+def format_bytes(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _params(m: torch.nn.Module) -> int:
+    return sum(p.numel() for p in m.parameters())
+
+
+def repeated_runs(root: torch.nn.Module) -> list[list[tuple[str, torch.nn.Module]]]:
+    """Every run of >= 2 consecutive siblings of one class with parameters, best candidate first."""
+    runs = []
+    for parent_name, parent in root.named_modules():
+        run: list[tuple[str, torch.nn.Module]] = []
+        for child_name, child in list(parent.named_children()) + [("", None)]:  # None closes the last run
+            if run and (child is None or type(child) is not type(run[0][1])):
+                if len(run) >= 2 and _params(run[0][1]) > 0:
+                    runs.append(run)
+                run = []
+            if child is not None:
+                run.append((f"{parent_name}.{child_name}" if parent_name else child_name, child))
+    runs.sort(key=lambda r: (-len(r), -sum(_params(m) for _, m in r), r[0][0].count(".")))
+    return runs
+
+
+def _describe_runs(root: torch.nn.Module) -> str:
+    runs = repeated_runs(root)[:3]
+    if not runs:
+        return "no run of sibling modules of one class with parameters"
+    return "; ".join(f"{len(r)} x {type(r[0][1]).__name__} ({r[0][0]} .. {r[-1][0]})" for r in runs)
+
+
+def _outermost(found: list[tuple[str, torch.nn.Module]]) -> list[tuple[str, torch.nn.Module]]:
+    out: list[tuple[str, torch.nn.Module]] = []
+    for name, m in found:  # named_modules() order: a parent comes before its children
+        if not any(name.startswith(kept + ".") for kept, _ in out):
+            out.append((name, m))
+    return out
+
+
+def find_blocks(root: torch.nn.Module, blocks: Any = None) -> list[tuple[str, torch.nn.Module]]:
+    """(qualified name, module) of each block in forward-registration order; ConfigError if none."""
+    named = [(n, m) for n, m in root.named_modules() if n]  # never the model itself
+    model = type(root).__name__
+    if blocks is None:
+        runs = repeated_runs(root)
+        if not runs:
+            raise _C.ConfigError(
+                f"checkpoint_activations found no repeated blocks in {model}: no two consecutive sibling modules "
+                "of one class hold parameters. Fix: name the blocks, e.g. blocks=MyLayer, blocks='MyLayer' or "
+                "blocks=['encoder', 'decoder']."
+            )
+        return runs[0]
+    if isinstance(blocks, type):
+        found = [(n, m) for n, m in named if isinstance(m, blocks)]
+        what = f"blocks={blocks.__name__}"
+    elif isinstance(blocks, str) and any(type(m).__name__ == blocks for _, m in named):
+        found = [(n, m) for n, m in named if type(m).__name__ == blocks]
+        what = f"blocks='{blocks}'"
+    elif isinstance(blocks, (str, list, tuple)) and all(isinstance(b, str) for b in (
+            [blocks] if isinstance(blocks, str) else blocks)):
+        patterns = [blocks] if isinstance(blocks, str) else list(blocks)
+        found = [(n, m) for n, m in named if any(n == p or fnmatch.fnmatchcase(n, p) for p in patterns)]
+        what = f"blocks={blocks!r}"
+        missing = [p for p in patterns if not any(n == p or fnmatch.fnmatchcase(n, p) for n, _ in named)]
+        if found and missing:
+            raise _C.ConfigError(f"{what}: {missing!r} match no module of {model}. Fix: check the names against "
+                                 "model.named_modules().")
+    else:
+        raise _C.ConfigError(f"blocks={blocks!r} is not a way to name blocks. Fix: pass a module class, a class "
+                             "name, or a list of qualified module names or patterns such as 'layers.*'.")
+    found = _outermost(found)
+    if not found:
+        raise _C.ConfigError(
+            f"{what} matches no module of {model}. Repeated blocks found: {_describe_runs(root)}. Fix: pass a class "
+            "or class name present in the model, or qualified names as in model.named_modules() (patterns "
+            "such as 'layers.*' allowed)."
+        )
+    return found
