@@ -81,6 +81,12 @@ TEST(LaunchProbe, TorchrunAskingForMoreNodesThanTheSlurmAllocationFails) {
   expect_item(idle, "launch.slurm_nodes", Status::Warn, {"idle"});
 }
 
+TEST(LaunchProbe, AShellInsideAnAllocationIsNotAJob) {
+  Items out;
+  judge_launch(Env(Vars{{"SLURM_JOB_ID", "77"}, {"SLURM_JOB_NUM_NODES", "4"}}), expect(), out);
+  EXPECT_FALSE(has(out, "launch.slurm_nodes"));
+}
+
 TEST(LaunchProbe, MoreProcessesThanSlurmGpusFails) {
   Vars v = torchrun(8, 8, 1);
   v["SLURM_JOB_ID"] = "77";

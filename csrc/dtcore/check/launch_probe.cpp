@@ -42,7 +42,8 @@ std::pair<std::string, std::string> split_fix(const std::string& text) {
 
 // A SLURM allocation around a launcher that is not srun: its nodes and GPUs must cover the job.
 void judge_slurm_allocation(const Env& env, const WorldSpec& s, const LaunchExpectations& e, Items& out) {
-  if (s.launcher == Launcher::Slurm || !env.has("SLURM_JOB_ID")) return;
+  // srun is judged by check_world itself; a plain shell inside an allocation (salloc) starts no job.
+  if (s.launcher == Launcher::Slurm || s.launcher == Launcher::Single || !env.has("SLURM_JOB_ID")) return;
   auto nodes = int_of(env.get("SLURM_JOB_NUM_NODES"));
   if (!nodes) nodes = int_of(env.get("SLURM_NNODES"));
   const std::string launcher(launcher_name(s.launcher));
