@@ -12,17 +12,20 @@ Which blocks, and how, is the policy's choice; the "budget:" policy profiles one
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
+import weakref
 from typing import Any, Optional, Union
 
 import torch
-from torch.utils.checkpoint import checkpoint, noop_context_fn
+from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils.checkpoint import checkpoint
 
 from . import _C
 from ._activation_blocks import find_blocks, format_bytes
 from ._activation_offload import Offloader
-from ._activation_profile import profile_blocks
-from ._activation_selective import selective_context
+from ._activation_profile import StepProfile, profile_blocks
+from ._activation_selective import mutation_error, selective_context
 
 _POLICIES = "'all', 'every:<k>', 'budget:<size>' (e.g. 'budget:2GB'), 'selective', 'auto' or None"
 
@@ -58,14 +61,35 @@ class CheckpointedForward:
     """A block's instance-level `forward` while it is checkpointed (removed by policy=None).
 
     A plain object rather than a closure so that copy.deepcopy and pickling of the model copy it
-    with the block it belongs to.
+    with the block it belongs to. It refers to its block weakly (the block refers to it through
+    its `forward`): no reference cycle keeps a dropped model alive until the garbage collector
+    runs. Its state for copying and pickling holds the block itself, so a copy refers to the copy.
     """
 
-    def __init__(self, module: torch.nn.Module, selective: bool, offload: Optional[Offloader]) -> None:
-        self.module = module
+    def __init__(self, module: torch.nn.Module, selective: bool, offload: Optional[Offloader],
+                 name: str = "?") -> None:
+        self._module = weakref.ref(module)
         self.previous = module.__dict__.get("forward")  # an instance forward set before us, if any
         self.selective = selective
         self.offload = offload
+        self.name = name  # the block's qualified name, for errors
+
+    @property
+    def module(self) -> torch.nn.Module:
+        module = self._module()
+        if module is None:
+            raise RuntimeError(f"dtcore bug: the checkpointed block '{self.name}' no longer exists but its forward "
+                               "was called")
+        return module
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_module"] = self.module  # deepcopy / pickle map it to the copied block
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state["_module"] = weakref.ref(state["_module"])
+        self.__dict__.update(state)
 
     def _inner(self):  # noqa: ANN202
         return self.previous if self.previous is not None else type(self.module).forward.__get__(self.module)
@@ -74,13 +98,30 @@ class CheckpointedForward:
         inner = self._inner()
         if not torch.is_grad_enabled():  # evaluation: nothing is saved, nothing to recompute
             return inner(*args, **kwargs)
-        context = selective_context if self.selective else noop_context_fn
+        # torch's checkpoint saves the random-number state of the devices of its positional tensor
+        # arguments, and the offload hooks see the inputs it keeps: pass every tensor positionally,
+        # also those given as keyword arguments or inside lists, tuples and dicts.
+        flat, spec = tree_flatten((args, kwargs))
+        where = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
+
+        def run(*tensors: torch.Tensor) -> Any:
+            values = list(flat)
+            for i, t in zip(where, tensors):
+                values[i] = t
+            a, k = tree_unflatten(values, spec)
+            return inner(*a, **k)
+
+        # context_fn only for selective: torch.compile (Dynamo) does not trace an explicit no-op one, and
+        # calls a partial's function without its arguments; compiled, the in-place check is skipped.
+        options = {}
+        if self.selective:
+            options["context_fn"] = (selective_context if torch.compiler.is_compiling() else
+                                     functools.partial(selective_context, self.name))
+        tensors = [flat[i] for i in where]
         if self.offload is None:
-            return checkpoint(inner, *args, use_reentrant=False, preserve_rng_state=True, context_fn=context,
-                              **kwargs)
+            return checkpoint(run, *tensors, use_reentrant=False, preserve_rng_state=True, **options)
         with self.offload.hooks():  # sees only the inputs the checkpoint keeps; see _activation_offload.py
-            return checkpoint(inner, *args, use_reentrant=False, preserve_rng_state=True, context_fn=context,
-                              **kwargs)
+            return checkpoint(run, *tensors, use_reentrant=False, preserve_rng_state=True, **options)
 
 
 @dataclasses.dataclass
@@ -129,16 +170,18 @@ class CheckpointSummary:
         for b in self.blocks:
             row = f"| {b.name} | {b.mode} |"
             if b.activation_bytes is not None:
+                no_selective = b.selective_bytes is None  # an in-place change of a kept output
                 row += (f" {format_bytes(b.activation_bytes)} | {format_bytes(b.input_bytes or 0)} | "
-                        f"{format_bytes(b.selective_bytes or 0)} | {1000 * (b.forward_seconds or 0.0):.2f} | "
-                        f"{1000 * (b.selective_seconds or 0.0):.2f} |")
+                        f"{'n/a' if no_selective else format_bytes(b.selective_bytes)} | "
+                        f"{1000 * (b.forward_seconds or 0.0):.2f} | "
+                        f"{'n/a' if no_selective else f'{1000 * (b.selective_seconds or 0.0):.2f}'} |")
             lines.append(row)
         if self.predicted_peak_bytes is not None:
             text = (f"activation peak (estimated): {format_bytes(self.predicted_peak_bytes)}, without checkpointing "
                     f"{format_bytes(self.baseline_peak_bytes or 0)}; outside the blocks {format_bytes(self.fixed_bytes or 0)}"
                     f"; recompute {1000 * (self.recompute_seconds or 0.0):.1f} ms per step")
             if self.budget_bytes is not None:
-                text = f"budget {format_bytes(self.budget_bytes)}; " + text
+                text = f"budget {self.policy[len('budget:'):].strip()} ({format_bytes(self.budget_bytes)}); " + text
             lines.append(text)
         return "\n".join(lines)
 
@@ -174,7 +217,8 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _remove(root: torch.nn.Module) -> list[str]:
+def _remove(root: torch.nn.Module) -> list[tuple[str, torch.nn.Module, CheckpointedForward]]:
+    """Takes every CheckpointedForward off; returns them for _restore()."""
     removed = []
     for name, m in root.named_modules():
         wrapper = m.__dict__.get("forward")
@@ -183,8 +227,46 @@ def _remove(root: torch.nn.Module) -> list[str]:
                 del m.forward
             else:
                 m.forward = wrapper.previous
-            removed.append(name)
+            removed.append((name, m, wrapper))
     return removed
+
+
+def _restore(removed: list[tuple[str, torch.nn.Module, CheckpointedForward]]) -> None:
+    for _, m, wrapper in removed:
+        m.forward = wrapper
+
+
+def _same_on_every_rank(profile: StepProfile) -> StepProfile:
+    """With several ranks: every figure becomes its maximum over the ranks, so that every rank plans alike.
+
+    Timings differ between ranks (and sizes, with uneven shards); plans made apart could differ, and
+    an infeasible budget would raise on some ranks while the others wait in their first collective.
+    """
+    from ._collectives import all_reduce
+    from ._context import get_context, is_initialized
+
+    if not is_initialized() or get_context().world_size < 2:
+        return profile
+    ctx = get_context()
+    on = ctx.device if ctx.backend == "nccl" else torch.device("cpu")
+    n = len(profile.blocks)
+    count = all_reduce(torch.tensor([n, -n], dtype=torch.float64, device=on), "max").tolist()
+    if count[0] != -count[1]:
+        raise _C.ConfigError(
+            f"checkpoint_activations on rank {ctx.rank}: the ranks found different numbers of blocks (here {n}, "
+            f"between {int(-count[1])} and {int(count[0])} over the ranks). Fix: build the same model on every rank.")
+    rows = [[p.activation_bytes, p.input_bytes, p.forward_seconds, p.selective_bytes, p.selective_seconds,
+             p.selective_shared_bytes, float(m)] for p, m in zip(profile.blocks, profile.selective_mutated)]
+    values = torch.tensor([x for row in rows for x in row] + [profile.fixed_bytes, profile.saved_outside_bytes,
+                                                              profile.measured_peak_bytes], dtype=torch.float64)
+    values = all_reduce(values.to(on), "max").cpu().tolist()
+    blocks, mutated = [], []
+    for i, p in enumerate(profile.blocks):
+        a, x, fs, h, ss, o, m = values[7 * i:7 * i + 7]
+        mutated.append(m > 0)
+        blocks.append(_C.BlockProfile(p.name, int(a), int(x), fs, -1 if m > 0 else int(h), ss, -1 if m > 0 else int(o)))
+    fixed, outside, measured = (int(v) for v in values[7 * n:])
+    return StepProfile(blocks, fixed, outside, measured, mutated)
 
 
 def _model_device(root: torch.nn.Module) -> torch.device:
@@ -215,10 +297,12 @@ def checkpoint_activations(
                      the step's tensors: activations held for backward (in the blocks and outside
                      them), the recompute of one block in backward, and the temporaries the
                      profiled step held at its peak; not parameters, gradients or optimizer state.
-                     ConfigError with the smallest achievable figure when no choice fits.
+                     ConfigError with the smallest achievable figure when no choice fits. With
+                     several ranks, every rank plans from the largest figures of all of them.
       "selective"    every block, keeping the outputs of matrix multiplications and attention and
                      recomputing the rest (norms, activations, softmax, dropout): less memory saved
-                     than "all", for much less recompute.
+                     than "all", for much less recompute. A block that changes a kept output in place
+                     (ReLU(inplace=True) after a Linear) is a ConfigError naming it.
       "auto"         the default, for now the same as "all": choosing a budget needs the memory
                      the rest of training takes (gradients, optimizer state, other processes), which
                      is not known here; pass "budget:<size>" to plan one.
@@ -241,10 +325,19 @@ def checkpoint_activations(
         raise _C.ConfigError(f"profile_repeats={profile_repeats!r} must be a whole number >= 1 (forward passes "
                              "timed per block). Fix: leave the default, 3.")
     root = _unwrap(model)
-    removed = _remove(root)
+    removed = _remove(root)  # the profile measures the model without them; put back if this call fails
     if kind == "none":
-        reports = [BlockReport(name, "keep") for name in removed]
-        return CheckpointSummary("none", "", reports, "off")
+        return CheckpointSummary("none", "", [BlockReport(name, "keep") for name, _, _ in removed], "off")
+    try:
+        return _apply(root, policy, kind, arg, blocks, example_inputs, offload, profile_repeats)
+    except BaseException:
+        _remove(root)
+        _restore(removed)
+        raise
+
+
+def _apply(root: torch.nn.Module, policy: str, kind: str, arg: Optional[int], blocks: Any, example_inputs: Any,
+           offload: bool, profile_repeats: int) -> CheckpointSummary:
     found = find_blocks(root, blocks)
     names = [n for n, _ in found]
     block_class = type(found[0][1]).__name__ if len({type(m) for _, m in found}) == 1 else "mixed"
@@ -261,11 +354,18 @@ def checkpoint_activations(
     profile = None
     if example_inputs is not None:
         profile = profile_blocks(root, found, example_inputs, repeats=profile_repeats)
+        if kind == "budget":
+            profile = _same_on_every_rank(profile)
+    if kind == "selective" and profile is not None and any(profile.selective_mutated):
+        bad = [n for n, m in zip(names, profile.selective_mutated) if m]
+        raise mutation_error(bad, "an in-place operator (seen in the profile)")
     profiles = list(profile.blocks) if profile else []
     if offloading:  # inputs kept by checkpointed blocks live on the host: not held on the device
         profiles = [_C.BlockProfile(p.name, p.activation_bytes, 0, p.forward_seconds,
-                                    p.selective_bytes - p.input_bytes, p.selective_seconds,
-                                    p.selective_shared_bytes - p.input_bytes) for p in profiles]
+                                    p.selective_bytes - p.input_bytes if p.selective_bytes >= 0 else -1,
+                                    p.selective_seconds,
+                                    p.selective_shared_bytes - p.input_bytes if p.selective_bytes >= 0 else -1)
+                    for p in profiles]
 
     keep, full, sel = _C.CheckpointMode.keep, _C.CheckpointMode.full, _C.CheckpointMode.selective
     if kind == "all":
@@ -277,10 +377,11 @@ def checkpoint_activations(
     else:
         plan = _C.plan_checkpoints(profiles, profile.fixed_bytes, arg)
         if not plan.feasible:
+            budget_text = str(policy).strip()[len("budget:"):].strip()
             raise _C.ConfigError(
                 f"policy='{policy}' cannot be met: the smallest activation peak that checkpointing blocks of "
                 f"{type(root).__name__} reaches is {format_bytes(plan.min_peak_bytes)} ({plan.min_peak_bytes} bytes), "
-                f"above the budget of {format_bytes(arg)}; without checkpointing it is "
+                f"above the budget of {budget_text} ({format_bytes(arg)}, {arg} bytes); without checkpointing it is "
                 f"{format_bytes(plan.baseline_peak_bytes)}, and {format_bytes(profile.fixed_bytes)} of it is outside "
                 f"the {len(found)} blocks. Fix: raise the budget to at least {format_bytes(plan.min_peak_bytes)}, or "
                 "lower the batch size or sequence length" + (", or pass offload=True." if device.type == "cuda" and not offload else ".")
@@ -288,9 +389,9 @@ def checkpoint_activations(
         modes = list(plan.modes)
 
     offloader = offloader_for(device) if offloading else None
-    for (_, module), mode in zip(found, modes):
+    for (name, module), mode in zip(found, modes):
         if mode != keep:
-            module.forward = CheckpointedForward(module, mode == sel, offloader)
+            module.forward = CheckpointedForward(module, mode == sel, offloader, name)
 
     resolved = {"every": f"every:{arg}", "budget": str(policy).strip()}.get(kind, kind)
     summary = CheckpointSummary(resolved, block_class, [BlockReport(n, m.name) for n, m in zip(names, modes)],
@@ -299,7 +400,8 @@ def checkpoint_activations(
         for report, p in zip(summary.blocks, profile.blocks):
             report.activation_bytes, report.input_bytes, report.forward_seconds = (
                 p.activation_bytes, p.input_bytes, p.forward_seconds)
-            report.selective_bytes, report.selective_seconds = p.selective_bytes, p.selective_seconds
+            if p.selective_bytes >= 0:  # otherwise no option: an in-place change of a kept output
+                report.selective_bytes, report.selective_seconds = p.selective_bytes, p.selective_seconds
         summary.predicted_peak_bytes = _C.predicted_peak(profiles, profile.fixed_bytes, modes)
         summary.recompute_seconds = _C.recompute_seconds(profiles, modes)
         summary.baseline_peak_bytes = _C.predicted_peak(profiles, profile.fixed_bytes, [keep] * len(profiles))

@@ -3,19 +3,28 @@
 profile_blocks() runs the model once forward and backward on example inputs, without
 checkpointing, and measures what Note [Checkpoint peak model] (csrc/dtcore/activation/plan.h)
 needs per block:
-  - activation_bytes: storages saved for backward while the block runs (seen through
-    torch.autograd.graph.saved_tensors_hooks) plus the storages of its tensor inputs, each storage
-    counted once, for the first block that holds it; parameters and buffers are not counted;
+  - activation_bytes: the union of the storages of its tensor inputs and of the storages saved for
+    backward while the block runs (seen through torch.autograd.graph.saved_tensors_hooks); a
+    storage held by two blocks counts for both (a block's output that it saves itself, as ReLU,
+    tanh, sigmoid and softmax do, and that the next block takes as its input), so that whichever of
+    the two is checkpointed, what the other holds is counted: conservative where both are kept.
+    Parameters and buffers are not counted;
   - input_bytes: the storages of its tensor inputs (what a checkpoint keeps);
   - forward_seconds: the median over a few forward passes of the time inside the block;
   - selective_bytes: its inputs plus the outputs of the operators "selective" keeps (Note
     [Selective checkpoint ops]), which is what torch's selective checkpoint holds, and
     selective_shared_bytes: the part of it also saved for backward (its inputs at least);
   - selective_seconds: forward_seconds times the share of the block's operator time spent outside
-    those operators (timed operator by operator in one more pass), the selective recompute cost.
-Everything saved outside the blocks is the fixed part. The step's real peak (LiveTensorMemory) is
-measured too: what it holds beyond the model (temporaries such as gradients flowing backward) is
-reserved off the budget, so that the budget bounds what the meter measures.
+    those operators (timed operator by operator in one more pass), the selective recompute cost;
+  - whether an operator changes a kept output in place (Note [Selective checkpoint ops]): then
+    selective is no option for that block (selective_bytes -1).
+Everything saved outside the blocks is the fixed part (a storage saved outside and held by a block,
+such as the last block's output, counts in both). The step's real peak (LiveTensorMemory) is
+measured too: what it holds beyond the saved storages, each counted once (temporaries such as
+gradients flowing backward), is reserved off the budget, so that the budget bounds what the meter
+measures. Backward differentiates with respect to the parameters only, as a training step does:
+gradients with respect to the blocks' inputs would be held to the end and inflate that peak.
+A step that runs out of memory is a ConfigError that asks for smaller example inputs.
 
 The model's state is left as it was: the random-number state is restored, buffers (e.g.
 BatchNorm statistics) are put back, and backward runs with torch.autograd.grad, which returns the
@@ -41,11 +50,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from . import _C
-from ._activation_selective import SAVED_OPS
-
-
-def _storage_key(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata  # one StorageImpl, whatever view of it we hold
+from ._activation_selective import SAVED_OPS, mutated_by
+from ._activation_selective import storage_key as _storage_key
 
 
 class LiveTensorMemory(TorchDispatchMode):
@@ -105,6 +111,8 @@ class _KeptOps(TorchDispatchMode):
         self.kept_seconds = [0.0] * n
         self.all_seconds = [0.0] * n
         self.shared_bytes = [0] * n  # kept outputs that are also saved for backward
+        self.mutated = [False] * n  # a kept output of the block was changed in place (forward only)
+        self.checking = not timing
         self._alive: dict[int, int] = {}  # storage key of a kept output still alive -> its block
         self._shared: set[int] = set()
 
@@ -119,6 +127,11 @@ class _KeptOps(TorchDispatchMode):
         i = self.hooks.current
         start = time.perf_counter()
         out = func(*args, **(kwargs or {}))
+        if self.checking and self._alive:  # also after the block: the next one may change its output
+            for t in mutated_by(func, args, kwargs or {}):
+                block = self._alive.get(_storage_key(t))
+                if block is not None:
+                    self.mutated[block] = True
         if i is None:
             return out
         if self.timing:
@@ -142,6 +155,7 @@ class StepProfile:
     fixed_bytes: int  # saved outside the blocks, plus the step's temporaries at its peak
     saved_outside_bytes: int  # saved for backward outside the blocks
     measured_peak_bytes: int  # LiveTensorMemory's peak of the profiled step
+    selective_mutated: list  # per block: an operator changes a kept output in place (no selective option)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -202,7 +216,9 @@ def profile_blocks(root: torch.nn.Module, blocks: list[tuple[str, torch.nn.Modul
                    repeats: int = 3) -> StepProfile:
     """One measured step of `root` on `example_inputs`; see the module docstring."""
     held = {_storage_key(t) for t in list(root.parameters()) + list(root.buffers())}
-    owner: dict[int, tuple[Optional[int], int]] = {}  # storage key -> (block index or None, bytes)
+    sizes: dict[int, int] = {}  # storage key -> bytes, of every input and saved storage
+    holders: list[set[int]] = [set() for _ in blocks]  # per block: its inputs and what it saves
+    outside: set[int] = set()  # saved outside the blocks
     input_bytes = [0] * len(blocks)
     kept: list[torch.Tensor] = []  # block inputs, alive through the measured pass so keys stay unique
     measuring = [True]  # the timing passes after the measured one record nothing
@@ -217,7 +233,8 @@ def profile_blocks(root: torch.nn.Module, blocks: list[tuple[str, torch.nn.Modul
                 continue
             seen.add(key)
             input_bytes[i] += t.untyped_storage().nbytes()
-            owner.setdefault(key, (i, t.untyped_storage().nbytes()))
+            sizes[key] = t.untyped_storage().nbytes()
+            holders[i].add(key)
             kept.append(t)
 
     hooks = _BlockHooks([m for _, m in blocks], on_enter)
@@ -226,7 +243,8 @@ def profile_blocks(root: torch.nn.Module, blocks: list[tuple[str, torch.nn.Modul
     def pack(t: torch.Tensor) -> torch.Tensor:
         key = _storage_key(t)
         if key not in held:
-            owner.setdefault(key, (hooks.current, t.untyped_storage().nbytes()))
+            sizes[key] = t.untyped_storage().nbytes()
+            (outside if hooks.current is None else holders[hooks.current]).add(key)
             kept_ops.saved(t)
         return t
 
@@ -237,17 +255,18 @@ def profile_blocks(root: torch.nn.Module, blocks: list[tuple[str, torch.nn.Modul
             meter = LiveTensorMemory()
             with meter, kept_ops, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 out = _call(root, example_inputs)
+                kept_ops.checking = False  # in-place changes of kept outputs matter in forward
                 losses = [t.float().sum() for t in _tensors(out) if t.requires_grad]
                 # Gradients returned, not accumulated: no .grad is touched and no AccumulateGrad hook
                 # (dtcore.wrap's reducer, torch DDP) fires. Parameters' gradients are computed as in a
-                # real backward, so their temporaries count; the gradients themselves do not.
+                # real backward, so their temporaries count; the gradients themselves do not. Only the
+                # parameters': a gradient asked for a block's input would be held to the end.
                 params = [p for p in root.parameters() if p.requires_grad]
-                wrt = [t for t in kept if t.requires_grad] + params
                 grads = []
-                if losses and wrt:
-                    grads = torch.autograd.grad(torch.stack(losses).sum(), wrt, allow_unused=True)
-                del out, losses, wrt
-            measured = meter.peak_bytes(excluding=grads[len(grads) - len(params):] if grads else ())
+                if losses and params:
+                    grads = torch.autograd.grad(torch.stack(losses).sum(), params, allow_unused=True)
+                del out, losses
+            measured = meter.peak_bytes(excluding=grads)
             del grads
             measuring[0] = False
             kept.clear()
@@ -258,26 +277,37 @@ def profile_blocks(root: torch.nn.Module, blocks: list[tuple[str, torch.nn.Modul
             op_clock = _KeptOps(hooks, len(blocks), timing=True)
             with op_clock:
                 _call(root, example_inputs)
+    except (torch.OutOfMemoryError, RuntimeError) as e:
+        if not _out_of_memory(e):
+            raise
+        device = next((str(t.device) for t in _tensors(example_inputs)), "cpu")
+        raise _C.ConfigError(
+            f"checkpoint_activations: the profile step (one forward and backward of {type(root).__name__} on "
+            f"example_inputs, without checkpointing) ran out of memory on {device}: {str(e).splitlines()[0][:200]}. "
+            "Fix: pass smaller example_inputs (e.g. a quarter of the batch) with the budget scaled down in the same "
+            "proportion (activation memory grows with the batch), or use policy 'all'."
+        ) from None
     finally:
         hooks.remove()
         with torch.no_grad():
             for b, saved in zip(root.buffers(), buffers):
                 b.copy_(saved)
 
-    activation = [0] * len(blocks)
-    outside = 0
-    for index, nbytes in owner.values():
-        if index is None:
-            outside += nbytes
-        else:
-            activation[index] += nbytes
+    activation = [sum(sizes[k] for k in keys) for keys in holders]
+    outside_bytes = sum(sizes[k] for k in outside)
     profiles = []
     for i, (name, _) in enumerate(blocks):
         seconds = statistics.median(hooks.seconds[i][:repeats]) if hooks.seconds[i] else 0.0
         share = 1.0 - op_clock.kept_seconds[i] / op_clock.all_seconds[i] if op_clock.all_seconds[i] > 0 else 1.0
+        mutated = kept_ops.mutated[i]  # selective is no option: -1
         profiles.append(_C.BlockProfile(name, activation[i], input_bytes[i], seconds,
-                                        input_bytes[i] + kept_ops.kept_bytes[i], seconds * share,
-                                        input_bytes[i] + kept_ops.shared_bytes[i]))
-    baseline = _C.predicted_peak(profiles, outside, [_C.CheckpointMode.keep] * len(profiles))
-    temporaries = max(0, measured - baseline)
-    return StepProfile(profiles, outside + temporaries, outside, measured)
+                                        -1 if mutated else input_bytes[i] + kept_ops.kept_bytes[i], seconds * share,
+                                        -1 if mutated else input_bytes[i] + kept_ops.shared_bytes[i]))
+    saved = sum(sizes.values())  # every input and saved storage once
+    temporaries = max(0, measured - saved)
+    return StepProfile(profiles, outside_bytes + temporaries, outside_bytes, measured, list(kept_ops.mutated))
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """torch.OutOfMemoryError (CUDA and other accelerators), or the CPU allocator's RuntimeError."""
+    return isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e) or "out of memory" in str(e)

@@ -169,20 +169,31 @@ def test_sizes_decimal_and_binary():
             parse_bytes(bad)
 
 
+def _wrapped(model: torch.nn.Module) -> list[str]:
+    return [n for n, m in model.named_modules() if isinstance(m.__dict__.get("forward"), CheckpointedForward)]
+
+
 def test_a_budget_needs_inputs_and_an_infeasible_one_names_the_smallest_peak():
     x, y = _batch()
     model = _model()
+    dtcore.checkpoint_activations(model, "every:2")
     with pytest.raises(dtcore.ConfigError, match=r"needs one step's input.*Fix: pass example_inputs="):
         dtcore.checkpoint_activations(model, "budget:1GB")
+    assert _wrapped(model) == ["blocks.0", "blocks.2"]  # a failed call leaves the previous policy in place
     with pytest.raises(dtcore.ConfigError) as e:
         dtcore.checkpoint_activations(model, "budget:10KB", example_inputs=(x, y))
+    assert _wrapped(model) == ["blocks.0", "blocks.2"]
     text = str(e.value)
     assert "policy='budget:10KB' cannot be met: the smallest activation peak that checkpointing blocks of GPT " \
-           "reaches is" in text and "above the budget of 9.8 KiB" in text and "Fix: raise the budget to at least" in text
+           "reaches is" in text and "above the budget of 10KB (9.8 KiB, 10000 bytes)" in text \
+           and "Fix: raise the budget to at least" in text
+    with pytest.raises(dtcore.ConfigError, match="blocks='Nope' matches no module"):
+        dtcore.checkpoint_activations(model, "all", blocks="Nope")
+    assert _wrapped(model) == ["blocks.0", "blocks.2"]
     least = int(text.split("reaches is ")[1].split("(")[1].split(" bytes")[0])
     ok = dtcore.checkpoint_activations(model, f"budget:{least}", example_inputs=(x, y))  # the figure is exact
     assert ok.checkpointed == [f"blocks.{i}" for i in range(4)] and ok.predicted_peak_bytes == least
-    assert not any("forward" in m.__dict__ for m in _model().modules())
+    assert f"budget {least} (" in str(ok)  # the budget as given, then in binary units
 
 
 def test_the_profile_leaves_the_model_and_random_state_as_they_were():
@@ -253,7 +264,215 @@ def test_inside_dtcore_wrap_with_two_ranks_and_no_sync(policy):
     envs = [clean_env(**torchrun_style(rank, 2, port)) for rank in range(2)]
     results, sessions = run_ranks("activation_worker.py", envs, args=(policy,), timeout=120)
     assert all(r.returncode == 0 for r in results), describe(results)
-    for r in results:
-        j = r.json()
+    reports = [r.json() for r in results]
+    for j in reports:
         assert j["bad"] == [] and j["checkpointed"] > 0, j
+    if policy == "budget":  # the ranks plan from the same (largest) figures
+        assert reports[0]["uneven_modes"] == reports[1]["uneven_modes"], reports
+        assert "full" in reports[0]["uneven_modes"], reports
+        assert [j["infeasible"] for j in reports] == ["ConfigError", "ConfigError"], reports
     assert not leftover_processes(sessions)
+
+
+class _SavesItsOutput(torch.nn.Module):
+    """Linear -> tanh -> Linear -> ReLU: ReLU saves its output, which is the next block's input."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc2(torch.tanh(self.fc1(x))))
+
+
+def _stack(block, n: int = 8, d: int = 256) -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(d, d), *[block(d) for _ in range(n)], torch.nn.Linear(d, 1))
+
+
+def _peak_of(model: torch.nn.Module, x: torch.Tensor) -> int:
+    model.zero_grad(set_to_none=True)
+    meter = LiveTensorMemory()
+    with meter:
+        model(x).sum().backward()
+    return meter.peak_bytes(excluding=[p.grad for p in model.parameters()])
+
+
+def test_a_block_output_saved_by_the_block_and_taken_by_the_next_counts_for_both():
+    # Block i saves its ReLU output, block i+1's input: a checkpointed i and a kept i+1 must still count it.
+    x = torch.randn(512, 256)
+    measured_none = _peak_of(_stack(_SavesItsOutput), x)
+    baseline = dtcore.checkpoint_activations(_stack(_SavesItsOutput), "all", example_inputs=x).baseline_peak_bytes
+    assert measured_none <= baseline
+    for policy in ["all", "every:2"] + [f"budget:{int(baseline * f)}" for f in (0.6, 0.7, 0.8, 0.9)]:
+        model = _stack(_SavesItsOutput)
+        summary = dtcore.checkpoint_activations(model, policy, example_inputs=x)
+        measured = _peak_of(model, x)
+        assert measured <= summary.predicted_peak_bytes, (policy, measured, str(summary))  # never optimistic
+        if summary.budget_bytes is not None:
+            assert measured <= summary.budget_bytes, (policy, measured, str(summary))
+
+
+class _Relu(torch.nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x))
+
+
+def test_the_profiled_peak_is_that_of_a_training_step():
+    # Gradients with respect to the blocks' inputs are not part of a step: they must not inflate the peak.
+    x = torch.randn(512, 256)
+    measured = _peak_of(_stack(_Relu), x)
+    summary = dtcore.checkpoint_activations(_stack(_Relu), "all", example_inputs=x)
+    assert abs(summary.measured_peak_bytes - measured) <= 0.02 * measured, (summary.measured_peak_bytes, measured)
+
+
+class _InPlace(torch.nn.Module):
+    """Linear followed by an in-place ReLU: selective keeps the Linear's output, which ReLU then changes."""
+
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.fc, self.act, self.fc2 = torch.nn.Linear(d, d), torch.nn.ReLU(inplace=True), torch.nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(self.act(self.fc(x)))
+
+
+def test_selective_refuses_in_place_changes_of_kept_outputs_and_budget_plans_avoid_them():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[_InPlace() for _ in range(3)])
+    x = torch.randn(64, 16)
+    reference = copy.deepcopy(model)
+    reference(x).sum().backward()
+    dtcore.checkpoint_activations(model, "selective")  # no profile: found in the first forward
+    with pytest.raises(dtcore.ConfigError, match=r"block '0': the in-place operator aten\.relu_\.default changes "
+                                                 r"the output of a matrix multiplication.*Fix: use policy 'all'"):
+        model(x)
+    dtcore.checkpoint_activations(model, "all")
+    with pytest.raises(dtcore.ConfigError, match=r"blocks '0', '1', '2': an in-place operator .*Fix: use policy"):
+        dtcore.checkpoint_activations(model, "selective", example_inputs=x)  # found by the profile
+    assert _wrapped(model) == ["0", "1", "2"]
+    # A budget plan never picks selective for them, even where it would be cheapest.
+    profile = dtcore.checkpoint_activations(model, "all", example_inputs=x)
+    assert all(b.selective_bytes is None for b in profile.blocks) and "n/a" in str(profile)
+    for fraction in (0.8, 0.9, 1.0):
+        summary = dtcore.checkpoint_activations(model, f"budget:{int(profile.baseline_peak_bytes * fraction)}",
+                                                example_inputs=x)
+        assert "selective" not in [b.mode for b in summary.blocks]
+        model.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            assert torch.equal(p.grad, q.grad)
+
+
+@pytest.mark.parametrize("order", ["checkpoint_then_compile", "compile_then_checkpoint"])
+@pytest.mark.parametrize("policy", ["all", "selective"])
+def test_torch_compile_in_either_order(order, policy):
+    config = dataclasses.replace(CONFIG, n_layer=2, block_size=16, dropout=0.0)
+    x, y = _batch(config, batch=2)
+    reference = _model(config)
+    reference(x, y).backward()
+    model = _model(config)
+    torch._dynamo.reset()
+    if order == "checkpoint_then_compile":
+        dtcore.checkpoint_activations(model, policy)
+        compiled = torch.compile(model, backend="aot_eager")
+    else:
+        compiled = torch.compile(model, backend="aot_eager")
+        dtcore.checkpoint_activations(compiled, policy)
+    compiled(x, y).backward()
+    assert len(_wrapped(model)) == 2
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+
+
+class _Masked(torch.nn.Module):
+    def __init__(self, d: int = 16) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(d, d)
+        self.drop = torch.nn.Dropout(0.3)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, extra=()) -> torch.Tensor:  # noqa: ANN001
+        for t in extra:
+            x = x + t
+        return x + self.drop(torch.tanh(self.fc(x))) * mask
+
+
+class _MaskedStack(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.blocks = torch.nn.ModuleList([_Masked() for _ in range(4)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = (x > 0).float() * 2
+        for block in self.blocks:
+            x = block(x, mask=mask, extra=[mask * 0.5])  # a keyword tensor, and one inside a list
+        return x
+
+
+def test_keyword_and_nested_tensors_are_checkpoint_inputs():
+    x = torch.randn(8, 16, requires_grad=True)
+
+    def grads(model: torch.nn.Module) -> list[torch.Tensor]:
+        torch.manual_seed(3)
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+        model(x).sum().backward()
+        return [p.grad for p in model.parameters()] + [x.grad]
+
+    reference = grads(_MaskedStack())
+    model = _MaskedStack()
+    dtcore.checkpoint_activations(model, "all")
+    for a, b in zip(grads(model), reference):
+        assert torch.equal(a, b)
+    # The offload hooks see every tensor the checkpoint keeps: x, mask and the list's tensor per block.
+    dtcore.checkpoint_activations(model, None)
+    offloader = Offloader(torch.device("cpu"), copy_on_cpu=True)
+    for name, block in model.blocks.named_children():
+        block.forward = CheckpointedForward(block, False, offloader, name)
+    for a, b in zip(grads(model), reference):
+        assert torch.equal(a, b)
+    assert offloader.packed == 3 * 4
+
+
+class _Greedy(torch.nn.Linear):
+    """Asks for more memory than any machine has when the batch is over 16 rows."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 16:
+            torch.empty(1 << 55, dtype=torch.uint8)  # 32 PiB: the allocator refuses
+        return super().forward(x)
+
+
+def test_a_profile_that_runs_out_of_memory_asks_for_smaller_inputs():
+    model = torch.nn.Sequential(_Greedy(8, 8), _Greedy(8, 8))
+    dtcore.checkpoint_activations(model, "all")
+    with pytest.raises(dtcore.ConfigError, match=r"the profile step .* ran out of memory on cpu: .*Fix: pass smaller "
+                                                 r"example_inputs .* with the budget scaled down"):
+        dtcore.checkpoint_activations(model, "budget:1MB", example_inputs=torch.randn(64, 8))
+    assert _wrapped(model) == ["0", "1"]
+    summary = dtcore.checkpoint_activations(model, "budget:1MB", example_inputs=torch.randn(16, 8))
+    assert summary.budget_bytes == 1_000_000
+
+
+def test_a_checkpointed_model_is_freed_without_the_cycle_collector_and_copies_refer_to_themselves():
+    import gc
+    import pickle
+    import weakref
+
+    model = _model()
+    dtcore.checkpoint_activations(model, "all")
+    copied = pickle.loads(pickle.dumps(model))
+    assert copied.blocks[1].forward.module is copied.blocks[1]
+    assert copy.deepcopy(model).blocks[2].forward.module is not model.blocks[2]
+    alive = weakref.ref(model.blocks[0])
+    gc.disable()
+    try:
+        del model
+        assert alive() is None
+    finally:
+        gc.enable()

@@ -18,7 +18,10 @@
 //   kKeep       activation_bytes a_i (everything saved for backward, its inputs included)
 //   kFull       input_bytes x_i (the inputs kept for the recompute)
 //   kSelective  selective_bytes h_i (its inputs and the outputs of the operators it keeps)
-// `fixed` is held by everything outside the blocks for the whole step. The step's peak is the
+// A storage two blocks hold (a block's saved output that is the next block's input) is in the
+// sizes of both, so that it is counted whichever of them is checkpointed; where both are kept it
+// is counted twice, which only overestimates. `fixed` is held by everything outside the blocks
+// for the whole step. The step's peak is the
 // larger of
 //   - the end of forward:  fixed + sum_i s_i
 //   - the recompute of block j in backward (blocks after j are freed by then):

@@ -5,7 +5,8 @@
 Two micro-batches inside no_sync() then one synced: every rank's gradients must equal those of a
 plain model on the whole batches (dropout off, so that the shards and the whole batch see the same
 function); and a checkpointed wrapped model with dropout on must give exactly the gradients of a
-wrapped one without checkpointing (the same masks, replayed).
+wrapped one without checkpointing (the same masks, replayed). With "budget", ranks profiling
+different inputs must still choose the same plan, and an infeasible budget raises on all of them.
 """
 
 import copy
@@ -29,6 +30,26 @@ def policy_for(model, name, x, y):
         return name
     base = dtcore.checkpoint_activations(model, "all", example_inputs=(x, y)).baseline_peak_bytes
     return f"budget:{int(base * 0.7)}"
+
+
+def uneven_ranks(r: int) -> dict:
+    """One budget, different example inputs per rank (2 rows here, 8 there): the ranks must plan alike."""
+    torch.manual_seed(0)
+    probe = GPT(CONFIG)
+    x, y = torch.randint(0, 32, (2, 8, 16), generator=torch.Generator().manual_seed(11))
+    rows = 2 if r == 0 else 8
+    whole = dtcore.checkpoint_activations(probe, "all", example_inputs=(x, y))  # 8 rows, the same on every rank
+    plan = dtcore.checkpoint_activations(probe, f"budget:{int(whole.baseline_peak_bytes * 0.7)}",
+                                         example_inputs=(x[:rows], y[:rows]))
+    out = {"uneven_modes": [b.mode for b in plan.blocks]}
+    # Feasible with 2 rows, not with 8: every rank raises, none waits for the others.
+    try:
+        dtcore.checkpoint_activations(probe, f"budget:{int(whole.predicted_peak_bytes * 0.9)}",
+                                      example_inputs=(x[:rows], y[:rows]))
+        out["infeasible"] = "planned"
+    except dtcore.ConfigError as e:
+        out["infeasible"] = "ConfigError" if "cannot be met" in str(e) else str(e)
+    return out
 
 
 def main() -> None:
@@ -69,6 +90,8 @@ def main() -> None:
         if not torch.equal(p.grad, q.grad):
             bad.append(f"dropout {pname}: checkpointed and plain differ")
     report = {"rank": r, "bad": bad, "checkpointed": len(summary.checkpointed), "policy": summary.policy}
+    if name == "budget":
+        report.update(uneven_ranks(r))
     sys.stdout.write(json.dumps(report) + "\n")
     sys.stdout.flush()
     dtcore.shutdown()
