@@ -101,15 +101,19 @@ class CheckpointedForward:
         # torch's checkpoint saves the random-number state of the devices of its positional tensor
         # arguments, and the offload hooks see the inputs it keeps: pass every tensor positionally,
         # also those given as keyword arguments or inside lists, tuples and dicts.
-        flat, spec = tree_flatten((args, kwargs))
-        where = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
+        if not kwargs and all(isinstance(a, torch.Tensor) for a in args):
+            run, tensors = inner, list(args)  # the usual block(x): nothing to flatten
+        else:
+            flat, spec = tree_flatten((args, kwargs))
+            where = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
+            tensors = [flat[i] for i in where]
 
-        def run(*tensors: torch.Tensor) -> Any:
-            values = list(flat)
-            for i, t in zip(where, tensors):
-                values[i] = t
-            a, k = tree_unflatten(values, spec)
-            return inner(*a, **k)
+            def run(*tensors: torch.Tensor) -> Any:
+                values = list(flat)
+                for i, t in zip(where, tensors):
+                    values[i] = t
+                a, k = tree_unflatten(values, spec)
+                return inner(*a, **k)
 
         # context_fn only for selective: torch.compile (Dynamo) does not trace an explicit no-op one, and
         # calls a partial's function without its arguments; compiled, the in-place check is skipped.
@@ -117,7 +121,6 @@ class CheckpointedForward:
         if self.selective:
             options["context_fn"] = (selective_context if torch.compiler.is_compiling() else
                                      functools.partial(selective_context, self.name))
-        tensors = [flat[i] for i in where]
         if self.offload is None:
             return checkpoint(run, *tensors, use_reentrant=False, preserve_rng_state=True, **options)
         with self.offload.hooks():  # sees only the inputs the checkpoint keeps; see _activation_offload.py
