@@ -107,13 +107,6 @@ def distributed(world: int, sizes: list[int], sweeps: int, iters) -> dict:
     return json.loads(outs[0])
 
 
-def fmt_size(n: int) -> str:
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n // scale} {unit}"
-    return f"{n} B"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
@@ -128,6 +121,7 @@ def main() -> None:
         return
 
     from dtcore.check import parse_size, size_range
+    from dtcore.check._report import format_size
 
     low, _, high = args.sizes.partition(":")
     sizes = size_range(parse_size(low), parse_size(high or low))
@@ -149,7 +143,7 @@ def main() -> None:
         nbytes = max(1, b // 4) * 4
         d, t = bw["dtcore"][i], bw["torch"][i]
         bus = [nbytes / x / 1e9 * 2 * (n - 1) / n for x in (d, t)]
-        print(f"| {fmt_size(b)} | {d * 1e6:.1f} | {bus[0]:.4f} | {t * 1e6:.1f} | {bus[1]:.4f} | {t / d:.2f} |")
+        print(f"| {format_size(b)} | {d * 1e6:.1f} | {bus[0]:.4f} | {t * 1e6:.1f} | {bus[1]:.4f} | {t / d:.2f} |")
 
 if __name__ == "__main__":
     main()

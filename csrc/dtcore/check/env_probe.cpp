@@ -8,18 +8,13 @@
 namespace dtcore::check {
 namespace {
 
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
-}
-
 bool truthy(const std::string& v) {
-  std::string l = lower(v);
+  std::string l = ascii_lower(v);
   return l == "1" || l == "true" || l == "yes" || l == "on";
 }
 
 bool falsy(const std::string& v) {
-  std::string l = lower(v);
+  std::string l = ascii_lower(v);
   return l == "0" || l == "false" || l == "no" || l == "off";
 }
 
@@ -57,7 +52,7 @@ void judge_nccl(const Env& env, Items& out) {
       {"NCCL_SHM_DISABLE", "turns off the shared-memory transport between local GPUs without peer-to-peer."},
   };
   for (const Trap& t : kTraps) {
-    const std::string id = "env." + lower(t.var);
+    const std::string id = "env." + ascii_lower(t.var);
     auto v = env.get(t.var);
     if (v && truthy(*v)) {
       out.warn(id, t.var, *v, t.what,
@@ -69,7 +64,7 @@ void judge_nccl(const Env& env, Items& out) {
   }
   for (const char* var : {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"}) {
     if (auto v = env.get(var); v && falsy(*v)) {
-      out.warn("env." + lower(var), var, *v,
+      out.warn("env." + ascii_lower(var), var, *v,
                "a failed or stuck NCCL collective is no longer turned into an error: the job hangs instead of "
                "stopping with the failing rank named.",
                detail::cat("unset ", var, "."));
@@ -93,7 +88,7 @@ void judge_allocator(const Env& env, const TrapContext& c, Items& out) {
       v = alt;
     }
   }
-  std::string compact = lower(v.value_or(""));
+  std::string compact = ascii_lower(v.value_or(""));
   compact.erase(std::remove_if(compact.begin(), compact.end(), ::isspace), compact.end());
   const bool expandable = compact.find("expandable_segments:true") != std::string::npos;
   if (!c.gpus) {
@@ -110,7 +105,7 @@ void judge_allocator(const Env& env, const TrapContext& c, Items& out) {
 }
 
 void judge_wandb(const Env& env, const TrapContext& c, Items& out) {
-  const std::string mode = lower(env.get("WANDB_MODE").value_or(""));
+  const std::string mode = ascii_lower(env.get("WANDB_MODE").value_or(""));
   const bool off = mode == "offline" || mode == "disabled" || mode == "dryrun" ||
                    truthy(env.get("WANDB_DISABLED").value_or(""));
   const bool configured = env.has("WANDB_PROJECT") || env.has("WANDB_ENTITY") || mode == "online";

@@ -32,7 +32,6 @@ class Items {
   void pass(std::string id, std::string title, std::string value, std::string message = "");
   void warn(std::string id, std::string title, std::string value, std::string message, std::string fix);
   void fail(std::string id, std::string title, std::string value, std::string message, std::string fix);
-  void add(Item item) { items_.push_back(std::move(item)); }
 
   const std::vector<Item>& items() const { return items_; }
   std::vector<Item> take() { return std::move(items_); }

@@ -1,7 +1,5 @@
 #include "dtcore/check/launch_probe.h"
 
-#include <algorithm>
-#include <cctype>
 #include <sstream>
 
 #include "dtcore/bootstrap/launcher.h"
@@ -10,11 +8,6 @@
 
 namespace dtcore::check {
 namespace {
-
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
-}
 
 std::optional<int> int_of(const std::optional<std::string>& s) {
   if (!s) return std::nullopt;
@@ -83,7 +76,7 @@ void judge_accelerate_config(const WorldSpec& s, const LaunchExpectations& e, It
   auto processes = int_of(lookup(c, "num_processes"));
   auto machines = int_of(lookup(c, "num_machines"));
   std::string type = lookup(c, "distributed_type").value_or("");
-  bool use_cpu = lower(lookup(c, "use_cpu").value_or("false")) == "true";
+  bool use_cpu = ascii_lower(lookup(c, "use_cpu").value_or("false")) == "true";
   std::string value = detail::cat(e.accelerate_config_path, ": ", type.empty() ? "" : type + ", ",
                                   "num_processes=", processes ? std::to_string(*processes) : "?",
                                   ", num_machines=", machines ? std::to_string(*machines) : "?");

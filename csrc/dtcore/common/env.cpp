@@ -1,5 +1,8 @@
 #include "dtcore/common/env.h"
 
+#include <algorithm>
+#include <cctype>
+
 extern char** environ;  // POSIX
 
 namespace dtcore {
@@ -28,6 +31,12 @@ std::optional<std::string> Env::get(std::string_view name) const {
 bool Env::has_prefix(std::string_view prefix) const {
   auto it = vars_.lower_bound(prefix);
   return it != vars_.end() && std::string_view(it->first).starts_with(prefix);
+}
+
+std::string ascii_lower(std::string_view value) {
+  std::string out(value);
+  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });
+  return out;
 }
 
 }  // namespace dtcore

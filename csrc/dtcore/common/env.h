@@ -31,4 +31,7 @@ class Env {
   std::map<std::string, std::string, std::less<>> vars_;
 };
 
+// A variable's value lower-cased (ASCII), for case-insensitive words such as "True" or "offline".
+std::string ascii_lower(std::string_view value);
+
 }  // namespace dtcore

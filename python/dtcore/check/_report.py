@@ -174,13 +174,14 @@ def format_bandwidth(bw: dict) -> list[str]:
     ]
     for r in bw["results"]:
         lines.append(
-            f"        {_size(r['bytes']):>10}  {r['iters']:>5}  {r['time_us']:>10.1f}  {r['algbw_gbps']:>12.3f}  "
+            f"        {format_size(r['bytes']):>10}  {r['iters']:>5}  {r['time_us']:>10.1f}  {r['algbw_gbps']:>12.3f}  "
             f"{r['busbw_gbps']:>12.3f}"
         )
     return lines
 
 
-def _size(n: int) -> str:
+def format_size(n: int) -> str:
+    """8 -> '8 B', 65536 -> '64 KiB': exact binary units, as the sweep's sizes are written."""
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale and n % scale == 0:
             return f"{n // scale} {unit}"
