@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from gpt import GPT, PRESETS, CharData, make_corpus, num_parameters  # noqa: E402
 
 import dtcore  # noqa: E402
-from dtcore._activation_profile import LiveTensorMemory  # noqa: E402
+from dtcore.activation import LiveTensorMemory  # noqa: E402
 
 MiB = 2**20
 

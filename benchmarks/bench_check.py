@@ -50,11 +50,11 @@ def single_node(repeats: int) -> tuple[list[float], list[float]]:
 
 
 def torch_sweep(ctx, sizes: list[int], iters) -> list[float]:
-    """The same schedule as dtcore.check's _sweep, on torch.distributed's default (Gloo) group."""
+    """The same schedule as dtcore.check.allreduce_sweep, on torch.distributed's default (Gloo) group."""
     import torch
     import torch.distributed as dist
 
-    from dtcore.check._distributed import default_iters
+    from dtcore.check import default_iters
 
     times = []
     for nbytes in sizes:
@@ -73,14 +73,13 @@ def torch_sweep(ctx, sizes: list[int], iters) -> list[float]:
 
 def worker(sizes: list[int], sweeps: int, iters) -> None:
     import dtcore
-    from dtcore.check._distributed import _sweep
 
     ctx = dtcore.init(backend="gloo", timeout=120)
     results = {"dtcore": [], "torch": []}
     for s in range(sweeps):
         for name in (("dtcore", "torch") if s % 2 == 0 else ("torch", "dtcore")):
             if name == "dtcore":
-                rows, wrong = _sweep(ctx, sizes, iters)
+                rows, wrong = dtcore.check.allreduce_sweep(sizes, iters)
                 assert not wrong, wrong
                 results[name].append([r["time_us"] * 1e-6 for r in rows])
             else:
@@ -120,11 +119,11 @@ def main() -> None:
         worker([int(x) for x in args.sizes.split(",")], args.sweeps, args.iters)
         return
 
-    from dtcore.check import parse_size, size_range
-    from dtcore.check._report import format_size
+    from dtcore.check import size_range
+    from dtcore.units import format_bytes, parse_bytes
 
     low, _, high = args.sizes.partition(":")
-    sizes = size_range(parse_size(low), parse_size(high or low))
+    sizes = size_range(parse_bytes(low), parse_bytes(high or low))
     walls, probes = single_node(args.repeats)
     print(f"## python -m dtcore.check, one node ({args.repeats} runs)\n")
     print("| | median | min | max |\n|---|---|---|---|")
@@ -143,7 +142,7 @@ def main() -> None:
         nbytes = max(1, b // 4) * 4
         d, t = bw["dtcore"][i], bw["torch"][i]
         bus = [nbytes / x / 1e9 * 2 * (n - 1) / n for x in (d, t)]
-        print(f"| {format_size(b)} | {d * 1e6:.1f} | {bus[0]:.4f} | {t * 1e6:.1f} | {bus[1]:.4f} | {t / d:.2f} |")
+        print(f"| {format_bytes(b)} | {d * 1e6:.1f} | {bus[0]:.4f} | {t * 1e6:.1f} | {bus[1]:.4f} | {t / d:.2f} |")
 
 if __name__ == "__main__":
     main()

@@ -36,7 +36,7 @@ def run_world(mode: str, world: int, ranks: list[int], extra: list[str], timeout
     t0 = time.time()
     for rank in ranks:
         env = dict(base, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", DTCORE_BENCH_T0=repr(t0),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", BENCH_INIT_T0=repr(t0),
                    DTCORE_LOG_LEVEL="warn")
         procs.append(subprocess.Popen([sys.executable, str(WORKER), mode, *extra], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.DEVNULL, text=True, start_new_session=True))

@@ -1,6 +1,6 @@
 """One rank of bench_init.py: start a world with dtcore or torch.distributed and report timings.
 
-Reads DTCORE_BENCH_T0 (the parent's time.time() just before it started this process), so that
+Reads BENCH_INIT_T0 (the parent's time.time() just before it started this process), so that
 "from process start" includes interpreter start-up and imports, as a user experiences it.
 """
 
@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-t0 = float(os.environ["DTCORE_BENCH_T0"])
+t0 = float(os.environ["BENCH_INIT_T0"])
 mode = sys.argv[1]
 
 import torch.distributed as dist  # noqa: E402

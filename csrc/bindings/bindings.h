@@ -1,35 +1,47 @@
 // The binding files of dtcore._C: module.cpp defines the module and calls one bind_<area>() per
-// area, each in its own csrc/bindings/<area>.cpp; each adds its area's classes and functions to
-// `m`. Bindings only, no logic.
+// csrc/dtcore/<area>, each in its own csrc/bindings/<area>.cpp. Bindings only, no logic: what a
+// binding needs beyond converting values belongs in the area it binds.
 #pragma once
 
 #include <torch/csrc/utils/pybind.h>
 
-#include "dtcore/bootstrap/world_spec.h"
+#include <map>
+#include <optional>
+#include <string>
+
+#include "dtcore/common/env.h"
 
 namespace dtcore::bindings {
 
-// The eight sourced fields of a WorldSpec as a dict: their values, or where each came from.
-inline pybind11::dict world_fields(const WorldSpec& s, bool sources) {
-  pybind11::dict d;
-  auto put = [&](const char* key, const auto& field) {
-    d[key] = sources ? pybind11::cast(field.source) : pybind11::cast(field.value);
-  };
-  put("rank", s.rank);
-  put("world_size", s.world_size);
-  put("local_rank", s.local_rank);
-  put("local_world_size", s.local_world_size);
-  put("node_rank", s.node_rank);
-  put("num_nodes", s.num_nodes);
-  put("master_addr", s.master_addr);
-  put("master_port", s.master_port);
-  return d;
+// The environment a call was given (a test's), or this process's when None.
+inline Env env_or_process(const std::optional<std::map<std::string, std::string>>& vars) {
+  if (!vars) return Env::from_process();
+  return Env(std::map<std::string, std::string, std::less<>>(vars->begin(), vars->end()));
 }
 
-void bind_check(pybind11::module_& m);  // csrc/bindings/check.cpp: the resource checker's probes
+// The attributes of a plain struct, as (name, member) pairs, read-only or assignable from Python:
+//   fields<Access::kRead>(entry, "rank", &RosterEntry::rank, "host", &RosterEntry::host, ...);
+enum class Access { kRead, kReadWrite };
 
-// dtcore._C.CheckpointMode, BlockProfile, CheckpointPlan, plan_checkpoints, predicted_peak,
-// recompute_seconds (csrc/dtcore/activation/plan.h).
-void bind_activation(pybind11::module_& m);
+template <Access kAccess, typename Class>
+Class& fields(Class& cls) {
+  return cls;
+}
+template <Access kAccess, typename Class, typename Member, typename... Rest>
+Class& fields(Class& cls, const char* name, Member member, Rest... rest) {
+  if constexpr (kAccess == Access::kReadWrite) {
+    cls.def_readwrite(name, member);
+  } else {
+    cls.def_readonly(name, member);
+  }
+  return fields<kAccess>(cls, rest...);
+}
+
+void bind_common(pybind11::module_& m);      // errors, version, knobs, units, settings, logging
+void bind_bootstrap(pybind11::module_& m);   // WorldSpec, read_world, validation, backend choice, rendezvous
+void bind_comm(pybind11::module_& m);        // Work, Communicator, HealthMonitor, the Gloo and NCCL factories
+void bind_reducer(pybind11::module_& m);     // ReducerOptions, Reducer
+void bind_check(pybind11::module_& m);       // the resource checker's probes and judges
+void bind_activation(pybind11::module_& m);  // the activation-checkpoint planner
 
 }  // namespace dtcore::bindings

@@ -1,11 +1,15 @@
-# Type stub for dtcore._C (csrc/bindings/module.cpp).
-from typing import Optional
+# Type stub for dtcore._C, the C++ core (csrc/bindings/, one file per area).
+# tests/py/test_layout.py keeps it in step with the module: every name and member, no more.
+from typing import Any, Optional, Union
 
 import torch
 
+Argument = Union[bool, int, float, str]  # one init() argument; None means "not given"
+
+# common (csrc/bindings/common.cpp) --------------------------------------------------------------
+
 __version__: str
 built_torch_version: str
-has_nccl: bool
 
 class DtcoreError(RuntimeError): ...
 class ConfigError(DtcoreError): ...
@@ -13,19 +17,38 @@ class RendezvousError(DtcoreError): ...
 class CommError(DtcoreError): ...
 class CheckpointError(DtcoreError): ...
 
-def nccl_version() -> str: ...
 def knobs() -> list[tuple[str, str, str]]: ...
-def knob_value(name: str, env: Optional[dict[str, str]] = None) -> Optional[str]: ...
-def knob_seconds(name: str, env: Optional[dict[str, str]] = None) -> Optional[float]: ...
-def configure_logging(
-    rank: int, world_size: int, host: str, console_level: str, log_dir: str, level_source: str = "console level"
-) -> str: ...
+def parse_bytes(text: str, what: str = ...) -> int: ...
+def format_bytes(bytes: int) -> str: ...
+
+class Settings:
+    """How dtcore behaves here, each value from init() > DTCORE_* > default (csrc/dtcore/common/settings.h)."""
+
+    timeout_s: float
+    backend: str
+    log_level: str
+    log_ranks: str
+    log_dir: str
+    rdzv_log_interval_s: float
+    store_libuv: str
+    heartbeat_interval_s: float
+    sources: dict[str, str]
+    def console_level(self, rank: int) -> str: ...
+
+def read_settings(
+    arguments: dict[str, Optional[Argument]] = ..., env: Optional[dict[str, str]] = None
+) -> Settings: ...
+def configure_logging(rank: int, world_size: int, host: str, settings: Settings) -> str: ...
 def log(level: int, message: str) -> None: ...
 def log_enabled(level: int) -> bool: ...
 def flush_logs() -> None: ...
 
+# bootstrap (csrc/bindings/bootstrap.cpp) --------------------------------------------------------
+
 class WorldSpec:
-    launcher: str
+    """The job as one process sees it; see Note [World fields] in csrc/dtcore/bootstrap/world_spec.h."""
+
+    FIELDS: tuple[str, ...]
     rank: int
     world_size: int
     local_rank: int
@@ -34,18 +57,26 @@ class WorldSpec:
     num_nodes: int
     master_addr: str
     master_port: int
+    sources: dict[str, str]
+    launcher: str
     use_agent_store: bool
     restart_count: int
-    sources: dict[str, str]
+    cuda_visible_devices: str
+    job_id: str
+    job_id_source: str
+    def __init__(self, other: WorldSpec) -> None: ...
     def describe(self) -> str: ...
 
-def read_world(env: Optional[dict[str, str]] = None, overrides: dict = ...) -> WorldSpec: ...
+def read_world(env: Optional[dict[str, str]] = None, overrides: dict[str, Optional[Argument]] = ...) -> WorldSpec: ...
+def validate_overrides(overrides: dict[str, Optional[Argument]]) -> None: ...
 
 class Problem:
+    field: str
     variable: str
     value: str
     message: str
     fix: str
+    def label(self) -> str: ...
 
 def check_world(
     spec: WorldSpec, backend: str, visible_gpus: int = -1, host: str = "", resolve_master: bool = True
@@ -53,28 +84,37 @@ def check_world(
 def validate_world(
     spec: WorldSpec, backend: str, visible_gpus: int = -1, host: str = "", resolve_master: bool = True
 ) -> None: ...
+def cuda_device_index(spec: WorldSpec, visible_gpus: int) -> int: ...
+def choose_backend(settings: Settings, cuda_devices: int, torch_version: str, spec: WorldSpec) -> str: ...
+
+class RosterEntry:
+    rank: int
+    host: str
+    pid: int
+    local_rank: int
+    device: str
+    fingerprint: dict[str, str]
 
 class Rendezvous:
-    store: object  # torch.distributed.Store
+    store: Any  # torch.distributed.Store
     port: int
+    spec: WorldSpec
     uses_libuv: bool
-    def roster(self) -> list[dict]: ...
+    def roster(self) -> list[RosterEntry]: ...
     def close(self) -> None: ...
 
 def rendezvous(
-    spec: WorldSpec,
-    host: str,
-    device: str,
-    fingerprint: dict[str, str],
-    timeout_s: float,
-    log_interval_s: float = 5.0,
-    libuv: str = "auto",
-    generation: int = 0,
+    spec: WorldSpec, settings: Settings, host: str, device: str, fingerprint: dict[str, str], generation: int = 0
 ) -> Rendezvous: ...
-def cuda_device_index(spec: WorldSpec, visible_gpus: int) -> int: ...
+
+# comm (csrc/bindings/comm.cpp) ------------------------------------------------------------------
+
+has_nccl: bool
+
+def nccl_version() -> str: ...
 
 class Work:
-    def wait(self, timeout_s: float) -> None: ...
+    def wait(self, timeout_s: Optional[float] = None) -> None: ...
     def is_completed(self) -> bool: ...
 
 class Communicator:
@@ -95,21 +135,35 @@ class HealthMonitor:
     def close(self) -> None: ...
     def diagnose(self, failing_seq: int, op_name: str = "collective") -> str: ...
 
-def health_monitor(rendezvous: Rendezvous, interval_s: float) -> HealthMonitor: ...
+def health_monitor(rendezvous: Rendezvous, settings: Settings) -> HealthMonitor: ...
+def gloo_communicator(backend: Any, timeout_s: float) -> Communicator: ...
+def nccl_communicator(store: Any, rank: int, size: int, device: int, timeout_s: float) -> Communicator:
+    """Only when has_nccl."""
+    ...
+
+# reducer (csrc/bindings/reducer.cpp) ------------------------------------------------------------
+
+class ReducerOptions:
+    """The reducer's options and their defaults (csrc/dtcore/reducer/reducer.h); bucket sizes in MiB."""
+
+    bucket_mb: float
+    first_bucket_mb: float
+    find_unused_parameters: bool
+    comm_dtype: Optional[torch.dtype]
+    def __init__(
+        self,
+        bucket_mb: float = ...,
+        first_bucket_mb: float = ...,
+        find_unused_parameters: bool = ...,
+        comm_dtype: Optional[torch.dtype] = None,
+    ) -> None: ...
 
 class Reducer:
-    """Internal until dtcore.wrap is complete: averages gradients across ranks during backward."""
+    """Averages gradients across ranks during backward (dtcore.wrap builds one)."""
 
     reductions: int
     def __init__(
-        self,
-        params: list[torch.Tensor],
-        names: list[str],
-        communicator: Communicator,
-        bucket_mb: float = 25.0,
-        first_bucket_mb: float = 1.0,
-        find_unused_parameters: bool = False,
-        comm_dtype: Optional[torch.dtype] = None,
+        self, params: list[torch.Tensor], names: list[str], communicator: Communicator, options: ReducerOptions = ...
     ) -> None: ...
     def prepare_for_backward(self, sync: bool = True) -> None: ...
     def find_unused(self, outputs: list[torch.Tensor]) -> None: ...
@@ -117,34 +171,87 @@ class Reducer:
         """Per bucket, the indices (among parameters that require grad) in layout order."""
         ...
 
-def gloo_communicator(backend: object, timeout_s: float) -> Communicator: ...
-def nccl_communicator(store: object, rank: int, size: int, device: int, timeout_s: float) -> Communicator: ...
+# check (csrc/bindings/check.cpp) ----------------------------------------------------------------
 
-# Resource checker (csrc/dtcore/check/): items as dicts with id, group, title, status, value, message, fix.
-def run_checks(
-    env: dict[str, str],
-    facts: dict,
-    nccl_dirs: list[str],
-    arch_list: list[str],
-    host: str,
-    shm_path: str,
-    dirs: list[tuple[str, str]],
-    min_free_disk_gb: float,
-    accelerate_config_path: str,
-    accelerate_config_text: str,
-    wandb_installed: bool,
-    wandb_credentials: bool,
-    distributed: bool,
-    preflight: bool,
-    job_pids: list[int],
-    pid_namespace: bool,
-) -> dict: ...
+class VersionFacts:
+    python: str
+    torch: str
+    torch_cuda: str
+    torch_cxx11_abi: bool
+    torch_nccl: str
+    dtcore: str
+    built_torch: str
+    built_cxx11_abi: bool
+    built_cuda: str
+    built_with_nccl: bool
+    dtcore_nccl: str
+    rebuild_command: str
+    def __init__(self) -> None: ...
+
+class CheckInputs:
+    env: dict[str, str]
+    world_arguments: dict[str, Optional[Argument]]
+    settings_arguments: dict[str, Optional[Argument]]
+    versions: VersionFacts
+    nccl_dirs: list[str]
+    arch_list: list[str]
+    host: str
+    shm_path: str
+    checkpoint_dir: Optional[str]
+    min_free_disk_gb: float
+    accelerate_config_path: str
+    accelerate_config_text: str
+    wandb_installed: bool
+    wandb_credentials: bool
+    distributed: bool
+    preflight: bool
+    job_pids: list[int]
+    pid_namespace: bool
+    def __init__(self) -> None: ...
+
+class CheckItem:
+    id: str
+    group: str
+    title: str
+    status: str
+    value: str
+    message: str
+    fix: str
+
+class GpuDevice:
+    index: int
+    name: str
+    uuid: str
+    memory_total: int
+    memory_free: int
+    cc_major: int
+    cc_minor: int
+    mig_enabled: bool
+
+class GpuFacts:
+    driver_loaded: bool
+    driver_version: str
+    cuda_driver_version: int
+    devices: list[GpuDevice]
+
+class CheckResult:
+    items: list[CheckItem]
+    spec: Optional[WorldSpec]
+    settings: Settings
+    backend: str
+    visible_gpus: int
+    gpus: GpuFacts
+
+def run_checks(inputs: CheckInputs) -> CheckResult: ...
+
+# activation (csrc/bindings/activation.cpp) ------------------------------------------------------
 
 class CheckpointMode:
     keep: CheckpointMode
     full: CheckpointMode
     selective: CheckpointMode
     name: str
+    value: int
 
 class BlockProfile:
     """One block for the checkpoint planner (Note [Checkpoint peak model])."""

@@ -23,11 +23,11 @@ try:
         RendezvousError,
     )
     from ._C import __version__  # noqa: E402
-    from ._activation import CheckpointSummary, checkpoint_activations  # noqa: E402
-    from ._collectives import all_reduce, barrier, broadcast, is_main_process, main_process_first  # noqa: E402
-    from ._context import Context, get_context, init, is_initialized, shutdown  # noqa: E402
-    from ._distributed_model import DistributedDataParallel, DistributedModel, wrap  # noqa: E402
-    from . import check  # noqa: E402
+    from .activation import CheckpointSummary, checkpoint_activations  # noqa: E402
+    from .bootstrap import Context, get_context, init, is_initialized, shutdown  # noqa: E402
+    from .comm import all_reduce, barrier, broadcast, is_main_process, main_process_first  # noqa: E402
+    from .reducer import DistributedDataParallel, DistributedModel, wrap  # noqa: E402
+    from . import check, units  # noqa: E402  (check also registers itself as init(preflight=True)'s probes)
 except ImportError as e:  # only `python -m dtcore.check` gets here with a mismatch: it reports it
     if _mismatch is None:
         raise
@@ -47,6 +47,7 @@ __all__ = [
     "main_process_first",
     "wrap",
     "check",
+    "units",
     "DistributedModel",
     "DistributedDataParallel",
     "checkpoint_activations",

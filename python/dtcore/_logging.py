@@ -37,23 +37,3 @@ if not any(isinstance(h, _CppHandler) for h in logger.handlers):
     logger.addHandler(_CppHandler())
     logger.setLevel(logging.DEBUG)  # the C++ sinks filter per rank and per sink
     logger.propagate = False  # the console line is printed once, by the C++ sink
-
-
-def console_level_for(rank: int, level: str, ranks: str) -> str:
-    """The console level of `rank`: `level` if DTCORE_LOG_RANKS selects it, else warnings only."""
-    if ranks.strip().lower() == "all":
-        return level
-    chosen = set()
-    for part in ranks.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            chosen.add(int(part))
-        except ValueError:
-            raise _C.ConfigError(
-                f"DTCORE_LOG_RANKS='{ranks}' is not a list of ranks. Fix: use e.g. '0', '0,3' or 'all'."
-            ) from None
-    if rank in chosen:
-        return level
-    return "warn" if level.lower() in ("debug", "info") else level

@@ -88,10 +88,10 @@ TEST(BucketPlan, BadInputs) {
   EXPECT_THROW(plan_buckets(grads, {0, 1, 3}, BucketCaps{}), std::invalid_argument);
   EXPECT_THROW(plan_buckets(grads, {0, 1, 2}, BucketCaps{0, 1}), ConfigError);
   EXPECT_TRUE(plan_buckets({}, {}, BucketCaps{}).empty());
-  EXPECT_EQ(megabytes_to_bytes(25.0, "bucket_mb"), 25 << 20);
-  EXPECT_EQ(megabytes_to_bytes(0.001, "bucket_mb"), 1049);
+  EXPECT_EQ(mebibytes_to_bytes(25.0, "bucket_mb"), 25 << 20);
+  EXPECT_EQ(mebibytes_to_bytes(0.001, "bucket_mb"), 1049);
   try {
-    megabytes_to_bytes(-1, "bucket_mb");
+    mebibytes_to_bytes(-1, "bucket_mb");
     FAIL();
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("bucket_mb=-1 is not a positive size"), std::string::npos) << e.what();

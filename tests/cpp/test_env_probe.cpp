@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "check_items.h"
+#include "dtcore/bootstrap/launcher.h"
 #include "dtcore/check/env_probe.h"
 
 using namespace dtcore;
@@ -10,6 +11,8 @@ using dtcore::check::testing::expect_item;
 using dtcore::check::testing::has;
 
 namespace {
+
+using Vars = std::map<std::string, std::string, std::less<>>;
 
 Items judge(std::map<std::string, std::string, std::less<>> vars, TrapContext c = {}) {
   Items out;
@@ -26,15 +29,29 @@ TEST(EnvProbe, CleanEnvironmentPasses) {
   EXPECT_TRUE(has(out, "env.nccl_ib_disable"));
 }
 
+// The agent store is judged by read_world(), the judgement init() follows; the probe reports it.
+Items judge_store(Vars vars) {
+  TrapContext c;
+  c.agent_store = read_world(Env(vars)).use_agent_store;
+  return judge(std::move(vars), c);
+}
+
 TEST(EnvProbe, StoreSettings) {
   expect_item(judge({{"USE_LIBUV", "0"}}), "env.use_libuv", Status::Warn, {"legacy TCPStore", "unset USE_LIBUV"});
-  expect_item(judge({{"TORCHELASTIC_USE_AGENT_STORE", "True"}}), "env.agent_store", Status::Fail,
-              {"not started by torchrun", "unset TORCHELASTIC_USE_AGENT_STORE"});
-  expect_item(judge({{"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RUN_ID", "x"}}), "env.agent_store",
-              Status::Pass);
+  // Outside torchrun init() ignores the variable and works: a warning for plain torch.distributed, not a failure.
+  expect_item(judge_store({{"TORCHELASTIC_USE_AGENT_STORE", "True"}}), "env.agent_store", Status::Warn,
+              {"not started by torchrun", "dtcore ignores it", "unset TORCHELASTIC_USE_AGENT_STORE"});
+  Vars torchrun = {{"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RUN_ID", "x"}, {"RANK", "0"},
+                   {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"},
+                   {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
+  expect_item(judge_store(torchrun), "env.agent_store", Status::Pass, {"torchrun's agent serves"});
+  // An address of one's own is not the agent's: dtcore serves its store, and says the variable is ignored.
+  torchrun["DTCORE_MASTER_PORT"] = "29600";
+  expect_item(judge_store(torchrun), "env.agent_store", Status::Warn, {"dtcore ignores it"});
   // torchrun itself sets False for rendezvous backends without a shared store (etcd, ...).
-  expect_item(judge({{"TORCHELASTIC_USE_AGENT_STORE", "False"}, {"TORCHELASTIC_RUN_ID", "x"}}), "env.agent_store",
-              Status::Pass);
+  torchrun.erase("DTCORE_MASTER_PORT");
+  torchrun["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  expect_item(judge_store(torchrun), "env.agent_store", Status::Pass);
 }
 
 TEST(EnvProbe, NcclSwitchesLeftOn) {

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Optional
 
 WORKERS = Path(__file__).parent / "workers"
+ROOT = Path(__file__).resolve().parents[2]  # the repository
+EXAMPLES = ROOT / "examples"
 
 # Variables of any launcher (and dtcore's own) that must not leak from the test runner's
 # environment into a simulated one.

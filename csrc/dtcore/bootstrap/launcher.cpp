@@ -13,12 +13,13 @@ constexpr int kDefaultMasterPort = 29500;  // torch's default, so mixed tooling 
 
 // The parts of a WorldSpec a launcher may supply; unset ones are derived later.
 struct Partial {
-  std::optional<Sourced<int>> rank, world_size, local_rank, local_world_size, node_rank, num_nodes, master_port;
-  std::optional<Sourced<std::string>> master_addr;
+#define DTCORE_DECLARE_PARTIAL(type, name, knob) std::optional<Sourced<type>> name;
+  DTCORE_WORLD_FIELDS(DTCORE_DECLARE_PARTIAL)
+#undef DTCORE_DECLARE_PARTIAL
   std::optional<Sourced<int>> tasks_over_nodes;
 };
 
-std::optional<Sourced<int>> read_int(const Env& env, const char* name, Launcher launcher) {
+std::optional<Sourced<int>> read_int(const Env& env, std::string_view name, Launcher launcher) {
   auto text = env.get(name);
   if (!text) return std::nullopt;
   long value = 0;
@@ -27,7 +28,7 @@ std::optional<Sourced<int>> read_int(const Env& env, const char* name, Launcher 
   DTCORE_CHECK(ec == std::errc() && ptr == end && value >= INT32_MIN && value <= INT32_MAX, ConfigError, name, "='",
                *text, "' is not an integer (launcher: ", launcher_name(launcher),
                "). Fix: set ", name, " to a whole number such as 0, or unset it and let the launcher set it.");
-  return Sourced<int>{static_cast<int>(value), name};
+  return Sourced<int>{static_cast<int>(value), std::string(name)};
 }
 
 Sourced<int> require_int(const Env& env, const char* name, Launcher launcher, const char* hint) {
@@ -121,13 +122,47 @@ Partial read_mpi(const Env& env, Launcher l) {
   return p;
 }
 
-template <typename T>
-void apply(std::optional<Sourced<T>>& field, const std::optional<T>& value, const char* source) {
-  if (value) field = Sourced<T>{*value, source};
+// A DTCORE_* variable beats the launcher's.
+void apply_knob(std::optional<Sourced<int>>& field, const Env& env, const Knob& knob) {
+  if (auto v = read_int(env, knob.name, Launcher::Env)) field = v;
+}
+void apply_knob(std::optional<Sourced<std::string>>& field, const Env& env, const Knob& knob) {
+  if (auto v = knob_value(env, knob)) field = Sourced<std::string>{*v, std::string(knob.name)};
 }
 
-void apply_knob_int(std::optional<Sourced<int>>& field, const Env& env, const char* name) {
-  if (auto v = read_int(env, name, Launcher::Env)) field = v;
+// An init() argument beats both.
+template <typename T>
+void apply_argument(std::optional<Sourced<T>>& field, const std::optional<T>& value, std::string source) {
+  if (value) field = Sourced<T>{*value, std::move(source)};
+}
+
+// The value of init(key=...) for a field of type T; ConfigError when it has another type.
+template <typename T>
+T override_value(const std::string& key, const Argument& value);
+
+template <>
+int override_value<int>(const std::string& key, const Argument& value) {
+  const int64_t* v = std::get_if<int64_t>(&value);
+  DTCORE_CHECK(v != nullptr && *v >= INT32_MIN && *v <= INT32_MAX, ConfigError, "init(", key, "=", repr(value),
+               ") must be an integer. Fix: pass a whole number, e.g. ", key, "=0.");
+  return static_cast<int>(*v);
+}
+
+template <>
+std::string override_value<std::string>(const std::string& key, const Argument& value) {
+  const std::string* v = std::get_if<std::string>(&value);
+  DTCORE_CHECK(v != nullptr, ConfigError, "init(", key, "=", repr(value),
+               ") must be a string. Fix: pass a host name or address, e.g. ", key, "='10.0.0.1'.");
+  return *v;
+}
+
+// "rank, world_size, ..., master_port", for messages. See Note [World fields].
+std::string field_names() {
+  std::string out;
+#define DTCORE_NAME(type, name, knob) out += (out.empty() ? "" : ", ") + std::string(#name);
+  DTCORE_WORLD_FIELDS(DTCORE_NAME)
+#undef DTCORE_NAME
+  return out;
 }
 
 }  // namespace
@@ -176,38 +211,27 @@ WorldSpec read_world(const Env& env, const WorldOverrides& o) {
     case Launcher::Single: break;
   }
 
-  // DTCORE_* variables beat the launcher's.
-  apply_knob_int(p.rank, env, "DTCORE_RANK");
-  apply_knob_int(p.world_size, env, "DTCORE_WORLD_SIZE");
-  apply_knob_int(p.local_rank, env, "DTCORE_LOCAL_RANK");
-  apply_knob_int(p.local_world_size, env, "DTCORE_LOCAL_WORLD_SIZE");
-  apply_knob_int(p.node_rank, env, "DTCORE_NODE_RANK");
-  apply_knob_int(p.num_nodes, env, "DTCORE_NUM_NODES");
-  apply_knob_int(p.master_port, env, "DTCORE_MASTER_PORT");
-  if (auto v = knob_value(env, "DTCORE_MASTER_ADDR")) p.master_addr = Sourced<std::string>{*v, "DTCORE_MASTER_ADDR"};
-
-  // init() arguments beat both.
-  apply(p.rank, o.rank, "init(rank=)");
-  apply(p.world_size, o.world_size, "init(world_size=)");
-  apply(p.local_rank, o.local_rank, "init(local_rank=)");
-  apply(p.local_world_size, o.local_world_size, "init(local_world_size=)");
-  apply(p.node_rank, o.node_rank, "init(node_rank=)");
-  apply(p.num_nodes, o.num_nodes, "init(num_nodes=)");
-  apply(p.master_addr, o.master_addr, "init(master_addr=)");
-  apply(p.master_port, o.master_port, "init(master_port=)");
+  // DTCORE_* variables beat the launcher's, init() arguments beat both. See Note [World fields].
+#define DTCORE_APPLY(type, name, knob) \
+  apply_knob(p.name, env, knob);       \
+  apply_argument(p.name, o.name, "init(" #name "=)");
+  DTCORE_WORLD_FIELDS(DTCORE_APPLY)
+#undef DTCORE_APPLY
 
   if (spec.launcher == Launcher::Single && (p.world_size || p.rank)) spec.launcher = Launcher::Env;
 
   // What nobody gave is derived; the source says how, so errors stay precise.
   if (!p.world_size) {
     DTCORE_CHECK(!p.rank || p.rank->value == 0, ConfigError, p.rank->source, "=", p.rank->value,
-                 " is given but no world size is. Fix: set WORLD_SIZE (or DTCORE_WORLD_SIZE, or init(world_size=)).");
-    p.world_size = Sourced<int>{1, "default (no launcher found: a single process)"};
+                 " is given but no world size is. Fix: set WORLD_SIZE (or ", knobs::kWorldSize.name,
+                 ", or init(world_size=)).");
+    p.world_size = Sourced<int>{1, "default: no launcher found, a single process"};
   }
   if (!p.rank) {
     DTCORE_CHECK(p.world_size->value == 1, ConfigError, p.world_size->source, "=", p.world_size->value,
-                 " is given but no rank is. Fix: set RANK (or DTCORE_RANK, or init(rank=)) in every process.");
-    p.rank = Sourced<int>{0, "default (world of one)"};
+                 " is given but no rank is. Fix: set RANK (or ", knobs::kRank.name,
+                 ", or init(rank=)) in every process.");
+    p.rank = Sourced<int>{0, "default: a world of one"};
   }
   spec.rank = *p.rank;
   spec.world_size = *p.world_size;
@@ -216,7 +240,7 @@ WorldSpec read_world(const Env& env, const WorldOverrides& o) {
     if (p.num_nodes && p.num_nodes->value > 0 && world % p.num_nodes->value == 0) {
       p.local_world_size = Sourced<int>{world / p.num_nodes->value, "derived: world size / number of nodes"};
     } else {
-      p.local_world_size = Sourced<int>{world, "default (no local size given: assumed one node)"};
+      p.local_world_size = Sourced<int>{world, "default: no local size given, one node assumed"};
     }
   }
   spec.local_world_size = *p.local_world_size;
@@ -239,12 +263,12 @@ WorldSpec read_world(const Env& env, const WorldOverrides& o) {
                  spec.num_nodes.value, " nodes (", spec.num_nodes.source, "); ", launcher_name(spec.launcher),
                  " does not tell which host runs rank 0. Fix: set MASTER_ADDR to rank 0's host name in every process"
                  " (with Open MPI: mpirun -x MASTER_ADDR=<host> -x MASTER_PORT=29500 ...).");
-    p.master_addr = Sourced<std::string>{"127.0.0.1", "default (single node: loopback)"};
+    p.master_addr = Sourced<std::string>{"127.0.0.1", "default: one node, loopback"};
   }
   spec.master_addr = *p.master_addr;
   if (!p.master_port) {
-    p.master_port = world == 1 ? Sourced<int>{0, "default (single process: a free port)"}
-                               : Sourced<int>{kDefaultMasterPort, "default (torch's 29500)"};
+    p.master_port = world == 1 ? Sourced<int>{0, "default: one process, any free port"}
+                               : Sourced<int>{kDefaultMasterPort, "default: torch's 29500"};
   }
   spec.master_port = *p.master_port;
 
@@ -252,20 +276,44 @@ WorldSpec read_world(const Env& env, const WorldOverrides& o) {
     auto agent = env.get("TORCHELASTIC_USE_AGENT_STORE");
     // The agent serves at MASTER_ADDR:MASTER_PORT; an overridden address or port is not the agent's.
     bool address_is_launchers = spec.master_addr.source == "MASTER_ADDR" && spec.master_port.source == "MASTER_PORT";
-    spec.use_agent_store = agent && (*agent == "True" || *agent == "true" || *agent == "1") && address_is_launchers;
+    spec.use_agent_store = agent && truthy(*agent) && address_is_launchers;
     if (auto restarts = read_int(env, "TORCHELASTIC_RESTART_COUNT", spec.launcher)) {
       spec.restart_count = restarts->value;
     }
   }
   spec.cuda_visible_devices = env.get("CUDA_VISIBLE_DEVICES").value_or("");
+  for (const char* var : {"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid", "PMI_JOBID"}) {
+    if (auto id = env.get(var)) {
+      spec.job_id = Sourced<std::string>{*id, var};
+      break;
+    }
+  }
   return spec;
+}
+
+WorldOverrides parse_overrides(const Arguments& arguments) {
+  WorldOverrides o;
+  for (const auto& [key, value] : arguments) {
+    bool known = false;
+#define DTCORE_PARSE(type, name, knob)                               \
+  if (key == #name) {                                                \
+    known = true;                                                    \
+    if (value) o.name = override_value<type>(key, *value);           \
+  }
+    DTCORE_WORLD_FIELDS(DTCORE_PARSE)
+#undef DTCORE_PARSE
+    DTCORE_CHECK(known, ConfigError, "init() got an unknown argument '", key, "'. Fix: use one of ", field_names(),
+                 " (or timeout, backend, seed, log_dir, torch_distributed, preflight).");
+  }
+  return o;
 }
 
 std::string WorldSpec::describe() const {
   return detail::cat("launcher=", launcher_name(launcher), " rank=", rank.value, "/", world_size.value,
                      " local_rank=", local_rank.value, "/", local_world_size.value, " node=", node_rank.value, "/",
                      num_nodes.value, " master=", master_addr.value, ":", master_port.value,
-                     use_agent_store ? " (torchrun agent store)" : "");
+                     use_agent_store ? " (torchrun agent store)" : "", job_id.value != "none" ? " job=" : "",
+                     job_id.value != "none" ? job_id.value : "");
 }
 
 }  // namespace dtcore

@@ -15,20 +15,22 @@
 
 #include "dtcore/bootstrap/world_spec.h"
 #include "dtcore/common/env.h"
+#include "dtcore/common/settings.h"
 
 namespace dtcore {
 
 // The init() arguments that override the environment; unset fields defer to it.
+// See Note [World fields].
 struct WorldOverrides {
-  std::optional<int> rank;
-  std::optional<int> world_size;
-  std::optional<int> local_rank;
-  std::optional<int> local_world_size;
-  std::optional<int> node_rank;
-  std::optional<int> num_nodes;
-  std::optional<std::string> master_addr;
-  std::optional<int> master_port;
+#define DTCORE_DECLARE_OVERRIDE(type, name, knob) std::optional<type> name;
+  DTCORE_WORLD_FIELDS(DTCORE_DECLARE_OVERRIDE)
+#undef DTCORE_DECLARE_OVERRIDE
 };
+
+// init()'s keyword arguments (rank=, world_size=, ..., master_port=) as WorldOverrides. None
+// means not given. ConfigError for an unknown name (with the names it knows) or a value of the
+// wrong type, naming the argument as the user wrote it.
+WorldOverrides parse_overrides(const Arguments& arguments);
 
 Launcher detect_launcher(const Env& env);
 

@@ -19,7 +19,9 @@
 #include "dtcore/common/backoff.h"
 #include "dtcore/common/c10_error.h"
 #include "dtcore/common/error.h"
+#include "dtcore/common/knobs.h"
 #include "dtcore/common/log.h"
+#include "dtcore/common/units.h"
 
 // Note [Rendezvous keys]
 // All keys live under "dtcore/attempt_<restart count>/" so that a torchrun agent store that
@@ -203,7 +205,8 @@ std::string timeout_message(const Context& c, const std::vector<int>& missing) {
                      world - static_cast<int>(missing.size()), " of ", world, " ranks joined at ", c.where,
                      "; missing rank", missing.size() == 1 ? " " : "s ", format_ranks(missing),
                      ". Fix: check that the missing ranks were started (all nodes of the job, with the same "
-                     "WORLD_SIZE) and can reach ", c.where, "; to wait longer, raise init(timeout=) or DTCORE_TIMEOUT.");
+                     "WORLD_SIZE) and can reach ", c.where, "; to wait longer, raise init(timeout=) or ", knobs::kTimeout.name,
+                     ".");
 }
 
 // After a failure, the rank that serves the store waits (at most a second) until every rank that
@@ -292,9 +295,16 @@ std::vector<RosterEntry> split_roster(const std::string& all) {
 
 }  // namespace
 
+RendezvousOptions RendezvousOptions::from(const Settings& settings, int generation) {
+  RendezvousOptions o;
+  o.timeout = seconds_to_timeout(settings.timeout_s.value, settings.timeout_s.source);
+  o.log_interval = seconds_to_timeout(settings.rdzv_log_interval_s.value, settings.rdzv_log_interval_s.source);
+  o.libuv = settings.store_libuv.value;
+  o.generation = generation;
+  return o;
+}
+
 std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry self, const RendezvousOptions& options) {
-  DTCORE_CHECK(options.libuv == "auto" || options.libuv == "1" || options.libuv == "0", ConfigError,
-               "DTCORE_STORE_LIBUV='", options.libuv, "' is not auto, 1 or 0. Fix: unset it (auto) or set 1 or 0.");
   Context c{spec, options, Clock::now(), Clock::now() + options.timeout,
             detail::cat(spec.master_addr.value, ":", spec.master_port.value)};
   const int rank = spec.rank.value;
@@ -310,6 +320,10 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry 
     tcp = connect(c, server);
   }
   rdzv->port_ = tcp->getPort();
+  rdzv->spec_ = spec;
+  if (spec.master_port.value != rdzv->port_) {
+    rdzv->spec_.master_port = Sourced<int>{rdzv->port_, "chosen: a free port (" + spec.master_port.source + ")"};
+  }
   c.where = detail::cat(spec.master_addr.value, ":", rdzv->port_);
   rdzv->tcp_store_ = tcp;
   rdzv->rank_ = rank;

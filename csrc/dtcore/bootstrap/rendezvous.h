@@ -20,6 +20,7 @@
 
 #include "dtcore/bootstrap/roster.h"
 #include "dtcore/bootstrap/world_spec.h"
+#include "dtcore/common/settings.h"
 
 namespace dtcore {
 
@@ -31,6 +32,9 @@ struct RendezvousOptions {
   // count namespaces the keys, so init() after shutdown() never reads the last round's keys from
   // a store that outlives it (torchrun's agent store).
   int generation = 0;
+
+  // The timeout, progress interval and store backend of `settings`.
+  static RendezvousOptions from(const Settings& settings, int generation);
 };
 
 class Rendezvous {
@@ -42,6 +46,8 @@ class Rendezvous {
   c10::intrusive_ptr<c10d::Store> store() const { return store_; }
   // The port the store really listens on (the chosen one when the spec asked for a free port).
   int port() const { return port_; }
+  // The world this process joined: the spec it was given, with the port really used.
+  const WorldSpec& spec() const { return spec_; }
   int rank() const { return rank_; }
   bool uses_libuv() const { return uses_libuv_; }
   // Every rank's entry, indexed by rank (fetched from the store once, on first use off rank 0).
@@ -62,6 +68,7 @@ class Rendezvous {
   c10::intrusive_ptr<c10d::Store> tcp_store_;  // the raw TCPStore (owns the server on rank 0)
   c10::intrusive_ptr<c10d::Store> store_;      // tcp_store_ under this job attempt's prefix
   c10::intrusive_ptr<c10d::Store> spare_;      // a second connection, opened before joining
+  WorldSpec spec_;
   std::string prefix_;
   std::string store_owner_;
   int rank_ = -1;

@@ -4,9 +4,23 @@
 #include <set>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "dtcore/common/error.h"
 
 namespace dtcore {
+
+RosterEntry RosterEntry::for_process(const WorldSpec& spec, std::string host, std::string device,
+                                     std::map<std::string, std::string> fingerprint) {
+  RosterEntry e;
+  e.rank = spec.rank.value;
+  e.host = std::move(host);
+  e.pid = static_cast<long>(getpid());
+  e.local_rank = spec.local_rank.value;
+  e.device = std::move(device);
+  e.fingerprint = std::move(fingerprint);
+  return e;
+}
 
 std::string RosterEntry::encode() const {
   std::ostringstream os;

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "dtcore/bootstrap/world_spec.h"
+
 namespace dtcore {
 
 struct RosterEntry {
@@ -19,6 +21,10 @@ struct RosterEntry {
   int local_rank = 0;
   std::string device;                              // "cpu", "cuda:3"
   std::map<std::string, std::string> fingerprint;  // must be equal across ranks
+
+  // This process's entry: its rank, local rank and pid, and what the caller says of it.
+  static RosterEntry for_process(const WorldSpec& spec, std::string host, std::string device,
+                                 std::map<std::string, std::string> fingerprint);
 
   std::string encode() const;
   static RosterEntry decode(const std::string& text);  // ConfigError on a malformed entry

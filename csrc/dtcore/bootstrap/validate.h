@@ -2,7 +2,7 @@
 //
 // check_world() returns every problem found (so that the resource checker can report them item
 // by item); validate_world() throws one ConfigError that lists them all. Each problem names the
-// variable, its value and the fix. Thread safety: pure, except for the DNS lookup of the master.
+// variable, its value and the fix (common/sourced.h). Thread safety: pure, except for the DNS lookup of the master.
 #pragma once
 
 #include <optional>
@@ -10,22 +10,14 @@
 #include <vector>
 
 #include "dtcore/bootstrap/world_spec.h"
+#include "dtcore/common/sourced.h"
 
 namespace dtcore {
 
-struct Problem {
-  std::string field;     // the WorldSpec field, e.g. "local_rank"
-  std::string variable;  // where the value came from, e.g. "LOCAL_RANK"
-  std::string value;     // as seen
-  std::string message;   // what is wrong
-  std::string fix;       // what to do
-
-  std::string to_string() const;
-};
-
 struct WorldCheckOptions {
   std::string backend = "gloo";  // the resolved backend: "nccl" or "gloo"
-  int visible_gpus = -1;         // CUDA devices this process sees; -1 when not known
+  int visible_gpus = -1;         // CUDA devices this process sees; -1 when not known (0: no GPU,
+                                 // which choose_backend() reports, not the device check)
   bool resolve_master = true;    // look up master_addr (skipped by tests that need no DNS)
   std::string host;              // this host's name, for messages
 };

@@ -5,8 +5,8 @@
 #include "dtcore/check/host_probe.h"
 #include "dtcore/check/launch_probe.h"
 #include "dtcore/check/network_probe.h"
+#include "dtcore/bootstrap/backend.h"
 #include "dtcore/common/env.h"
-#include "dtcore/common/knobs.h"
 
 namespace dtcore::check {
 namespace {
@@ -41,12 +41,15 @@ CheckResult run_checks(const CheckInputs& in) {
                        ? static_cast<int>(visible_devices(cvd, r.gpus.devices).indices.size())
                        : 0;
 
-  // The backend init(backend="auto") would pick; DTCORE_BACKEND=nccl makes GPUs required.
-  std::string wanted = knob_value(env, "DTCORE_BACKEND").value_or("auto");
-  const bool cuda_usable = r.visible_gpus > 0 && !in.versions.torch_cuda.empty();
-  r.backend = wanted == "nccl" || wanted == "gloo" ? wanted
-              : cuda_usable && in.versions.built_with_nccl ? "nccl"
-                                                          : "gloo";
+  // The settings and the backend exactly as init() reads and chooses them; a bad value is an item.
+  std::vector<Problem> settings_problems;
+  r.settings = read_settings(env, in.settings_arguments, &settings_problems);
+  BackendFacts bf;
+  bf.cuda_devices = in.versions.torch_cuda.empty() ? 0 : r.visible_gpus;  // a CPU torch uses no GPU
+  bf.torch_version = in.versions.torch;
+  bf.cuda_visible_devices = cvd.value_or("");
+  r.backend = choose_backend(r.settings.backend, bf, &settings_problems).value_or("gloo");
+  const bool gpu_required = r.settings.backend.value == "nccl";
 
   Items versions;
   VersionFacts vf = in.versions;
@@ -62,14 +65,16 @@ CheckResult run_checks(const CheckInputs& in) {
   le.resolve_master = false;  // the network probe owns DNS: one item, one lookup
   le.accelerate_config_path = in.accelerate_config_path;
   if (!in.accelerate_config_path.empty()) le.accelerate_config = parse_accelerate_config(in.accelerate_config_text);
+  le.world_arguments = in.world_arguments;
   r.spec = judge_launch(env, le, launch);
+  judge_settings(settings_problems, launch);
 
   Items gpus;
   GpuExpectations ge;
   ge.cuda_visible_devices = cvd;
   ge.torch_cuda = in.versions.torch_cuda;
   ge.arch_list = in.arch_list;
-  ge.gpu_required = wanted == "nccl";
+  ge.gpu_required = gpu_required;
   ge.local_world_size = r.spec ? r.spec->local_world_size.value : 1;
   ge.job_pids = in.job_pids;
   ge.launched = r.spec && r.spec->launcher != Launcher::Single;
@@ -95,7 +100,8 @@ CheckResult run_checks(const CheckInputs& in) {
   Items host;
   HostOptions ho;
   ho.shm_path = in.shm_path;
-  ho.dirs = in.dirs;
+  if (in.checkpoint_dir || !in.preflight) ho.dirs.emplace_back("checkpoint directory", in.checkpoint_dir.value_or("."));
+  if (!r.settings.log_dir.value.empty()) ho.dirs.emplace_back("log directory", r.settings.log_dir.value);
   HostExpectations he;
   he.world_size = r.spec ? r.spec->world_size.value : 1;
   he.local_world_size = r.spec ? r.spec->local_world_size.value : 1;
@@ -111,6 +117,7 @@ CheckResult run_checks(const CheckInputs& in) {
   tc.gpus = r.visible_gpus > 0;
   tc.wandb_installed = in.wandb_installed;
   tc.wandb_credentials = in.wandb_credentials;
+  tc.agent_store = r.spec && r.spec->use_agent_store;
   judge_env_traps(env, tc, traps);
 
   for (Items* group : {&versions, &gpus, &launch, &network, &host, &traps}) append(r.items, std::move(*group));

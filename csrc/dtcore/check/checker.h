@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "dtcore/bootstrap/launcher.h"
 #include "dtcore/bootstrap/world_spec.h"
+#include "dtcore/common/settings.h"
 #include "dtcore/check/gpu_probe.h"
 #include "dtcore/check/item.h"
 #include "dtcore/check/version_probe.h"
@@ -19,13 +21,19 @@ namespace dtcore::check {
 
 struct CheckInputs {
   std::map<std::string, std::string> env;  // the environment to judge (the process's, or a test's)
+  // init()'s arguments, judged as init() would: they beat the environment, as there.
+  Arguments world_arguments;     // rank=, world_size=, ... (bootstrap/launcher.h parse_overrides)
+  Arguments settings_arguments;  // timeout=, backend=, log_dir= (common/settings.h)
   VersionFacts versions;                   // filled by Python; the NCCL library is probed here
   std::vector<std::string> nccl_dirs;      // where torch's NCCL may live
   std::vector<std::string> arch_list;      // torch.cuda.get_arch_list()
   std::string host;
   std::string shm_path = "/dev/shm";
-  std::vector<std::pair<std::string, std::string>> dirs;  // (role, path) whose free disk matters
-  double min_free_disk_gb = 10.0;
+  // Where checkpoints go (free disk is judged there); unset: the working directory, except in
+  // preflight, where init() cannot know and only named directories are judged. The log directory
+  // is the settings' (init(log_dir=) or DTCORE_LOG_DIR).
+  std::optional<std::string> checkpoint_dir;
+  double min_free_disk_gb = 10.0;  // GB: 10^9 bytes
   std::string accelerate_config_path;  // "" when there is none
   std::string accelerate_config_text;
   bool wandb_installed = false;
@@ -40,7 +48,8 @@ struct CheckInputs {
 struct CheckResult {
   std::vector<Item> items;
   std::optional<WorldSpec> spec;  // the job as init() would read it, when readable
-  std::string backend;            // what init(backend="auto") would choose: "nccl" or "gloo"
+  Settings settings;              // as init() would read them (invalid values replaced by defaults)
+  std::string backend;            // what init() would choose (choose_backend), "gloo" when it cannot
   int visible_gpus = 0;
   GpuFacts gpus;
 };

@@ -8,17 +8,12 @@
 namespace dtcore::check {
 namespace {
 
-bool truthy(const std::string& v) {
-  std::string l = ascii_lower(v);
-  return l == "1" || l == "true" || l == "yes" || l == "on";
-}
-
 bool falsy(const std::string& v) {
   std::string l = ascii_lower(v);
   return l == "0" || l == "false" || l == "no" || l == "off";
 }
 
-void judge_store(const Env& env, Items& out) {
+void judge_store(const Env& env, const TrapContext& c, Items& out) {
   if (auto v = env.get("USE_LIBUV"); v && falsy(*v)) {
     out.warn("env.use_libuv", "USE_LIBUV", *v,
              "selects the legacy TCPStore server: one thread per connection, deprecated in torch, and slow to "
@@ -27,15 +22,19 @@ void judge_store(const Env& env, Items& out) {
   } else {
     out.pass("env.use_libuv", "USE_LIBUV", env.get("USE_LIBUV").value_or("unset"));
   }
+  // Whether the agent's store is used is read_world()'s judgement (WorldSpec::use_agent_store),
+  // the one init() follows: the variable alone decides nothing.
   auto agent = env.get("TORCHELASTIC_USE_AGENT_STORE");
-  const bool under_torchrun = env.has("TORCHELASTIC_RUN_ID");
-  if (agent && truthy(*agent) && !under_torchrun) {
-    out.fail("env.agent_store", "TORCHELASTIC_USE_AGENT_STORE", *agent,
-             "says torchrun's agent serves the rendezvous store, but this process was not started by torchrun: "
-             "rank 0 will not serve one, and every rank waits for a store nobody runs.",
-             "unset TORCHELASTIC_USE_AGENT_STORE (torchrun sets it for its own workers).");
-  } else {
+  if (!agent || !truthy(*agent)) {
     out.pass("env.agent_store", "TORCHELASTIC_USE_AGENT_STORE", agent.value_or("unset"));
+  } else if (c.agent_store) {
+    out.pass("env.agent_store", "TORCHELASTIC_USE_AGENT_STORE", *agent, "torchrun's agent serves the rendezvous store");
+  } else {
+    out.warn("env.agent_store", "TORCHELASTIC_USE_AGENT_STORE", *agent,
+             "set, but not for this process: it was not started by torchrun (or the store's address was set apart "
+             "from torchrun's), so dtcore ignores it and rank 0 serves the store; a plain "
+             "torch.distributed.init_process_group('env://') would instead wait for a store nobody serves.",
+             "unset TORCHELASTIC_USE_AGENT_STORE (torchrun sets it for its own workers).");
   }
 }
 
@@ -126,7 +125,7 @@ void judge_wandb(const Env& env, const TrapContext& c, Items& out) {
 }  // namespace
 
 void judge_env_traps(const Env& env, const TrapContext& c, Items& out) {
-  judge_store(env, out);
+  judge_store(env, c, out);
   judge_nccl(env, out);
   judge_allocator(env, c, out);
   judge_wandb(env, c, out);

@@ -12,6 +12,7 @@ struct TrapContext {
   bool gpus = false;             // GPUs are visible: the CUDA and NCCL settings matter
   bool wandb_installed = false;  // `import wandb` would work
   bool wandb_credentials = false;  // a netrc entry for api.wandb.ai exists
+  bool agent_store = false;        // the job uses torchrun's agent store (WorldSpec::use_agent_store)
 };
 
 void judge_env_traps(const Env& env, const TrapContext& context, Items& out);

@@ -9,6 +9,8 @@
 #include <sstream>
 
 #include "dtcore/common/error.h"
+#include "dtcore/common/units.h"
+#include "dtcore/common/knobs.h"
 
 namespace dtcore::check {
 namespace {
@@ -246,9 +248,9 @@ void judge_gpus(const GpuFacts& f, const GpuExpectations& e, Items& out) {
     std::string value = "no NVIDIA driver";
     if (e.gpu_required) {
       out.fail("gpu.driver", "NVIDIA driver", value,
-               detail::cat("the job asks for NCCL (DTCORE_BACKEND=nccl) but the driver cannot be loaded: ",
+               detail::cat("the job asks for NCCL (", knobs::kBackend.name, "=nccl) but the driver cannot be loaded: ",
                            f.load_error, "."),
-               "run on a GPU node (check `nvidia-smi`), or set DTCORE_BACKEND=gloo to train on CPU.");
+               detail::cat("run on a GPU node (check `nvidia-smi`), or set ", knobs::kBackend.name, "=gloo to train on CPU."));
     } else {
       out.pass("gpu.driver", "NVIDIA driver", value, "no GPU: dtcore trains on CPU with Gloo.");
     }
@@ -290,7 +292,7 @@ void judge_gpus(const GpuFacts& f, const GpuExpectations& e, Items& out) {
   if (f.devices.empty()) {
     std::string msg = "the driver is loaded but reports no GPU.";
     if (e.gpu_required) {
-      out.fail("gpu.count", "GPUs", "0", msg, "check `nvidia-smi`, or set DTCORE_BACKEND=gloo.");
+      out.fail("gpu.count", "GPUs", "0", msg, detail::cat("check `nvidia-smi`, or set ", knobs::kBackend.name, "=gloo."));
     } else {
       out.warn("gpu.count", "GPUs", "0", msg, "check `nvidia-smi`; dtcore falls back to CPU and Gloo.");
     }
@@ -334,8 +336,8 @@ void judge_gpus(const GpuFacts& f, const GpuExpectations& e, Items& out) {
     const GpuDevice& d = *it;
     const std::string id = detail::cat("gpu.", d.index);
     const std::string title = detail::cat("GPU ", d.index);
-    std::string value = detail::cat(d.name, ", sm_", d.cc_major, d.cc_minor, ", ", format_bytes(static_cast<double>(d.memory_free)),
-                                    " free of ", format_bytes(static_cast<double>(d.memory_total)));
+    std::string value = detail::cat(d.name, ", sm_", d.cc_major, d.cc_minor, ", ", format_bytes(static_cast<int64_t>(d.memory_free)),
+                                    " free of ", format_bytes(static_cast<int64_t>(d.memory_total)));
     if (!e.arch_list.empty() && !arch_supported(e.arch_list, d.cc_major, d.cc_minor)) {
       std::string archs;
       for (const auto& a : e.arch_list) archs += (archs.empty() ? "" : " ") + a;
@@ -354,11 +356,11 @@ void judge_gpus(const GpuFacts& f, const GpuExpectations& e, Items& out) {
       // No /proc entry: a process of another container or of the host (NVML reports host pids).
       holders += detail::cat(holders.empty() ? "" : ", ", "pid ", p.pid,
                              p.name.empty() ? std::string(" (not visible from here)") : " (" + p.name + ")", " ",
-                             format_bytes(static_cast<double>(p.used_bytes)));
+                             format_bytes(static_cast<int64_t>(p.used_bytes)));
     }
     if (!holders.empty()) {
       out.warn(id + ".processes", title + " processes", holders,
-               detail::cat("other processes hold ", format_bytes(static_cast<double>(foreign_bytes)),
+               detail::cat("other processes hold ", format_bytes(static_cast<int64_t>(foreign_bytes)),
                            " on this GPU; the job has that much less memory and shares compute.",
                            e.pid_namespace ? " (In a container NVML shows the host's pids, which cannot be told "
                                              "apart from this job's.)"

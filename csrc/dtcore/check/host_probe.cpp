@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "dtcore/common/error.h"
+#include "dtcore/common/units.h"
 
 namespace dtcore::check {
 namespace {
@@ -103,10 +104,10 @@ void judge_host(const HostFacts& f, const HostExpectations& e, Items& out) {
     if (shm_needed) out.fail("host.shm", "/dev/shm", "missing", msg, shm_fix);
     else out.warn("host.shm", "/dev/shm", "missing", msg, shm_fix);
   } else {
-    std::string value = detail::cat(format_bytes(static_cast<double>(*f.shm_total)), " (",
-                                    format_bytes(static_cast<double>(f.shm_free)), " free)");
+    std::string value = detail::cat(format_bytes(static_cast<int64_t>(*f.shm_total)), " (",
+                                    format_bytes(static_cast<int64_t>(f.shm_free)), " free)");
     if (*f.shm_total < 512 * kMiB) {
-      std::string msg = detail::cat(f.shm_path, " is ", format_bytes(static_cast<double>(*f.shm_total)),
+      std::string msg = detail::cat(f.shm_path, " is ", format_bytes(static_cast<int64_t>(*f.shm_total)),
                                     ": NCCL needs more between local GPUs (the 64 MB container default fails with "
                                     "'unhandled system error'), and DataLoader workers run out of it.");
       if (shm_needed) out.fail("host.shm", "/dev/shm", value, msg, shm_fix);
@@ -122,7 +123,7 @@ void judge_host(const HostFacts& f, const HostExpectations& e, Items& out) {
   if (!f.memlock_soft) {
     out.pass("host.memlock", "ulimit -l", "unlimited");
   } else {
-    std::string value = format_bytes(static_cast<double>(*f.memlock_soft));
+    std::string value = format_bytes(static_cast<int64_t>(*f.memlock_soft));
     if (e.gpus && (e.num_nodes > 1 || f.infiniband)) {
       out.warn("host.memlock", "ulimit -l", value,
                "locked memory is limited: RDMA (InfiniBand, RoCE) cannot register NCCL's buffers, and NCCL falls "
@@ -195,7 +196,7 @@ void judge_host(const HostFacts& f, const HostExpectations& e, Items& out) {
   for (const DiskFacts& d : f.disks) {
     const std::string id = "host.disk." + d.role.substr(0, d.role.find(' '));
     const std::string title = "disk: " + d.role;
-    std::string value = detail::cat(d.path, ", ", format_bytes(static_cast<double>(d.free_bytes)), " free");
+    std::string value = detail::cat(d.path, ", ", format_bytes(static_cast<int64_t>(d.free_bytes)), " free");
     const std::string fix = detail::cat("free space there, or point the ", d.role, " at a larger disk.");
     if (!d.error.empty()) {
       out.fail(id, title, d.path, detail::cat("cannot inspect ", d.checked_path, ": ", d.error, "."),
@@ -207,9 +208,9 @@ void judge_host(const HostFacts& f, const HostExpectations& e, Items& out) {
                "choose a writable directory, or fix its permissions.");
     } else if (d.free_bytes < kGiB) {
       out.fail(id, title, value, "under 1 GiB free: a checkpoint or log write would fail part-way.", fix);
-    } else if (static_cast<double>(d.free_bytes) < e.min_free_disk_gb * static_cast<double>(kGiB)) {
+    } else if (static_cast<double>(d.free_bytes) < e.min_free_disk_gb * 1e9) {
       out.warn(id, title, value,
-               detail::cat("under ", e.min_free_disk_gb, " GiB free: a few checkpoints of a large model fill it."), fix);
+               detail::cat("under ", e.min_free_disk_gb, " GB free: a few checkpoints of a large model fill it."), fix);
     } else {
       out.pass(id, title, value, d.exists ? "" : "will be created");
     }

@@ -51,7 +51,7 @@ struct HostExpectations {
   bool gpus = false;                          // NCCL will run here
   bool serves_store = false;                  // rank 0 without torchrun's agent: a connection per rank
   std::optional<std::string> omp_num_threads;  // as set, nullopt when unset
-  double min_free_disk_gb = 10.0;             // WARN below this much free disk
+  double min_free_disk_gb = 10.0;             // WARN below this much free disk, in GB (10^9 bytes)
 };
 
 void judge_host(const HostFacts& facts, const HostExpectations& expect, Items& out);

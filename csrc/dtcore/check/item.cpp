@@ -1,6 +1,5 @@
 #include "dtcore/check/item.h"
 
-#include <cstdio>
 
 namespace dtcore::check {
 
@@ -28,22 +27,6 @@ void Items::warn(std::string id, std::string title, std::string value, std::stri
 void Items::fail(std::string id, std::string title, std::string value, std::string message, std::string fix) {
   items_.push_back(
       Item{std::move(id), std::move(title), Status::Fail, std::move(value), std::move(message), std::move(fix)});
-}
-
-std::string format_bytes(double bytes) {
-  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  int unit = 0;
-  while (bytes >= 1024.0 && unit < 5) {
-    bytes /= 1024.0;
-    ++unit;
-  }
-  char buf[32];
-  if (unit == 0 || bytes >= 100.0 || bytes == static_cast<double>(static_cast<long long>(bytes))) {
-    std::snprintf(buf, sizeof buf, "%.0f %s", bytes, kUnits[unit]);
-  } else {
-    std::snprintf(buf, sizeof buf, "%.1f %s", bytes, kUnits[unit]);
-  }
-  return buf;
 }
 
 }  // namespace dtcore::check

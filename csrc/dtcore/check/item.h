@@ -40,7 +40,4 @@ class Items {
   std::vector<Item> items_;
 };
 
-// Human-readable sizes for values and messages: "64 MiB", "1.5 GiB".
-std::string format_bytes(double bytes);
-
 }  // namespace dtcore::check

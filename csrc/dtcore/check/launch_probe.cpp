@@ -130,7 +130,7 @@ std::map<std::string, std::string> parse_accelerate_config(const std::string& te
 std::optional<WorldSpec> judge_launch(const Env& env, const LaunchExpectations& e, Items& out) {
   WorldSpec spec;
   try {
-    spec = read_world(env);
+    spec = read_world(env, parse_overrides(e.world_arguments));
   } catch (const ConfigError& err) {
     auto [message, fix] = split_fix(err.what());
     out.fail("launch.env", "launcher environment", "unreadable", message, fix);
@@ -148,7 +148,7 @@ std::optional<WorldSpec> judge_launch(const Env& env, const LaunchExpectations& 
   for (const Problem& p : problems) {
     std::string id = "launch." + p.field;
     if (int n = ++seen[p.field]; n > 1) id += detail::cat(".", n);
-    out.fail(id, p.variable, p.value, p.message, p.fix);
+    out.fail(id, p.label(), p.value, p.message, p.fix);
   }
   if (problems.empty()) {
     out.pass("launch.world", "world",
@@ -158,6 +158,10 @@ std::optional<WorldSpec> judge_launch(const Env& env, const LaunchExpectations& 
   judge_slurm_allocation(env, spec, e, out);
   judge_accelerate_config(spec, e, out);
   return spec;
+}
+
+void judge_settings(const std::vector<Problem>& problems, Items& out) {
+  for (const Problem& p : problems) out.fail("launch." + p.field, p.label(), p.value, p.message, p.fix);
 }
 
 }  // namespace dtcore::check

@@ -8,10 +8,13 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "dtcore/bootstrap/launcher.h"
 #include "dtcore/bootstrap/world_spec.h"
 #include "dtcore/check/item.h"
 #include "dtcore/common/env.h"
+#include "dtcore/common/sourced.h"
 
 namespace dtcore::check {
 
@@ -25,9 +28,14 @@ struct LaunchExpectations {
   bool resolve_master = true;
   std::string accelerate_config_path;                 // "" when there is none
   std::map<std::string, std::string> accelerate_config;
+  Arguments world_arguments;  // init()'s rank=, world_size=, ...: they beat the environment
 };
 
 // Appends the launch.* items; returns the WorldSpec when the environment could be read.
 std::optional<WorldSpec> judge_launch(const Env& env, const LaunchExpectations& expect, Items& out);
+
+// One FAIL item per invalid setting or backend request (read_settings, choose_backend), named by
+// the variable or argument the user set: "launch.<field>".
+void judge_settings(const std::vector<Problem>& problems, Items& out);
 
 }  // namespace dtcore::check

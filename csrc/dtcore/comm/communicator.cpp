@@ -2,6 +2,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include "dtcore/common/dtype.h"
 #include "dtcore/common/error.h"
 
 namespace dtcore {
@@ -17,13 +18,8 @@ ReduceOp parse_reduce_op(std::string_view name) {
 }
 
 std::string_view reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Avg: return "avg";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
-  }
-  return "?";
+  static constexpr std::string_view kNames[] = {"sum", "avg", "max", "min"};  // in ReduceOp's order
+  return kNames[static_cast<int>(op)];
 }
 
 void Communicator::check_input(const at::Tensor& t, std::string_view what, std::string_view op_name,
@@ -38,7 +34,7 @@ void Communicator::check_input(const at::Tensor& t, std::string_view what, std::
   DTCORE_CHECK(!t.is_sparse(), ConfigError, op_name, ": ", what, " is sparse; dtcore reduces dense tensors only. Fix: pass tensor.to_dense().");
   if (op != nullptr && *op == ReduceOp::Avg) {
     DTCORE_CHECK(at::isFloatingType(t.scalar_type()), ConfigError, op_name, ": op='avg' needs a floating-point ",
-                 "tensor, but ", what, " is ", c10::toString(t.scalar_type()),
+                 "tensor, but ", what, " is ", dtype_name(t.scalar_type()),
                  ". Fix: use op='sum' and divide by the world size yourself, choosing how to round.");
   }
 }
@@ -48,23 +44,58 @@ void Communicator::check_flat_sizes(const at::Tensor& big, const at::Tensor& sma
                " elements but must have world size x ", small.numel(), " = ", small.numel() * size_,
                ". Fix: size it as world_size * shard elements.");
   DTCORE_CHECK(big.scalar_type() == small.scalar_type(), ConfigError, op_name, ": input and output dtypes differ (",
-               c10::toString(big.scalar_type()), " vs ", c10::toString(small.scalar_type()), "). Fix: give both buffers the same dtype.");
+               dtype_name(big.scalar_type()), " vs ", dtype_name(small.scalar_type()), "). Fix: give both buffers the same dtype.");
 }
 
-void Communicator::check_root(int root) const {
+std::string_view collective_name(CollectiveKind kind) {
+  static constexpr std::string_view kNames[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
+                                                "barrier"};  // in CollectiveKind's order
+  return kNames[static_cast<int>(kind)];
+}
+
+std::shared_ptr<Work> Communicator::all_reduce(const at::Tensor& tensor, ReduceOp op) {
+  check_input(tensor, "the tensor", "all_reduce", &op);
+  return issue(Collective{CollectiveKind::AllReduce, 0, "", tensor, at::Tensor(), op, 0});
+}
+
+std::shared_ptr<Work> Communicator::reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  check_input(output, "the output", "reduce_scatter", &op);
+  check_input(input, "the input", "reduce_scatter", &op);
+  check_flat_sizes(input, output, "reduce_scatter");
+  return issue(Collective{CollectiveKind::ReduceScatter, 0, "", input, output, op, 0});
+}
+
+std::shared_ptr<Work> Communicator::all_gather(const at::Tensor& output, const at::Tensor& input) {
+  check_input(output, "the output", "all_gather");
+  check_input(input, "the input", "all_gather");
+  check_flat_sizes(output, input, "all_gather");
+  return issue(Collective{CollectiveKind::AllGather, 0, "", input, output, ReduceOp::Sum, 0});
+}
+
+std::shared_ptr<Work> Communicator::broadcast(const at::Tensor& tensor, int root) {
+  check_input(tensor, "the tensor", "broadcast");
   DTCORE_CHECK(root >= 0 && root < size_, ConfigError, "broadcast: src=", root, " is not a rank of this job (0..",
                size_ - 1, "). Fix: pass the rank that holds the data, e.g. src=0.");
+  return issue(Collective{CollectiveKind::Broadcast, 0, "", tensor, at::Tensor(), ReduceOp::Sum, root});
 }
 
-std::string Communicator::describe(std::string_view op_name, uint64_t seq, const at::Tensor& t,
-                                   const ReduceOp* op) const {
-  std::string out = detail::cat(op_name, " #", seq);
-  if (t.defined()) {
-    out += detail::cat(" (", c10::toString(t.scalar_type()), "[", t.numel(), "]");
-    if (op != nullptr) out += detail::cat(", ", reduce_op_name(*op));
-    out += ")";
+std::shared_ptr<Work> Communicator::barrier() {
+  return issue(Collective{CollectiveKind::Barrier, 0, "", at::Tensor(), at::Tensor(), ReduceOp::Sum, 0});
+}
+
+std::shared_ptr<Work> Communicator::issue(Collective c) {
+  c.seq = seq_.fetch_add(1) + 1;
+  if (health_) health_->record_progress(c.seq);
+  // "all_reduce #12 (float32[4096], avg)"
+  c.what = detail::cat(collective_name(c.kind), " #", c.seq);
+  if (c.input.defined()) {
+    c.what += detail::cat(" (", dtype_name(c.input.scalar_type()), "[", c.input.numel(), "]");
+    if (c.kind == CollectiveKind::AllReduce || c.kind == CollectiveKind::ReduceScatter) {
+      c.what += detail::cat(", ", reduce_op_name(c.op));
+    }
+    c.what += ")";
   }
-  return out;
+  return start(c);
 }
 
 }  // namespace dtcore

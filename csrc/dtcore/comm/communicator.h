@@ -2,9 +2,14 @@
 //
 // Implementations: GlooCommunicator (CPU tensors, the Gloo inside libtorch) and
 // NcclCommunicator (CUDA tensors, dtcore's own NCCL communicator, only when built with NCCL).
-// Every collective is asynchronous and returns a Work; Work::wait() blocks with a timeout and
-// turns any failure (timeout, dead peer, engine error) into a CommError that names the
-// operation, its sequence number and this rank.
+// Every collective is asynchronous and returns a Work; Work::wait() blocks with a timeout (the
+// communicator's unless given) and turns any failure (timeout, dead peer, engine error) into a
+// CommError that names the operation, its sequence number and this rank.
+//
+// The public collectives are written once, here: they check their inputs (ConfigError naming the
+// argument and the fix), number the collective, name it for messages, record it with the health
+// monitor, and hand it to the engine as one Collective through start(), the only thing an engine
+// implements besides close().
 //
 // Buffers are flat: reduce_scatter and all_gather take one input and one output tensor whose
 // sizes differ by the world size, the layout the reducer and ZeRO sharding use.
@@ -32,15 +37,36 @@ enum class ReduceOp { Sum, Avg, Max, Min };
 ReduceOp parse_reduce_op(std::string_view name);
 std::string_view reduce_op_name(ReduceOp op);
 
+enum class CollectiveKind { AllReduce, ReduceScatter, AllGather, Broadcast, Barrier };
+
+std::string_view collective_name(CollectiveKind kind);  // "all_reduce", "reduce_scatter", ...
+
+// One collective, checked by the Communicator and handed to its engine.
+struct Collective {
+  CollectiveKind kind = CollectiveKind::Barrier;
+  uint64_t seq = 0;   // 1, 2, ... in the order this rank issued them
+  std::string what;   // "all_reduce #12 (float32[4096], avg)", for messages
+  at::Tensor input;   // all_reduce and broadcast: the tensor, in place; undefined for a barrier
+  at::Tensor output;  // reduce_scatter and all_gather only
+  ReduceOp op = ReduceOp::Sum;  // all_reduce and reduce_scatter
+  int root = 0;                 // broadcast
+};
+
 class Work {
  public:
+  explicit Work(std::chrono::milliseconds default_timeout) : default_timeout_(default_timeout) {}
   virtual ~Work() = default;
   // Blocks until the collective is done and its result usable by the caller (on GPU: on the
   // caller's current stream). Throws CommError on failure, or when `timeout` passes first.
   virtual void wait(std::chrono::milliseconds timeout) = 0;
+  // The same with the communicator's timeout.
+  void wait() { wait(default_timeout_); }
   // True once the collective has finished, successfully or not (wait() then returns or raises
   // at once). Never blocks.
   virtual bool is_completed() = 0;
+
+ private:
+  const std::chrono::milliseconds default_timeout_;
 };
 
 class Communicator {
@@ -61,14 +87,14 @@ class Communicator {
   void set_health(std::shared_ptr<HealthMonitor> health) { health_ = std::move(health); }
 
   // In place: every rank's `tensor` becomes the reduction over ranks.
-  virtual std::shared_ptr<Work> allreduce(const at::Tensor& tensor, ReduceOp op) = 0;
+  std::shared_ptr<Work> all_reduce(const at::Tensor& tensor, ReduceOp op);
   // input has size() * output.numel() elements; rank r receives the reduction of chunk r.
-  virtual std::shared_ptr<Work> reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) = 0;
+  std::shared_ptr<Work> reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op);
   // output has size() * input.numel() elements; chunk r is rank r's input.
-  virtual std::shared_ptr<Work> all_gather(const at::Tensor& output, const at::Tensor& input) = 0;
+  std::shared_ptr<Work> all_gather(const at::Tensor& output, const at::Tensor& input);
   // In place from `root` to everyone.
-  virtual std::shared_ptr<Work> broadcast(const at::Tensor& tensor, int root) = 0;
-  virtual std::shared_ptr<Work> barrier() = 0;
+  std::shared_ptr<Work> broadcast(const at::Tensor& tensor, int root);
+  std::shared_ptr<Work> barrier();
 
   // Releases the engine (connections, streams, threads), waiting at most timeout() for work in
   // flight. Idempotent; later collectives raise CommError. dtcore.shutdown() calls it, so that a
@@ -76,30 +102,29 @@ class Communicator {
   virtual void close() = 0;
 
  protected:
+  // Starts `c` on the engine, asynchronously; its inputs are already checked. Throws CommError
+  // when it cannot start (closed, aborted, engine failure).
+  virtual std::shared_ptr<Work> start(const Collective& c) = 0;
+  // The device type this communicator's tensors must live on.
+  virtual bool accepts_device(const at::Tensor& t) const = 0;
+
+  // What the health monitor will say about collective `seq` failing ("" without a monitor).
+  // Calling the result blocks for about two heartbeat intervals: only on the failure path.
+  // It holds the monitor, not the communicator, so a Work may outlive its communicator.
+  std::function<std::string()> diagnosis_for(const Collective& c) const {
+    return [health = health_, seq = c.seq, name = std::string(collective_name(c.kind))] {
+      return health ? health->diagnose(seq, name) : std::string();
+    };
+  }
+
+ private:
   // ConfigError unless `t` suits this communicator (device type, contiguity, dtype for `op`).
   void check_input(const at::Tensor& t, std::string_view what, std::string_view op_name,
                    const ReduceOp* op = nullptr) const;
   void check_flat_sizes(const at::Tensor& big, const at::Tensor& small, std::string_view op_name) const;
-  void check_root(int root) const;
-  // "allreduce #12 (float32[4096], avg)": the name errors and timeout messages use.
-  std::string describe(std::string_view op_name, uint64_t seq, const at::Tensor& t, const ReduceOp* op) const;
-  uint64_t next_seq() {
-    uint64_t seq = seq_.fetch_add(1) + 1;
-    if (health_) health_->record_progress(seq);
-    return seq;
-  }
-  // What the health monitor will say about collective `seq` failing ("" without a monitor).
-  // Calling the result blocks for about two heartbeat intervals: only on the failure path.
-  // It holds the monitor, not the communicator, so a Work may outlive its communicator.
-  std::function<std::string()> diagnosis_for(uint64_t seq, std::string_view op_name) const {
-    return [health = health_, seq, name = std::string(op_name)] {
-      return health ? health->diagnose(seq, name) : std::string();
-    };
-  }
-  // The device type this communicator's tensors must live on.
-  virtual bool accepts_device(const at::Tensor& t) const = 0;
+  // Numbers, names and records `c`, then starts it.
+  std::shared_ptr<Work> issue(Collective c);
 
- private:
   const int rank_;
   const int size_;
   const std::chrono::milliseconds timeout_;

@@ -6,6 +6,7 @@
 
 #include "dtcore/common/c10_error.h"
 #include "dtcore/common/error.h"
+#include "dtcore/common/knobs.h"
 
 namespace dtcore {
 namespace {
@@ -27,8 +28,9 @@ using FailureDiagnosis = std::function<std::string()>;
 class GlooWork final : public Work {
  public:
   GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank, int size, at::Tensor divide,
-           FailureDiagnosis diagnosis)
-      : work_(std::move(work)),
+           FailureDiagnosis diagnosis, std::chrono::milliseconds default_timeout)
+      : Work(default_timeout),
+        work_(std::move(work)),
         what_(std::move(what)),
         rank_(rank),
         size_(size),
@@ -36,6 +38,7 @@ class GlooWork final : public Work {
         diagnosis_(std::move(diagnosis)),
         start_(std::chrono::steady_clock::now()) {}
 
+  using Work::wait;
   void wait(std::chrono::milliseconds timeout) override {
     std::lock_guard<std::mutex> lock(mu_);  // the division must happen exactly once
     if (done_) return;
@@ -50,7 +53,7 @@ class GlooWork final : public Work {
                    static_cast<int>(waited * 10) / 10.0, " s (timeout ", timeout.count() / 1000.0, " s): ", msg,
                    who.empty() ? std::string() : "\n" + who,
                    "\nFix: a peer rank has probably exited or stalled; look at the first error of the lowest failing "
-                   "rank. If the work is just slow, raise init(timeout=) or DTCORE_TIMEOUT.");
+                   "rank. If the work is just slow, raise init(timeout=) or ", knobs::kTimeout.name, ".");
     }
     if (divide_.defined()) divide_.div_(size_);
     done_ = true;
@@ -87,78 +90,68 @@ class GlooWork final : public Work {
 GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout)
     : Communicator(backend->getRank(), backend->getSize(), timeout), backend_(std::move(backend)) {}
 
-std::shared_ptr<Work> GlooCommunicator::launch(std::string_view op_name, uint64_t seq, const at::Tensor& described,
-                                               const ReduceOp* op,
-                                               const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
-                                               at::Tensor divide_on_completion) {
-  std::string what = describe(op_name, seq, described, op);
-  c10::intrusive_ptr<c10d::Work> work;
+std::shared_ptr<Work> GlooCommunicator::start(const Collective& c) {
   std::lock_guard<std::mutex> lock(mu_);
-  DTCORE_CHECK(backend_, CommError, what, " cannot start on rank ", rank(),
+  DTCORE_CHECK(backend_, CommError, c.what, " cannot start on rank ", rank(),
                ": the communicator is closed (dtcore.shutdown() was called). Fix: call dtcore.init() again.");
+  // Gloo has no average: Avg is a sum divided by the world size once it is in (nothing to divide
+  // with one rank).
+  const bool average = c.op == ReduceOp::Avg && size() > 1;
+  at::Tensor divide;
+  c10::intrusive_ptr<c10d::Work> work;
   try {
-    work = start();
+    switch (c.kind) {
+      case CollectiveKind::AllReduce: {
+        std::vector<at::Tensor> tensors{c.input};
+        c10d::AllreduceOptions opts;
+        opts.reduceOp = to_c10d(c.op);
+        opts.timeout = timeout();
+        work = backend_->allreduce(tensors, opts);
+        if (average) divide = c.input;
+        break;
+      }
+      case CollectiveKind::ReduceScatter: {
+        at::Tensor out = c.output, in = c.input;
+        c10d::ReduceScatterOptions opts;
+        opts.reduceOp = to_c10d(c.op);
+        opts.timeout = timeout();
+        work = backend_->_reduce_scatter_base(out, in, opts);
+        if (average) divide = c.output;
+        break;
+      }
+      case CollectiveKind::AllGather: {
+        at::Tensor out = c.output, in = c.input;
+        c10d::AllgatherOptions opts;
+        opts.timeout = timeout();
+        work = backend_->_allgather_base(out, in, opts);
+        break;
+      }
+      case CollectiveKind::Broadcast: {
+        std::vector<at::Tensor> tensors{c.input};
+        c10d::BroadcastOptions opts;
+        opts.rootRank = c.root;
+        opts.timeout = timeout();
+        work = backend_->broadcast(tensors, opts);
+        break;
+      }
+      case CollectiveKind::Barrier: {
+        c10d::BarrierOptions opts;
+        opts.timeout = timeout();
+        work = backend_->barrier(opts);
+        break;
+      }
+    }
   } catch (const std::exception& e) {
-    DTCORE_CHECK(false, CommError, what, " could not start on rank ", rank(), ": ", error_text(e),
+    DTCORE_CHECK(false, CommError, c.what, " could not start on rank ", rank(), ": ", error_text(e),
                  ". Fix: if a peer exited, look at its error first; a closed or broken group needs dtcore.init() again.");
   }
-  return std::make_shared<GlooWork>(std::move(work), std::move(what), rank(), size(), std::move(divide_on_completion),
-                                    diagnosis_for(seq, op_name));
-}
-
-std::shared_ptr<Work> GlooCommunicator::allreduce(const at::Tensor& tensor, ReduceOp op) {
-  check_input(tensor, "the tensor", "all_reduce", &op);
-  std::vector<at::Tensor> tensors{tensor};
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = to_c10d(op);
-  opts.timeout = timeout();
-  // Avg divides by the world size once the sum is in; with one rank there is nothing to divide.
-  return launch("allreduce", next_seq(), tensor, &op, [&] { return backend_->allreduce(tensors, opts); },
-                op == ReduceOp::Avg && size() > 1 ? tensor : at::Tensor());
-}
-
-std::shared_ptr<Work> GlooCommunicator::reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
-  check_input(output, "the output", "reduce_scatter", &op);
-  check_input(input, "the input", "reduce_scatter", &op);
-  check_flat_sizes(input, output, "reduce_scatter");
-  at::Tensor out = output, in = input;
-  c10d::ReduceScatterOptions opts;
-  opts.reduceOp = to_c10d(op);
-  opts.timeout = timeout();
-  return launch("reduce_scatter", next_seq(), input, &op,
-                [&] { return backend_->_reduce_scatter_base(out, in, opts); },
-                op == ReduceOp::Avg && size() > 1 ? output : at::Tensor());
-}
-
-std::shared_ptr<Work> GlooCommunicator::all_gather(const at::Tensor& output, const at::Tensor& input) {
-  check_input(output, "the output", "all_gather");
-  check_input(input, "the input", "all_gather");
-  check_flat_sizes(output, input, "all_gather");
-  at::Tensor out = output, in = input;
-  c10d::AllgatherOptions opts;
-  opts.timeout = timeout();
-  return launch("all_gather", next_seq(), input, nullptr, [&] { return backend_->_allgather_base(out, in, opts); });
-}
-
-std::shared_ptr<Work> GlooCommunicator::broadcast(const at::Tensor& tensor, int root) {
-  check_input(tensor, "the tensor", "broadcast");
-  check_root(root);
-  std::vector<at::Tensor> tensors{tensor};
-  c10d::BroadcastOptions opts;
-  opts.rootRank = root;
-  opts.timeout = timeout();
-  return launch("broadcast", next_seq(), tensor, nullptr, [&] { return backend_->broadcast(tensors, opts); });
+  return std::make_shared<GlooWork>(std::move(work), c.what, rank(), size(), std::move(divide), diagnosis_for(c),
+                                    timeout());
 }
 
 void GlooCommunicator::close() {
   std::lock_guard<std::mutex> lock(mu_);
   backend_.reset();  // the last reference: Gloo's threads and connections go with it
-}
-
-std::shared_ptr<Work> GlooCommunicator::barrier() {
-  c10d::BarrierOptions opts;
-  opts.timeout = timeout();
-  return launch("barrier", next_seq(), at::Tensor(), nullptr, [&] { return backend_->barrier(opts); });
 }
 
 }  // namespace dtcore

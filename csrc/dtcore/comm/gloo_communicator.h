@@ -23,20 +23,13 @@ class GlooCommunicator final : public Communicator {
   GlooCommunicator(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout);
 
   std::string_view backend() const override { return "gloo"; }
-  std::shared_ptr<Work> allreduce(const at::Tensor& tensor, ReduceOp op) override;
-  std::shared_ptr<Work> reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
-  std::shared_ptr<Work> all_gather(const at::Tensor& output, const at::Tensor& input) override;
-  std::shared_ptr<Work> broadcast(const at::Tensor& tensor, int root) override;
-  std::shared_ptr<Work> barrier() override;
   void close() override;
 
  protected:
+  std::shared_ptr<Work> start(const Collective& c) override;
   bool accepts_device(const at::Tensor& t) const override { return t.device().is_cpu(); }
 
  private:
-  std::shared_ptr<Work> launch(std::string_view op_name, uint64_t seq, const at::Tensor& described,
-                               const ReduceOp* op, const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
-                               at::Tensor divide_on_completion = {});
 
   std::mutex mu_;                             // guards backend_ against close()
   c10::intrusive_ptr<c10d::Backend> backend_;  // null once closed

@@ -9,6 +9,7 @@
 #include "dtcore/common/c10_error.h"
 #include "dtcore/common/error.h"
 #include "dtcore/common/log.h"
+#include "dtcore/common/units.h"
 
 namespace dtcore {
 namespace {
@@ -34,7 +35,9 @@ HealthMonitor::HealthMonitor(c10::intrusive_ptr<c10d::Store> beat_store, c10::in
   thread_ = std::thread([this] { loop(); });
 }
 
-std::shared_ptr<HealthMonitor> HealthMonitor::for_rendezvous(Rendezvous& rendezvous, std::chrono::milliseconds interval) {
+std::shared_ptr<HealthMonitor> HealthMonitor::for_rendezvous(Rendezvous& rendezvous, const Settings& settings) {
+  const auto interval =
+      seconds_to_timeout(settings.heartbeat_interval_s.value, settings.heartbeat_interval_s.source);
   std::vector<PeerInfo> peers;
   for (const auto& e : rendezvous.roster()) peers.push_back(PeerInfo{e.host, e.pid});
   auto beat = rendezvous.new_connection();

@@ -39,8 +39,9 @@ class HealthMonitor {
   // uses (they may be one object in tests); their request timeout is set to max(5 intervals, 5 s).
   HealthMonitor(c10::intrusive_ptr<c10d::Store> beat_store, c10::intrusive_ptr<c10d::Store> sample_store, int rank,
                 std::vector<PeerInfo> peers, std::chrono::milliseconds interval, std::string store_owner);
-  // A monitor for this rank of a completed rendezvous, on two new store connections.
-  static std::shared_ptr<HealthMonitor> for_rendezvous(Rendezvous& rendezvous, std::chrono::milliseconds interval);
+  // A monitor for this rank of a completed rendezvous, on two new store connections, beating
+  // every settings.heartbeat_interval_s.
+  static std::shared_ptr<HealthMonitor> for_rendezvous(Rendezvous& rendezvous, const Settings& settings);
   ~HealthMonitor();
   HealthMonitor(const HealthMonitor&) = delete;
   HealthMonitor& operator=(const HealthMonitor&) = delete;

@@ -21,7 +21,9 @@
 #include <c10/util/Exception.h>
 
 #include "dtcore/common/backoff.h"
+#include "dtcore/common/dtype.h"
 #include "dtcore/common/error.h"
+#include "dtcore/common/knobs.h"
 #include "dtcore/common/log.h"
 
 namespace dtcore {
@@ -80,7 +82,7 @@ ncclDataType_t to_nccl(const at::Tensor& t) {
     case at::kByte:
     case at::kBool: return ncclUint8;
     default:
-      DTCORE_CHECK(false, ConfigError, "NCCL cannot reduce ", c10::toString(t.scalar_type()),
+      DTCORE_CHECK(false, ConfigError, "NCCL cannot reduce ", dtype_name(t.scalar_type()),
                    " tensors. Fix: convert to float32, bfloat16, float16, float64, int32, int64 or uint8.");
   }
   return ncclFloat32;  // unreachable
@@ -221,7 +223,8 @@ class NcclWork final : public Work {
 
   NcclWork(std::shared_ptr<NcclState> state, std::string what, std::vector<at::Tensor> keep_alive, cudaEvent_t done,
            std::function<std::string()> diagnosis)
-      : state_(std::move(state)),
+      : Work(state->timeout),
+        state_(std::move(state)),
         what_(std::move(what)),
         keep_alive_(std::move(keep_alive)),
         done_(done),
@@ -235,6 +238,7 @@ class NcclWork final : public Work {
   // Finished either way; wait() says which (a failed collective must not look pending forever).
   bool is_completed() override { return settle() != kPending; }
 
+  using Work::wait;
   void wait(std::chrono::milliseconds timeout) override {
     const auto deadline = Clock::now() + timeout;
     Backoff backoff = gpu_backoff();
@@ -265,7 +269,7 @@ class NcclWork final : public Work {
                      "aborts it if it is not done ", state_->timeout.count() / 1000.0, " s after it started.",
                      who.empty() ? std::string() : "\n" + who,
                      "\nFix: look at the first error of the lowest failing rank; if the work is just slow, wait "
-                     "longer or raise init(timeout=) or DTCORE_TIMEOUT.");
+                     "longer or raise init(timeout=) or ", knobs::kTimeout.name, ".");
       }
       backoff.pause();
     }
@@ -355,7 +359,7 @@ NcclCommunicator::NcclCommunicator(const c10::intrusive_ptr<c10d::Store>& store,
       DTCORE_CHECK(false, CommError, s.where(), " timed out waiting for the NCCL unique id: rank 0 never published "
                    "it in the rendezvous store (", e.what_without_backtrace(), "). Rank 0 may have failed before it "
                    "created its NCCL communicator. Fix: look at rank 0's log for its first error; if rank 0 is only slow to "
-                   "reach dtcore.init(), raise init(timeout=) or DTCORE_TIMEOUT.");
+                   "reach dtcore.init(), raise init(timeout=) or ", knobs::kTimeout.name, ".");
     } catch (const c10::DistNetworkError& e) {
       DTCORE_CHECK(false, CommError, s.where(), " lost the rendezvous store while waiting for rank 0's NCCL unique "
                    "id (", e.what_without_backtrace(), "): the store's host (rank 0) may have exited. Fix: look at "
@@ -507,10 +511,9 @@ bool NcclCommunicator::accepts_device(const at::Tensor& t) const {
 std::string NcclCommunicator::failure() const { return state_->failure(); }
 
 template <typename Enqueue>
-std::shared_ptr<Work> NcclCommunicator::launch(std::string_view op_name, uint64_t seq, const at::Tensor& described,
-                                               const ReduceOp* op, std::vector<at::Tensor> keep_alive,
+std::shared_ptr<Work> NcclCommunicator::launch(const Collective& c, std::vector<at::Tensor> keep_alive,
                                                Enqueue&& enqueue) {
-  std::string what = describe(op_name, seq, described, op);
+  const std::string& what = c.what;
   NcclState& s = *state_;
   std::lock_guard<std::mutex> lock(s.mu);  // See NcclState::mu.
   DTCORE_CHECK(!s.closed, CommError, what, " cannot start on ", s.where(), ": communicator closed (close() or "
@@ -540,8 +543,7 @@ std::shared_ptr<Work> NcclCommunicator::launch(std::string_view op_name, uint64_
   // owns it from here on.
   cudaEvent_t done = nullptr;
   s.check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-  auto work = std::make_shared<NcclWork>(state_, std::move(what), std::move(keep_alive), done,
-                                         diagnosis_for(seq, op_name));
+  auto work = std::make_shared<NcclWork>(state_, what, std::move(keep_alive), done, diagnosis_for(c));
 
   ncclResult_t rc = enqueue(s.comm, s.stream);
   // Non-blocking: ncclInProgress means NCCL may not have put the kernel on the stream yet, so the
@@ -605,8 +607,8 @@ void NcclCommunicator::watchdog_loop() {
         const NcclWork& oldest = *s.inflight.front();
         reason = detail::cat(oldest.what(), " did not complete within ", timeout().count() / 1000.0, " s on ",
                              s.where(), ": a peer rank did not take part or stalled. Fix: look at the first error "
-                             "of the lowest failing rank; if the work is just slow, raise init(timeout=) or "
-                             "DTCORE_TIMEOUT.");
+                             "of the lowest failing rank; if the work is just slow, raise init(timeout=) or ",
+                             knobs::kTimeout.name, ".");
       }
     }
     finished.clear();
@@ -628,54 +630,45 @@ void NcclCommunicator::watchdog_loop() {
   }
 }
 
-std::shared_ptr<Work> NcclCommunicator::allreduce(const at::Tensor& tensor, ReduceOp op) {
-  check_input(tensor, "the tensor", "all_reduce", &op);
-  auto dtype = to_nccl(tensor);
-  return launch("allreduce", next_seq(), tensor, &op, {tensor}, [&](ncclComm_t comm, cudaStream_t stream) {
-    return ncclAllReduce(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), dtype, to_nccl(op), comm, stream);
-  });
-}
-
-std::shared_ptr<Work> NcclCommunicator::reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
-  check_input(output, "the output", "reduce_scatter", &op);
-  check_input(input, "the input", "reduce_scatter", &op);
-  check_flat_sizes(input, output, "reduce_scatter");
-  auto dtype = to_nccl(input);
-  return launch("reduce_scatter", next_seq(), input, &op, {output, input},
-                [&](ncclComm_t comm, cudaStream_t stream) {
-                  return ncclReduceScatter(input.data_ptr(), output.data_ptr(), output.numel(), dtype, to_nccl(op),
-                                           comm, stream);
-                });
-}
-
-std::shared_ptr<Work> NcclCommunicator::all_gather(const at::Tensor& output, const at::Tensor& input) {
-  check_input(output, "the output", "all_gather");
-  check_input(input, "the input", "all_gather");
-  check_flat_sizes(output, input, "all_gather");
-  auto dtype = to_nccl(input);
-  return launch("all_gather", next_seq(), input, nullptr, {output, input},
-                [&](ncclComm_t comm, cudaStream_t stream) {
-                  return ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(), dtype, comm, stream);
-                });
-}
-
-std::shared_ptr<Work> NcclCommunicator::broadcast(const at::Tensor& tensor, int root) {
-  check_input(tensor, "the tensor", "broadcast");
-  check_root(root);
-  auto dtype = to_nccl(tensor);
-  return launch("broadcast", next_seq(), tensor, nullptr, {tensor},
-                [&](ncclComm_t comm, cudaStream_t stream) {
-                  return ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), dtype, root, comm, stream);
-                });
-}
-
-std::shared_ptr<Work> NcclCommunicator::barrier() {
-  // NCCL has no barrier: a one-element allreduce on the comm stream is one.
-  at::Tensor token = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(c10::Device(c10::DeviceType::CUDA, device_)));
-  return launch("barrier", next_seq(), at::Tensor(), nullptr, {token},
-                [&](ncclComm_t comm, cudaStream_t stream) {
-                  return ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclFloat32, ncclSum, comm, stream);
-                });
+std::shared_ptr<Work> NcclCommunicator::start(const Collective& c) {
+  const at::Tensor& in = c.input;
+  const at::Tensor& out = c.output;
+  switch (c.kind) {
+    case CollectiveKind::AllReduce: {
+      auto dtype = to_nccl(in);
+      return launch(c, {in}, [&](ncclComm_t comm, cudaStream_t stream) {
+        return ncclAllReduce(in.data_ptr(), in.data_ptr(), in.numel(), dtype, to_nccl(c.op), comm, stream);
+      });
+    }
+    case CollectiveKind::ReduceScatter: {
+      auto dtype = to_nccl(in);
+      return launch(c, {out, in}, [&](ncclComm_t comm, cudaStream_t stream) {
+        return ncclReduceScatter(in.data_ptr(), out.data_ptr(), out.numel(), dtype, to_nccl(c.op), comm, stream);
+      });
+    }
+    case CollectiveKind::AllGather: {
+      auto dtype = to_nccl(in);
+      return launch(c, {out, in}, [&](ncclComm_t comm, cudaStream_t stream) {
+        return ncclAllGather(in.data_ptr(), out.data_ptr(), in.numel(), dtype, comm, stream);
+      });
+    }
+    case CollectiveKind::Broadcast: {
+      auto dtype = to_nccl(in);
+      return launch(c, {in}, [&](ncclComm_t comm, cudaStream_t stream) {
+        return ncclBroadcast(in.data_ptr(), in.data_ptr(), in.numel(), dtype, c.root, comm, stream);
+      });
+    }
+    case CollectiveKind::Barrier: {
+      // NCCL has no barrier: a one-element allreduce on the comm stream is one.
+      at::Tensor token = at::zeros(
+          {1}, at::TensorOptions().dtype(at::kFloat).device(c10::Device(c10::DeviceType::CUDA, device_)));
+      return launch(c, {token}, [&](ncclComm_t comm, cudaStream_t stream) {
+        return ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclFloat32, ncclSum, comm, stream);
+      });
+    }
+  }
+  DTCORE_CHECK(false, CommError, "dtcore bug: collective kind ", static_cast<int>(c.kind), " unknown");
+  return nullptr;  // unreachable
 }
 
 std::string nccl_runtime_version() {

@@ -53,11 +53,6 @@ class NcclCommunicator final : public Communicator {
   ~NcclCommunicator() override;  // close()
 
   std::string_view backend() const override { return "nccl"; }
-  std::shared_ptr<Work> allreduce(const at::Tensor& tensor, ReduceOp op) override;
-  std::shared_ptr<Work> reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
-  std::shared_ptr<Work> all_gather(const at::Tensor& output, const at::Tensor& input) override;
-  std::shared_ptr<Work> broadcast(const at::Tensor& tensor, int root) override;
-  std::shared_ptr<Work> barrier() override;
   // Waits at most timeout() for work in flight, then ncclCommFinalize + ncclCommDestroy; on an
   // error or at the deadline, ncclCommAbort instead (works still in flight then fail). Idempotent;
   // a second caller waits for the first to finish. NCCL and CUDA failures are logged, not thrown.
@@ -67,12 +62,12 @@ class NcclCommunicator final : public Communicator {
   std::string failure() const;
 
  protected:
+  std::shared_ptr<Work> start(const Collective& c) override;
   bool accepts_device(const at::Tensor& t) const override;
 
  private:
   template <typename Enqueue>
-  std::shared_ptr<Work> launch(std::string_view op_name, uint64_t seq, const at::Tensor& described, const ReduceOp* op,
-                               std::vector<at::Tensor> keep_alive, Enqueue&& enqueue);
+  std::shared_ptr<Work> launch(const Collective& c, std::vector<at::Tensor> keep_alive, Enqueue&& enqueue);
   void watchdog_loop();
 
   std::shared_ptr<NcclState> state_;  // shared with every NcclWork: see "Ownership" above

@@ -39,4 +39,9 @@ std::string ascii_lower(std::string_view value) {
   return out;
 }
 
+bool truthy(std::string_view value) {
+  const std::string v = ascii_lower(value);
+  return v == "1" || v == "true" || v == "yes" || v == "on";
+}
+
 }  // namespace dtcore

@@ -34,4 +34,7 @@ class Env {
 // A variable's value lower-cased (ASCII), for case-insensitive words such as "True" or "offline".
 std::string ascii_lower(std::string_view value);
 
+// A variable read as a switch: 1, true, yes or on (any case) mean on; anything else off.
+bool truthy(std::string_view value);
+
 }  // namespace dtcore

@@ -1,34 +1,61 @@
-// The registry of DTCORE_* environment variables ("knobs").
+// The registry of DTCORE_* environment variables ("knobs"): the one place their names are written.
 //
-// Every DTCORE_* variable dtcore reads is declared exactly once in knobs.cpp, with its default
-// and a one-line doc; docs/knobs.md lists the same table (a test keeps the two in step). Code
-// reads a knob only through knob_value(), which refuses undeclared names, so a knob cannot be
-// read without being documented. Thread safety: the registry is immutable.
+// Each knob is one constant below, with its default and a one-line doc, in the order of the table
+// in docs/knobs.md (a test keeps the two in step, and fails on any DTCORE_ name elsewhere in the
+// repository that is not declared here). Code reads a knob only through knob_value(env, knob),
+// and names one in a message through knob.name, so a knob cannot be read without being declared
+// and documented. Which knob beats which source is decided by read_world() (the job's shape,
+// bootstrap/launcher.h) and read_settings() (everything else, common/settings.h).
+// Thread safety: constants.
 #pragma once
 
+#include <array>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "dtcore/common/env.h"
 
 namespace dtcore {
 
 struct Knob {
-  const char* name;           // e.g. "DTCORE_TIMEOUT"
-  const char* default_value;  // as the user would write it; "" when unset means "not given"
-  const char* doc;            // one line
+  std::string_view name;           // e.g. "DTCORE_TIMEOUT"
+  std::string_view default_value;  // as the user would write it; "" when unset means "not given"
+  std::string_view doc;            // one line
 };
 
-// All knobs, in the order of docs/knobs.md.
-const std::vector<Knob>& knobs();
+namespace knobs {
 
-// The knob's value in `env`, or its default when the variable is unset. Returns nullopt when
-// unset and the default is "". Throws std::logic_error for an undeclared name (a dtcore bug).
-std::optional<std::string> knob_value(const Env& env, std::string_view name);
+// clang-format off
+inline constexpr Knob kRank{"DTCORE_RANK", "", "Global rank of this process; beats the launcher's variable."};
+inline constexpr Knob kWorldSize{"DTCORE_WORLD_SIZE", "", "Number of processes in the job; beats the launcher's variable."};
+inline constexpr Knob kLocalRank{"DTCORE_LOCAL_RANK", "", "Rank of this process on its node (selects the GPU)."};
+inline constexpr Knob kLocalWorldSize{"DTCORE_LOCAL_WORLD_SIZE", "", "Number of processes on this node."};
+inline constexpr Knob kNodeRank{"DTCORE_NODE_RANK", "", "Index of this node in the job."};
+inline constexpr Knob kNumNodes{"DTCORE_NUM_NODES", "", "Number of nodes in the job."};
+inline constexpr Knob kMasterAddr{"DTCORE_MASTER_ADDR", "", "Host of rank 0, where the rendezvous store listens."};
+inline constexpr Knob kMasterPort{"DTCORE_MASTER_PORT", "", "Port of the rendezvous store on the master host."};
+inline constexpr Knob kBackend{"DTCORE_BACKEND", "auto", "Communicator: auto (NCCL when CUDA is usable and built in, else Gloo), nccl or gloo; init(backend=) beats it."};
+inline constexpr Knob kTimeout{"DTCORE_TIMEOUT", "300", "Seconds that rendezvous and each collective may take before failing with the missing ranks; init(timeout=) beats it."};
+inline constexpr Knob kRdzvLogInterval{"DTCORE_RDZV_LOG_INTERVAL", "5", "Seconds between rendezvous progress lines that name the ranks still missing."};
+inline constexpr Knob kHeartbeatInterval{"DTCORE_HEARTBEAT_INTERVAL", "1", "Seconds between health heartbeats; a failed collective names ranks silent for two intervals."};
+inline constexpr Knob kStoreLibuv{"DTCORE_STORE_LIBUV", "auto", "TCPStore server backend: auto (libuv when this torch has it), 1 or 0."};
+inline constexpr Knob kLogLevel{"DTCORE_LOG_LEVEL", "info", "Console level: debug, info, warn or error."};
+inline constexpr Knob kLogRanks{"DTCORE_LOG_RANKS", "0", "Ranks whose info lines reach the console: a list such as 0,3 or 'all'; others print warnings and errors only."};
+inline constexpr Knob kLogDir{"DTCORE_LOG_DIR", "", "Directory for per-rank log files (dtcore-<time>-rank<r>.log); init(log_dir=) beats it."};
+// clang-format on
 
-// Parses a knob as seconds (e.g. "300", "2.5"); ConfigError names the variable and value.
-std::optional<double> knob_seconds(const Env& env, std::string_view name);
+// Every knob, in the order of docs/knobs.md.
+inline constexpr std::array<const Knob*, 16> kAll = {
+    &kRank,    &kWorldSize,       &kLocalRank,         &kLocalWorldSize, &kNodeRank, &kNumNodes,
+    &kMasterAddr, &kMasterPort,   &kBackend,           &kTimeout,        &kRdzvLogInterval,
+    &kHeartbeatInterval, &kStoreLibuv, &kLogLevel,     &kLogRanks,       &kLogDir,
+};
+
+}  // namespace knobs
+
+// The knob's value in `env`, or its default when the variable is unset (nullopt when the
+// default is "" too).
+std::optional<std::string> knob_value(const Env& env, const Knob& knob);
 
 }  // namespace dtcore

@@ -1,6 +1,8 @@
 // See log.h. This is the only file that includes spdlog, and it includes no torch header.
 #include "dtcore/common/log.h"
 
+#include "dtcore/common/knobs.h"
+
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
@@ -87,6 +89,11 @@ Level parse_level(std::string_view text, std::string_view source) {
   return Level::Info;  // unreachable
 }
 
+std::string_view level_name(Level level) {
+  static constexpr std::string_view kNames[] = {"debug", "info", "warn", "error"};  // in Level's order
+  return kNames[static_cast<int>(level)];
+}
+
 std::string configure(const Config& config) {
   std::vector<spdlog::sink_ptr> sinks;
   auto console = std::make_shared<spdlog::sinks::stderr_sink_mt>();
@@ -99,7 +106,7 @@ std::string configure(const Config& config) {
     std::error_code ec;
     std::filesystem::create_directories(config.log_dir, ec);
     DTCORE_CHECK(!ec, ConfigError, "log_dir='", config.log_dir, "' cannot be created: ", ec.message(),
-                 ". Fix: pass a writable directory as init(log_dir=...) or DTCORE_LOG_DIR.");
+                 ". Fix: pass a writable directory as init(log_dir=...) or ", knobs::kLogDir.name, ".");
     std::string who = config.rank < 0 ? std::string("unknown") : std::to_string(config.rank);
     path = (std::filesystem::path(config.log_dir) / ("dtcore-" + timestamp() + "-rank" + who + ".log")).string();
     try {
@@ -108,7 +115,7 @@ std::string configure(const Config& config) {
       sinks.push_back(file);
     } catch (const spdlog::spdlog_ex& e) {
       DTCORE_CHECK(false, ConfigError, "log file '", path, "' cannot be opened: ", e.what(),
-                   ". Fix: pass a writable directory as init(log_dir=...) or DTCORE_LOG_DIR.");
+                   ". Fix: pass a writable directory as init(log_dir=...) or ", knobs::kLogDir.name, ".");
     }
     min_level = static_cast<int>(Level::Debug);
   }

@@ -34,6 +34,7 @@ std::string configure(const Config& config);
 
 // Parses "debug" | "info" | "warn" | "error" (case-insensitive); ConfigError otherwise.
 Level parse_level(std::string_view text, std::string_view source);
+std::string_view level_name(Level level);  // "debug", "info", "warn", "error"
 
 void write(Level level, std::string_view message);
 bool enabled(Level level);  // cheap: use before building an expensive message

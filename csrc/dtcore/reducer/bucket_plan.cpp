@@ -16,10 +16,10 @@ std::vector<size_t> reverse_registration_order(size_t n) {
   return order;
 }
 
-int64_t megabytes_to_bytes(double megabytes, const char* argument) {
-  DTCORE_CHECK(std::isfinite(megabytes) && megabytes > 0, ConfigError, argument, "=", megabytes,
-               " is not a positive size in megabytes. Fix: pass e.g. ", argument, "=25.");
-  return std::max<int64_t>(1, static_cast<int64_t>(std::llround(megabytes * 1024.0 * 1024.0)));
+int64_t mebibytes_to_bytes(double mebibytes, const char* argument) {
+  DTCORE_CHECK(std::isfinite(mebibytes) && mebibytes > 0, ConfigError, argument, "=", mebibytes,
+               " is not a positive size in MiB (2^20 bytes). Fix: pass e.g. ", argument, "=25.");
+  return std::max<int64_t>(1, static_cast<int64_t>(std::llround(mebibytes * 1024.0 * 1024.0)));
 }
 
 std::vector<Bucket> plan_buckets(const std::vector<GradSpec>& grads, const std::vector<size_t>& order,

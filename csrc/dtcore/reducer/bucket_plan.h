@@ -48,9 +48,14 @@ struct Bucket {
   int64_t bytes() const { return numel * static_cast<int64_t>(c10::elementSize(dtype)); }
 };
 
+// The default caps in MiB (2^20 bytes, as torch DDP's bucket_cap_mb): written here once, read
+// by Reducer::Options and, through its binding, by dtcore.wrap's signature.
+inline constexpr double kDefaultBucketMiB = 25.0;
+inline constexpr double kDefaultFirstBucketMiB = 1.0;
+
 struct BucketCaps {
-  int64_t bytes = 25 << 20;       // bucket_mb = 25
-  int64_t first_bytes = 1 << 20;  // first_bucket_mb = 1
+  int64_t bytes = static_cast<int64_t>(kDefaultBucketMiB * (1 << 20));
+  int64_t first_bytes = static_cast<int64_t>(kDefaultFirstBucketMiB * (1 << 20));
 };
 
 // Indices n-1, ..., 1, 0: the expected ready order before any backward was observed.
@@ -61,8 +66,8 @@ std::vector<size_t> reverse_registration_order(size_t n);
 std::vector<Bucket> plan_buckets(const std::vector<GradSpec>& grads, const std::vector<size_t>& order,
                                  const BucketCaps& caps);
 
-// Converts the user's megabytes (bucket_mb, first_bucket_mb) to bytes; ConfigError when not
-// positive, naming the argument.
-int64_t megabytes_to_bytes(double megabytes, const char* argument);
+// Converts the user's MiB (bucket_mb, first_bucket_mb) to bytes; ConfigError when not positive,
+// naming the argument.
+int64_t mebibytes_to_bytes(double mebibytes, const char* argument);
 
 }  // namespace dtcore

@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "dtcore/common/dtype.h"
 #include "dtcore/common/error.h"
 #include "dtcore/common/log.h"
 
@@ -15,7 +16,14 @@ namespace dtcore {
 
 Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, std::shared_ptr<Communicator> comm,
                  Options options)
-    : comm_(std::move(comm)), options_(options) {
+    : comm_(std::move(comm)),
+      options_(options),
+      caps_{mebibytes_to_bytes(options.bucket_mb, "bucket_mb"),
+            mebibytes_to_bytes(options.first_bucket_mb, "first_bucket_mb")} {
+  if (auto dtype = options_.comm_dtype) {
+    DTCORE_CHECK(*dtype == at::kBFloat16 || *dtype == at::kHalf || *dtype == at::kFloat, ConfigError, "comm_dtype=",
+                 dtype_name(*dtype), " cannot carry gradients. Fix: use torch.bfloat16, torch.float16 or None.");
+  }
   DTCORE_CHECK(params.size() == names.size(), ConfigError, "Reducer: ", params.size(), " parameters but ",
                names.size(), " names. Fix: pass one name per parameter (module.named_parameters() gives both).");
   for (size_t i = 0; i < params.size(); ++i) {
@@ -53,7 +61,7 @@ Reducer::~Reducer() {
 }
 
 void Reducer::build_buckets(const std::vector<size_t>& order) {
-  plan_ = plan_buckets(specs_, order, options_.caps);
+  plan_ = plan_buckets(specs_, order, caps_);
   std::vector<BucketState> fresh(plan_.size());
   for (size_t b = 0; b < plan_.size(); ++b) {
     const Bucket& bucket = plan_[b];
@@ -97,7 +105,7 @@ void Reducer::prepare_for_backward(bool sync) {
   // Drained before raising, so that no collective still writes into .grad afterwards.
   for (auto& w : launched) {
     try {
-      w->wait(comm_->timeout());
+      w->wait();
     } catch (const std::exception&) {
       // The error below is the one to act on.
     }
@@ -167,7 +175,7 @@ void Reducer::launch_ready_locked() {
       b.sent = b.buffer.to(*options_.comm_dtype);  // copied back into the buffer in finalize()
       payload = b.sent;
     }
-    b.work = comm_->allreduce(payload, ReduceOp::Avg);  // overlaps with the rest of backward
+    b.work = comm_->all_reduce(payload, ReduceOp::Avg);  // overlaps with the rest of backward
     if (next_bucket_ == buckets_.size()) {
       // The last one: collect them all when this backward ends. Queued now rather than at the
       // first hook, so that a nested backward (reentrant checkpointing) cannot end it early.
@@ -228,7 +236,7 @@ void Reducer::finalize() {
   std::exception_ptr failure;
   for (BucketState* b : launched) {
     try {
-      if (b->work) b->work->wait(comm_->timeout());
+      if (b->work) b->work->wait();
       if (b->sent.defined()) b->buffer.copy_(b->sent);  // back into the parameters' dtype
     } catch (...) {
       if (!failure) failure = std::current_exception();
@@ -261,7 +269,7 @@ void Reducer::rebuild_if_needed() {
     for (size_t i = 0; i < order.size(); ++i) out[i] = static_cast<int64_t>(order[i]);
   }
   if (comm_->backend() == "nccl") shared = shared.to(plan_.empty() ? c10::Device(c10::kCPU) : plan_[0].device);
-  comm_->broadcast(shared, 0)->wait(comm_->timeout());
+  comm_->broadcast(shared, 0)->wait();
   shared = shared.cpu();
   const int64_t* in = shared.data_ptr<int64_t>();
   std::vector<size_t> chosen(slots_.size());

@@ -47,12 +47,14 @@ namespace dtcore {
 class Reducer {
  public:
   struct Options {
-    BucketCaps caps;
+    // Bucket caps in MiB (2^20 bytes): the first bucket's small, so communication starts early.
+    double bucket_mb = kDefaultBucketMiB;
+    double first_bucket_mb = kDefaultFirstBucketMiB;
     // Allow parameters that get no gradient: find them after each forward by walking the graph
     // from its outputs (find_unused()), and reduce them with their local gradient (zero if none).
     bool find_unused_parameters = false;
-    // Send gradients in this dtype (e.g. bfloat16) and accumulate the result back in the
-    // parameter's; nullopt sends them as they are.
+    // Send gradients in this dtype (bfloat16, float16 or float32) and accumulate the result back
+    // in the parameter's; nullopt sends them as they are. ConfigError for another dtype.
     std::optional<c10::ScalarType> comm_dtype;
   };
 
@@ -106,6 +108,7 @@ class Reducer {
 
   std::shared_ptr<Communicator> comm_;
   Options options_;
+  BucketCaps caps_;  // options_'s caps in bytes
   std::vector<GradSpec> specs_;
   std::vector<Bucket> plan_;
   std::vector<Slot> slots_;  // indexed like plan_'s parameter indices

@@ -25,8 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint-dir", metavar="DIR", help="where checkpoints go: free disk is checked there "
                    "(default: the working directory)")
     p.add_argument("--log-dir", metavar="DIR", help="where logs go (default: DTCORE_LOG_DIR, when set)")
-    p.add_argument("--min-free-gb", type=float, default=10.0, metavar="GB",
-                   help="warn when a checkpoint or log directory has less free disk (default: 10)")
+    p.add_argument("--min-free-gb", dest="min_free_disk_gb", type=float, default=10.0, metavar="GB",
+                   help="warn when a checkpoint or log directory has less free disk, in GB of 10^9 bytes (default: 10)")
     p.add_argument("--shm-path", default="/dev/shm", metavar="PATH", help="the shared-memory mount (default: /dev/shm)")
     p.add_argument("--accelerate-config", metavar="FILE", help="an accelerate config to judge (default: accelerate's "
                    "default_config.yaml, when present)")
@@ -42,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-bandwidth", dest="bandwidth", action="store_false",
                    help="skip the allreduce sweep and the link test of the distributed mode")
     p.add_argument("--sizes", default="8B:64MiB", metavar="MIN:MAX",
-                   help="allreduce sizes of the sweep, doubling from MIN to MAX (default: 8B:64MiB)")
+                   help="allreduce sizes of the sweep, doubling from MIN to MAX, with units B, KB/MB/GB (powers of "
+                   "1000) or KiB/MiB/GiB (powers of 1024) (default: 8B:64MiB)")
     p.add_argument("--factor", type=int, default=2, metavar="F", help="size multiplier between steps (default: 2)")
     p.add_argument("--iters", type=int, metavar="N",
                    help="timed allreduces per size (default: 20 up to 64 KiB, 10 up to 4 MiB, 5 above)")
@@ -65,33 +66,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if _guard.load_error is not None:
         report = _torch_mismatch_report(_guard.load_error)
     else:
-        from . import parse_size, run, size_range
+        import dataclasses
+
+        from .. import _C
+        from . import Options, parse_size, run, size_range
 
         try:
             low, _, high = args.sizes.partition(":")
-            sizes = size_range(parse_size(low), parse_size(high or low), args.factor)
+            sizes = size_range(parse_size(low, "--sizes"), parse_size(high or low, "--sizes"), args.factor)
             if args.iters is not None and args.iters < 1:
                 raise ValueError(f"--iters {args.iters}: need at least 1")
             if not args.timeout > 0:
                 raise ValueError(f"--timeout {args.timeout}: need a positive number of seconds")
-        except ValueError as e:
+        except (ValueError, _C.ConfigError) as e:
             _parser().error(str(e))
-        from .. import _C
-
+        # The flags' destinations are Options' field names.
+        options = {f.name: getattr(args, f.name) for f in dataclasses.fields(Options) if hasattr(args, f.name)}
         try:
-            report = run(
-                checkpoint_dir=args.checkpoint_dir,
-                log_dir=args.log_dir,
-                shm_path=args.shm_path,
-                min_free_disk_gb=args.min_free_gb,
-                accelerate_config=args.accelerate_config,
-                distributed=args.distributed,
-                backend=args.backend,
-                timeout=args.timeout,
-                bandwidth=args.bandwidth,
-                sizes=sizes,
-                iters=args.iters,
-            )
+            report = run(**dict(options, sizes=sizes))
         except _C.ConfigError as e:  # an argument the checker cannot use, e.g. a missing --accelerate-config
             _parser().error(str(e))
     rank = (report.world or {}).get("rank", 0)

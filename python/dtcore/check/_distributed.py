@@ -10,8 +10,8 @@ ranks and nodes.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
-import json
 import statistics
 import time
 from typing import Optional, Sequence
@@ -19,28 +19,13 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from .. import _C, _context
+from .. import _C
+from ..bootstrap import fingerprint
+from ..bootstrap.context import Context, get_context
+from ..bootstrap.join import joined_for_check
+from ..comm import agree
+from ._options import Options, default_iters
 from ._report import Item, Report, worst
-
-# What must be equal on every rank, with the fix when it is not.
-_MUST_AGREE = {
-    "torch": ("torch", "install the same torch on every node (pip install torch=={value})."),
-    "torch_cuda": ("torch's CUDA", "install the same torch build (same CUDA variant) on every node."),
-    "torch_cxx11_abi": ("C++11 ABI", "install the same torch build on every node."),
-    "torch_nccl": ("torch's NCCL", "install the same torch (and nvidia-nccl package) on every node."),
-    "dtcore_nccl": ("dtcore's NCCL", "build dtcore against the same NCCL on every node."),
-    "dtcore": ("dtcore", "install the same dtcore on every node."),
-    "built_torch": ("dtcore built for", "rebuild dtcore against the same torch on every node."),
-    "driver": ("NVIDIA driver", "run the same driver on every node (ask the cluster's administrators)."),
-    "cuda_driver": ("driver's CUDA", "run the same driver on every node."),
-    "python": ("Python", "use the same Python (minor version) on every node."),
-}
-
-
-def _check_fingerprint(backend: str, world_size: int) -> dict[str, str]:
-    # Only what the check itself needs to agree on; versions are compared, not refused.
-    return {"purpose": "dtcore.check", "backend": backend, "world_size": str(world_size), "job": _context._job_id()}
-
 
 def _split_fix(error: BaseException) -> tuple[str, str]:
     text = str(error) if isinstance(error, _C.DtcoreError) else f"{type(error).__name__}: {str(error).splitlines()[0]}"
@@ -61,23 +46,10 @@ def _ranges(ranks: Sequence[int]) -> str:
     return ",".join(out)
 
 
-def _gather(ctx: _context.Context, payload: dict) -> list[dict]:
-    """Every rank's payload, in rank order, on every rank (two collectives on the job's backend)."""
-    data = torch.frombuffer(bytearray(json.dumps(payload).encode()), dtype=torch.uint8)
-    length = torch.tensor([data.numel()], dtype=torch.int64, device=ctx.device)
-    ctx.communicator.all_reduce(length, "max").wait(ctx.timeout)
-    n = int(length.item())
-    mine = torch.zeros(n, dtype=torch.uint8, device=ctx.device)
-    mine[: data.numel()] = data.to(ctx.device)
-    everyone = torch.empty(n * ctx.world_size, dtype=torch.uint8, device=ctx.device)
-    ctx.communicator.all_gather(everyone, mine).wait(ctx.timeout)
-    raw = everyone.cpu().view(ctx.world_size, n)
-    return [json.loads(bytes(row.tolist()).rstrip(b"\0").decode()) for row in raw]
-
-
 def _consistency(reports: list[dict]) -> list[Item]:
     items = []
-    for key, (title, fix) in _MUST_AGREE.items():
+    for fact in fingerprint.FACTS:
+        key, title, fix = fact.key, fact.title, fact.fix
         by_value: dict[str, list[int]] = {}
         for r in reports:
             by_value.setdefault(str(r["facts"].get(key, "")), []).append(r["world"]["rank"])
@@ -89,7 +61,7 @@ def _consistency(reports: list[dict]) -> list[Item]:
         hosts = {r["world"]["rank"]: r["host"] for r in reports}
         odd = [f"rank(s) {_ranges(ranks)} ({', '.join(sorted({hosts[x] for x in ranks}))}) have '{v or 'none'}'"
                for v, ranks in by_value.items() if v != majority]
-        status = "WARN" if key == "python" else "FAIL"
+        status = fact.severity
         items.append(Item.make(
             f"consistency.{key}", title, status, " vs ".join(sorted(v or "none" for v in by_value)),
             f"{'; '.join(odd)}; the other {len(by_value[majority])} rank(s) have '{majority or 'none'}'.",
@@ -138,18 +110,15 @@ def _nodes(reports: list[dict]) -> tuple[list[dict], list[Item]]:
     return summaries, items
 
 
-def _sync(ctx: _context.Context) -> None:
+def _sync(ctx: Context) -> None:
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
 
 
-def default_iters(nbytes: int) -> int:
-    return 20 if nbytes <= 64 << 10 else 10 if nbytes <= 4 << 20 else 5
-
-
-def _sweep(ctx: _context.Context, sizes: Sequence[int], iters: Optional[int]) -> tuple[list[dict], list[str]]:
+def sweep(sizes: Sequence[int], iters: Optional[int]) -> tuple[list[dict], list[int]]:
     """Allreduce (sum, float32) of each size: time per op (slowest rank), algbw, busbw; and the
     sizes whose result was wrong on any rank."""
+    ctx = get_context()
     n = ctx.world_size
     comm = ctx.communicator
     expected = n * (n + 1) / 2
@@ -160,26 +129,26 @@ def _sweep(ctx: _context.Context, sizes: Sequence[int], iters: Optional[int]) ->
         counts.append(count)
         t = torch.empty(count, dtype=torch.float32, device=ctx.device)
         t.fill_(ctx.rank + 1)
-        comm.all_reduce(t, "sum").wait(ctx.timeout)
+        comm.all_reduce(t, "sum").wait()
         wrong.append(0.0 if bool((t == expected).all()) else 1.0)
         k = iters or default_iters(nbytes)
         for _ in range(5 if gpu else 1):  # warm-up, as nccl-tests does
-            comm.all_reduce(t, "sum").wait(ctx.timeout)
-        comm.barrier().wait(ctx.timeout)
+            comm.all_reduce(t, "sum").wait()
+        comm.barrier().wait()
         _sync(ctx)
         start = time.perf_counter()
         if gpu:
             # Back to back on one stream, as nccl-tests times them: waiting on each would add the
             # host's polling delay to every op.
             works = [comm.all_reduce(t, "sum") for _ in range(k)]
-            works[-1].wait(ctx.timeout)
+            works[-1].wait()
         else:
             for _ in range(k):  # Gloo's wait blocks without polling; ops on one tensor run in turn
-                comm.all_reduce(t, "sum").wait(ctx.timeout)
+                comm.all_reduce(t, "sum").wait()
         _sync(ctx)
         times.append((time.perf_counter() - start) / k)
     slowest = torch.tensor(times + wrong, dtype=torch.float64, device=ctx.device)
-    comm.all_reduce(slowest, "max").wait(ctx.timeout)
+    comm.all_reduce(slowest, "max").wait()
     merged = slowest.cpu().tolist()
     results = []
     for nbytes, count, seconds in zip(sizes, counts, merged[: len(sizes)]):
@@ -188,7 +157,7 @@ def _sweep(ctx: _context.Context, sizes: Sequence[int], iters: Optional[int]) ->
             "bytes": count * 4, "count": count, "iters": iters or default_iters(nbytes), "time_us": seconds * 1e6,
             "algbw_gbps": algbw, "busbw_gbps": algbw * 2 * (n - 1) / n,
         })
-    return results, [str(b) for b, w in zip(sizes, merged[len(sizes):]) if w > 0]
+    return results, [b for b, w in zip(sizes, merged[len(sizes):]) if w > 0]
 
 
 def ring_rounds(n: int) -> list[list[tuple[int, int]]]:
@@ -201,7 +170,7 @@ def ring_rounds(n: int) -> list[list[tuple[int, int]]]:
     return [r for r in rounds if r]
 
 
-def _wait_all(ctx: _context.Context, works: list, what: str) -> None:
+def _wait_all(ctx: Context, works: list, what: str) -> None:
     """Bounded waits on torch.distributed work: Gloo's wait takes a timeout; on NCCL the host
     polls completion (wait() there only orders streams) until the deadline."""
     deadline = time.monotonic() + ctx.timeout
@@ -216,7 +185,7 @@ def _wait_all(ctx: _context.Context, works: list, what: str) -> None:
             time.sleep(0)
 
 
-def _links(ctx: _context.Context, nbytes: int, iters: int) -> list[list[float]]:
+def _links(ctx: Context, nbytes: int, iters: int) -> list[list[float]]:
     """GB/s each rank measured to its ring neighbours, both directions at once: matrix[r][p]."""
     n, r = ctx.world_size, ctx.rank
     send = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=ctx.device)
@@ -224,7 +193,7 @@ def _links(ctx: _context.Context, nbytes: int, iters: int) -> list[list[float]]:
     seen = torch.zeros(n, n, dtype=torch.float64, device=ctx.device)
     for pairs in ring_rounds(n):
         partner = next((b if a == r else a for a, b in pairs if r in (a, b)), None)
-        ctx.communicator.barrier().wait(ctx.timeout)
+        ctx.communicator.barrier().wait()
         if partner is None:
             continue
         for _ in range(2):  # warm-up: connections are made lazily
@@ -235,7 +204,7 @@ def _links(ctx: _context.Context, nbytes: int, iters: int) -> list[list[float]]:
             _wait_all(ctx, [dist.isend(send, partner), dist.irecv(recv, partner)], f"link test {r}<->{partner}")
         _sync(ctx)
         seen[r, partner] = send.numel() * 4 * iters / (time.perf_counter() - start) / 1e9
-    ctx.communicator.all_reduce(seen, "sum").wait(ctx.timeout)
+    ctx.communicator.all_reduce(seen, "sum").wait()
     return seen.cpu().tolist()
 
 
@@ -269,69 +238,71 @@ def _failed(local: Report, item: Item, started: float) -> Report:
     return Report(**{**local.__dict__, "items": local.items + [item], "mode": "distributed", "elapsed_s": elapsed})
 
 
-def run_distributed(
-    local: Report, *, backend: str, timeout: float, bandwidth: bool, sizes: Sequence[int], iters: Optional[int]
-) -> Report:
+def run_distributed(local: Report, o: Options) -> Report:
+    """Joins the job (or uses the running context), then compares and measures; a rank that cannot
+    finish reports why as a FAIL item, never as a traceback."""
     started = time.perf_counter()
-    try:
-        ctx = _context._init(backend, timeout, None, None, True, False, {}, _check_fingerprint)
-    except _C.DtcoreError as e:
-        message, fix = _split_fix(e)
-        item = Item.make("distributed.join", "joining the job", "FAIL", type(e).__name__, message, fix)
-        return _failed(local, item, started)
-    try:
-        local.world = dict(local.world or {}, rank=ctx.rank, world_size=ctx.world_size)
-        reports = _gather(ctx, local.to_dict())
-        items = list(local.items)
-        items.append(Item.make("distributed.join", "joining the job", "PASS",
-                               f"{ctx.world_size} rank(s), backend {ctx.backend}"))
-        items += _consistency(reports)
-        items += _other_ranks(reports)
-        nodes, node_items = _nodes(reports)
-        items += node_items
-        bw = None
-        if bandwidth and ctx.world_size > 1:
-            results, wrong = _sweep(ctx, sizes, iters)
-            hosts = [r["host"] for r in reports]
-            ring_bytes = min(max(sizes), 16 << 20)
-            seen = _links(ctx, ring_bytes, iters or default_iters(ring_bytes))
-            links = []
-            for a, b in (pair for pairs in ring_rounds(ctx.world_size) for pair in pairs):
-                gbps = min(seen[a][b], seen[b][a])  # the slower end's view of the pair
-                links.append({"src": a, "dst": b, "src_host": hosts[a], "dst_host": hosts[b], "gbps": gbps,
-                              "kind": "intra-node" if hosts[a] == hosts[b] else "inter-node"})
-            bw = {"op": "allreduce", "dtype": "float32", "backend": ctx.backend, "world_size": ctx.world_size,
-                  "results": results, "ring_bytes": ring_bytes, "links": links}
-            peak = max(results, key=lambda x: x["busbw_gbps"])
-            if wrong:
-                items.append(Item.make("bandwidth.allreduce", "allreduce", "FAIL", f"wrong at {', '.join(wrong)} B",
-                                       "the allreduce returned wrong values: data is corrupted in transit.",
-                                       "run the check again; if it repeats, test the hosts' network and memory."))
-            else:
-                items.append(Item.make("bandwidth.allreduce", "allreduce", "PASS",
-                                       f"busbw {peak['busbw_gbps']:.3f} GB/s at {peak['bytes']} B, "
-                                       f"{results[0]['time_us']:.1f} us at {results[0]['bytes']} B",
-                                       "results verified"))
-            items += _link_items(links)
-        return Report(
-            items=items,
-            host=local.host,
-            mode="distributed",
-            elapsed_s=local.elapsed_s + time.perf_counter() - started,
-            world=local.world,
-            backend=ctx.backend,
-            facts=local.facts,
-            gpus=local.gpus,
-            ranks=[{"rank": r["world"]["rank"], "host": r["host"], "local_rank": r["world"].get("local_rank"),
-                    "status": r["status"], "counts": r["counts"]} for r in reports],
-            nodes=nodes,
-            bandwidth=bw,
-        )
-    except Exception as e:  # a peer died or stalled mid-test: report it, never a traceback
-        message, fix = _split_fix(e)
-        item = Item.make("distributed.collectives", "check collectives", "FAIL", type(e).__name__, message, fix)
-        return _failed(local, item, started)
-    finally:
-        from .._context import shutdown
+    with contextlib.ExitStack() as stack:
+        try:
+            ctx = stack.enter_context(joined_for_check(o.backend, o.timeout))  # shut down at the end if made here
+        except _C.DtcoreError as e:
+            message, fix = _split_fix(e)
+            item = Item.make("distributed.join", "joining the job", "FAIL", type(e).__name__, message, fix)
+            return _failed(local, item, started)
+        try:
+            return _joined(local, o, ctx, started)
+        except Exception as e:  # a peer died or stalled mid-test
+            message, fix = _split_fix(e)
+            item = Item.make("distributed.collectives", "check collectives", "FAIL", type(e).__name__, message, fix)
+            return _failed(local, item, started)
 
-        shutdown()
+
+def _joined(local: Report, o: Options, ctx: Context, started: float) -> Report:
+    local.world = dict(local.world or {}, rank=ctx.rank, world_size=ctx.world_size)
+    reports = agree.gather(local.to_dict())
+    items = list(local.items)
+    items.append(Item.make("distributed.join", "joining the job", "PASS",
+                           f"{ctx.world_size} rank(s), backend {ctx.backend}"))
+    items += _consistency(reports)
+    items += _other_ranks(reports)
+    nodes, node_items = _nodes(reports)
+    items += node_items
+    bw = None
+    if o.bandwidth and ctx.world_size > 1:
+        results, wrong = sweep(o.sizes, o.iters)
+        hosts = [r["host"] for r in reports]
+        ring_bytes = min(max(o.sizes), 16 << 20)
+        seen = _links(ctx, ring_bytes, o.iters or default_iters(ring_bytes))
+        links = []
+        for a, b in (pair for pairs in ring_rounds(ctx.world_size) for pair in pairs):
+            gbps = min(seen[a][b], seen[b][a])  # the slower end's view of the pair
+            links.append({"src": a, "dst": b, "src_host": hosts[a], "dst_host": hosts[b], "gbps": gbps,
+                          "kind": "intra-node" if hosts[a] == hosts[b] else "inter-node"})
+        bw = {"op": "allreduce", "dtype": "float32", "backend": ctx.backend, "world_size": ctx.world_size,
+              "results": results, "ring_bytes": ring_bytes, "links": links}
+        peak = max(results, key=lambda x: x["busbw_gbps"])
+        if wrong:
+            items.append(Item.make("bandwidth.allreduce", "allreduce", "FAIL",
+                                   f"wrong at {', '.join(map(str, wrong))} B",
+                                   "the allreduce returned wrong values: data is corrupted in transit.",
+                                   "run the check again; if it repeats, test the hosts' network and memory."))
+        else:
+            items.append(Item.make("bandwidth.allreduce", "allreduce", "PASS",
+                                   f"busbw {peak['busbw_gbps']:.3f} GB/s at {peak['bytes']} B, "
+                                   f"{results[0]['time_us']:.1f} us at {results[0]['bytes']} B",
+                                   "results verified"))
+        items += _link_items(links)
+    return Report(
+        items=items,
+        host=local.host,
+        mode="distributed",
+        elapsed_s=local.elapsed_s + time.perf_counter() - started,
+        world=local.world,
+        backend=ctx.backend,
+        facts=local.facts,
+        gpus=local.gpus,
+        ranks=[{"rank": r["world"]["rank"], "host": r["host"], "local_rank": r["world"].get("local_rank"),
+                "status": r["status"], "counts": r["counts"]} for r in reports],
+        nodes=nodes,
+        bandwidth=bw,
+    )

@@ -1,43 +1,20 @@
-"""The probes of one process: facts only Python knows, then the C++ probes and judges."""
+"""The probes of one process: what only Python knows (the running torch, wandb, accelerate's
+config file, this job's processes), then the C++ probes and judges (csrc/dtcore/check)."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
-import platform
 import socket
 import time
 from typing import Mapping, Optional
 
 import torch
 
-from .. import _C, _build_info
-from .._guard import REBUILD
+from .. import _C
+from ..bootstrap import fingerprint
+from ._options import Options
 from ._report import Item, Report
-
-
-def torch_facts() -> dict:
-    """The running torch and what dtcore was built against; compared across ranks, too."""
-    nccl = ""
-    if torch.version.cuda:
-        try:
-            nccl = ".".join(str(v) for v in torch.cuda.nccl.version())
-        except Exception:  # a CUDA torch built without NCCL
-            nccl = ""
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda or "",
-        "torch_cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
-        "torch_nccl": nccl,
-        "dtcore": _build_info.version,
-        "built_torch": _build_info.torch_version,
-        "built_cxx11_abi": bool(_build_info.torch_cxx11_abi),
-        "built_cuda": _build_info.torch_cuda,
-        "built_with_nccl": bool(_build_info.with_nccl),
-        "dtcore_nccl": _C.nccl_version(),
-        "rebuild_command": REBUILD,
-    }
 
 
 def _arch_list() -> list[str]:
@@ -105,64 +82,61 @@ def _job_pids() -> tuple[list[int], bool]:
     return sorted(pids), namespaced
 
 
-def run_local(
-    *,
-    env: Optional[Mapping[str, str]] = None,
-    checkpoint_dir: Optional[str] = None,
-    log_dir: Optional[str] = None,
-    shm_path: str = "/dev/shm",
-    min_free_disk_gb: float = 10.0,
-    accelerate_config: Optional[str] = None,
-    distributed: bool = False,
-    preflight: bool = False,
-    facts: Optional[dict] = None,
-) -> Report:
+def _gpus(g: _C.GpuFacts) -> dict:
+    version = g.cuda_driver_version
+    return {
+        "driver": g.driver_version if g.driver_loaded else "",
+        "cuda_driver": f"{version // 1000}.{version % 1000 // 10}" if version else "",
+        "cuda_driver_version": version,
+        "devices": [{"index": d.index, "name": d.name, "uuid": d.uuid, "memory_total": d.memory_total,
+                     "memory_free": d.memory_free, "compute_capability": f"{d.cc_major}.{d.cc_minor}",
+                     "mig": d.mig_enabled} for d in g.devices],
+    }
+
+
+def run_local(o: Options) -> Report:
     """Every probe of this process, judged; see dtcore.check.run()."""
     started = time.perf_counter()
-    env = dict(os.environ if env is None else env)
-    facts = dict(torch_facts(), **(facts or {}))
-    log_dir = log_dir if log_dir is not None else env.get("DTCORE_LOG_DIR") or None
-    dirs = []
-    if checkpoint_dir or not preflight:  # init() cannot know where checkpoints go: judge only what was named
-        dirs.append(("checkpoint directory", checkpoint_dir or "."))
-    if log_dir:
-        dirs.append(("log directory", log_dir))
-    config_path, config_text = "", ""
-    if accelerate_config is not None or any(k.startswith("ACCELERATE_") for k in env):
+    env = dict(o.env or {})
+    facts = fingerprint.local_facts()
+    inputs = _C.CheckInputs()
+    inputs.env = env
+    inputs.world_arguments = dict(o.overrides)
+    inputs.settings_arguments = {"timeout": o.timeout, "backend": o.backend, "log_dir": o.log_dir}
+    versions = _C.VersionFacts()
+    for key, value in facts.items():
+        setattr(versions, key, value)
+    inputs.versions = versions
+    inputs.nccl_dirs = _nccl_dirs()
+    inputs.arch_list = _arch_list()
+    inputs.host = socket.gethostname()
+    inputs.shm_path = o.shm_path
+    if o.checkpoint_dir is not None:
+        inputs.checkpoint_dir = o.checkpoint_dir
+    inputs.min_free_disk_gb = o.min_free_disk_gb
+    if o.accelerate_config is not None or any(k.startswith("ACCELERATE_") for k in env):
         # accelerate's default file only matters to `accelerate launch`; elsewhere it may be stale.
-        config_path, config_text = _accelerate_config(env, accelerate_config)
-    job_pids, namespaced = _job_pids()
-    result = _C.run_checks(
-        env=env,
-        facts=facts,
-        nccl_dirs=_nccl_dirs(),
-        arch_list=_arch_list(),
-        host=socket.gethostname(),
-        shm_path=shm_path,
-        dirs=dirs,
-        min_free_disk_gb=min_free_disk_gb,
-        accelerate_config_path=config_path,
-        accelerate_config_text=config_text,
-        wandb_installed=importlib.util.find_spec("wandb") is not None,
-        wandb_credentials=_wandb_credentials(env),
-        distributed=distributed,
-        preflight=preflight,
-        job_pids=job_pids,
-        pid_namespace=namespaced,
-    )
-    gpus = result["gpus"]
-    shared = {k: facts[k] for k in ("python", "torch", "torch_cuda", "torch_cxx11_abi", "torch_nccl", "dtcore",
-                                    "built_torch", "dtcore_nccl")}
-    shared["driver"] = gpus["driver"]
-    version = gpus["cuda_driver_version"]
-    shared["cuda_driver"] = f"{version // 1000}.{version % 1000 // 10}" if version else ""
+        inputs.accelerate_config_path, inputs.accelerate_config_text = _accelerate_config(env, o.accelerate_config)
+    inputs.wandb_installed = importlib.util.find_spec("wandb") is not None
+    inputs.wandb_credentials = _wandb_credentials(env)
+    inputs.distributed = bool(o.distributed)
+    inputs.preflight = o.preflight
+    inputs.job_pids, inputs.pid_namespace = _job_pids()
+    result = _C.run_checks(inputs)
+
+    gpus = _gpus(result.gpus)
+    shared = {fact.key: facts.get(fact.key, gpus.get(fact.key, "")) for fact in fingerprint.FACTS}
+    world = None
+    if result.spec is not None:
+        world = {name: getattr(result.spec, name) for name in _C.WorldSpec.FIELDS}
+        world["launcher"] = result.spec.launcher
     return Report(
-        items=[Item(**i) for i in result["items"]],
-        host=socket.gethostname(),
+        items=[Item.of(i) for i in result.items],
+        host=inputs.host,
         mode="local",
         elapsed_s=time.perf_counter() - started,
-        world=result["world"],
-        backend=result["backend"],
+        world=world,
+        backend=result.backend,
         facts=shared,
-        gpus=gpus,
+        gpus={k: v for k, v in gpus.items() if k != "cuda_driver"},
     )

@@ -13,6 +13,8 @@ import shutil
 import textwrap
 from typing import Any, Optional
 
+from ..units import format_bytes
+
 SCHEMA = "dtcore.check/1"
 STATUSES = ("PASS", "WARN", "FAIL")
 
@@ -47,6 +49,13 @@ class Item:
     @classmethod
     def make(cls, id: str, title: str, status: str, value: str, message: str = "", fix: str = "") -> "Item":
         return cls(id, id.split(".", 1)[0], title, status, value, message, fix)
+
+    @classmethod
+    def of(cls, item: Any) -> "Item":
+        """From a judged C++ item (_C.CheckItem) or a JSON item (dict)."""
+        if isinstance(item, dict):
+            return cls(**item)
+        return cls(item.id, item.group, item.title, item.status, item.value, item.message, item.fix)
 
 
 def worst(statuses: Any) -> str:
@@ -117,7 +126,7 @@ class Report:
     @classmethod
     def from_dict(cls, d: dict) -> "Report":
         return cls(
-            items=[Item(**i) for i in d["items"]],
+            items=[Item.of(i) for i in d["items"]],
             host=d["host"],
             mode=d.get("mode", "local"),
             elapsed_s=d.get("elapsed_s", 0.0),
@@ -174,15 +183,7 @@ def format_bandwidth(bw: dict) -> list[str]:
     ]
     for r in bw["results"]:
         lines.append(
-            f"        {format_size(r['bytes']):>10}  {r['iters']:>5}  {r['time_us']:>10.1f}  {r['algbw_gbps']:>12.3f}  "
+            f"        {format_bytes(r['bytes']):>10}  {r['iters']:>5}  {r['time_us']:>10.1f}  {r['algbw_gbps']:>12.3f}  "
             f"{r['busbw_gbps']:>12.3f}"
         )
     return lines
-
-
-def format_size(n: int) -> str:
-    """8 -> '8 B', 65536 -> '64 KiB': exact binary units, as the sweep's sizes are written."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} B"

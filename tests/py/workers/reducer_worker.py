@@ -35,7 +35,7 @@ def main() -> None:
     model = Net(unused)
     reference = copy.deepcopy(model)  # one process, whole batch
     names, params = zip(*model.named_parameters())
-    reducer = _C.Reducer(list(params), list(names), ctx.communicator, bucket_mb, first_mb)
+    reducer = _C.Reducer(list(params), list(names), ctx.communicator, _C.ReducerOptions(bucket_mb, first_mb))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05)
     data = torch.Generator().manual_seed(123)

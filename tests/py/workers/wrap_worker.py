@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import dtcore
-from dtcore._distributed_model import DistributedModel
+from dtcore import DistributedModel
 
 
 def mlp(hidden: int = 64) -> torch.nn.Module:

@@ -1,7 +1,7 @@
 """The "selective" checkpoint policy: which operators a selectively checkpointed block keeps.
 
 Used with torch.utils.checkpoint.create_selective_checkpoint_contexts (torch's selective
-activation checkpointing) by _activation.py, and by _activation_profile.py to measure what the
+activation checkpointing) by api.py, and by profile.py to measure what the
 kept outputs weigh and what the rest costs to recompute.
 """
 
@@ -13,7 +13,7 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 from torch.utils._pytree import tree_flatten
 
-from . import _C
+from .. import _C
 
 # Note [Selective checkpoint ops]
 # Kept: matrix multiplications and attention, the operators whose recompute costs the most per

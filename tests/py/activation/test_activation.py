@@ -10,11 +10,12 @@ import torch
 
 import dtcore
 from dtcore import _C
-from dtcore._activation import CheckpointedForward, parse_bytes
-from dtcore._activation_offload import Offloader
-from dtcore._activation_profile import LiveTensorMemory
+from dtcore.activation.api import CheckpointedForward
+from dtcore.units import parse_bytes
+from dtcore.activation.offload import Offloader
+from dtcore.activation import LiveTensorMemory
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
 from gpt import GPT, GPTConfig  # noqa: E402
 
 CONFIG = GPTConfig(vocab_size=32, block_size=32, n_layer=4, n_head=4, n_embd=64, dropout=0.1)

@@ -1,52 +1,33 @@
 """`dtcore.checkpoint_activations()`: recompute the activations of repeated blocks in backward.
 
 The blocks (by default the longest run of sibling modules of one class, e.g. transformer layers;
-see _activation_blocks.py) get an instance-level `forward` that runs the class's forward under
+see blocks.py) get an instance-level `forward` that runs the class's forward under
 torch's non-reentrant checkpoint (torch.utils.checkpoint, use_reentrant=False,
 preserve_rng_state=True): parameters, their identity and the state_dict are untouched, so
 dtcore.wrap's reducer and later sharding see the same model, and policy=None takes it off again.
 Which blocks, and how, is the policy's choice; the "budget:" policy profiles one step
-(_activation_profile.py) and lets the C++ planner (csrc/dtcore/activation/plan.h) choose.
+(profile.py) and lets the C++ planner (csrc/dtcore/activation/plan.h) choose.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 import weakref
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.checkpoint import checkpoint
 
-from . import _C
-from ._activation_blocks import find_blocks, format_bytes
-from ._activation_offload import Offloader
-from ._activation_profile import StepProfile, profile_blocks
-from ._activation_selective import mutation_error, selective_context
+from .. import _C
+from ..units import format_bytes, parse_bytes
+from .blocks import find_blocks
+from .offload import Offloader
+from .profile import StepProfile, profile_blocks
+from .selective import mutation_error, selective_context
 
 _POLICIES = "'all', 'every:<k>', 'budget:<size>' (e.g. 'budget:2GB'), 'selective', 'auto' or None"
-
-# Decimal units are powers of 1000, binary ones powers of 1024, as in the SI and IEC standards.
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_bytes(text: Union[str, int], where: str = "budget") -> int:
-    """'2GB' -> 2_000_000_000, '1.5GiB' -> 1610612736, 4096 -> 4096; ConfigError otherwise."""
-    if isinstance(text, int) and not isinstance(text, bool) and text > 0:
-        return text
-    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*", str(text))
-    unit = m.group(2).lower() if m else ""
-    if m is None or unit not in _UNITS or float(m.group(1)) * _UNITS[unit] < 1:
-        raise _C.ConfigError(
-            f"{where} '{text}' is not a size in bytes. Fix: pass a positive number of bytes or a number with a "
-            "unit, e.g. 2GB, 512MB (decimal: 1 GB = 10^9 bytes) or 1.5GiB, 768MiB (binary: 1 GiB = 2^30 bytes)."
-        )
-    return int(float(m.group(1)) * _UNITS[unit])
-
 
 _offloaders: dict[torch.device, Offloader] = {}  # one side stream per device
 
@@ -123,7 +104,7 @@ class CheckpointedForward:
                                      functools.partial(selective_context, self.name))
         if self.offload is None:
             return checkpoint(run, *tensors, use_reentrant=False, preserve_rng_state=True, **options)
-        with self.offload.hooks():  # sees only the inputs the checkpoint keeps; see _activation_offload.py
+        with self.offload.hooks():  # sees only the inputs the checkpoint keeps; see offload.py
             return checkpoint(run, *tensors, use_reentrant=False, preserve_rng_state=True, **options)
 
 
@@ -131,7 +112,7 @@ class CheckpointedForward:
 class BlockReport:
     name: str
     mode: str  # "keep" (not checkpointed), "full" or "selective"
-    # Measured when profiled (example_inputs), see _activation_profile.py:
+    # Measured when profiled (example_inputs), see profile.py:
     activation_bytes: Optional[int] = None  # held when kept
     input_bytes: Optional[int] = None  # held when fully checkpointed
     forward_seconds: Optional[float] = None  # the full recompute cost
@@ -208,12 +189,12 @@ def _parse_policy(policy: Optional[str]) -> tuple[str, Optional[int]]:
         raise _C.ConfigError(f"policy='{policy}': '{k}' is not a positive whole number of blocks. Fix: pass e.g. "
                              "'every:2' to checkpoint one block in two.")
     if p.startswith("budget:"):
-        return "budget", parse_bytes(p[len("budget:"):], where=f"policy='{policy}': the budget")
+        return "budget", parse_bytes(p[len("budget:"):], f"policy='{policy}': the budget")
     raise _C.ConfigError(f"policy='{policy}' is not a checkpoint policy. Fix: pass one of {_POLICIES}.")
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    from ._distributed_model import DistributedModel
+    from ..reducer.model import DistributedModel
 
     if isinstance(model, (DistributedModel, torch.nn.parallel.DistributedDataParallel)):
         return model.module  # the same parameters: the reducer's hooks stay where they are
@@ -245,25 +226,19 @@ def _same_on_every_rank(profile: StepProfile) -> StepProfile:
     Timings differ between ranks (and sizes, with uneven shards); plans made apart could differ, and
     an infeasible budget would raise on some ranks while the others wait in their first collective.
     """
-    from ._collectives import all_reduce
-    from ._context import get_context, is_initialized
+    from ..bootstrap.context import get_context, is_initialized
+    from ..comm import agree
 
     if not is_initialized() or get_context().world_size < 2:
         return profile
-    ctx = get_context()
-    on = ctx.device if ctx.backend == "nccl" else torch.device("cpu")
-    n = len(profile.blocks)
-    count = all_reduce(torch.tensor([n, -n], dtype=torch.float64, device=on), "max").tolist()
-    if count[0] != -count[1]:
-        raise _C.ConfigError(
-            f"checkpoint_activations on rank {ctx.rank}: the ranks found different numbers of blocks (here {n}, "
-            f"between {int(-count[1])} and {int(count[0])} over the ranks). Fix: build the same model on every rank.")
+    agree.check_same([p.name for p in profile.blocks], what="checkpoint_activations: the blocks", item="block",
+                     fix="build the same model on every rank.")
     rows = [[p.activation_bytes, p.input_bytes, p.forward_seconds, p.selective_bytes, p.selective_seconds,
              p.selective_shared_bytes, float(m)] for p, m in zip(profile.blocks, profile.selective_mutated)]
-    values = torch.tensor([x for row in rows for x in row] + [profile.fixed_bytes, profile.saved_outside_bytes,
-                                                              profile.measured_peak_bytes], dtype=torch.float64)
-    values = all_reduce(values.to(on), "max").cpu().tolist()
+    values = agree.maximum([x for row in rows for x in row] + [profile.fixed_bytes, profile.saved_outside_bytes,
+                                                               profile.measured_peak_bytes])
     blocks, mutated = [], []
+    n = len(profile.blocks)
     for i, p in enumerate(profile.blocks):
         a, x, fs, h, ss, o, m = values[7 * i:7 * i + 7]
         mutated.append(m > 0)

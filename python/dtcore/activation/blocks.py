@@ -14,14 +14,7 @@ from typing import Any
 
 import torch
 
-from . import _C
-
-
-def format_bytes(n: int) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
+from .. import _C
 
 
 def _params(m: torch.nn.Module) -> int:

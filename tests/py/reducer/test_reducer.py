@@ -1,10 +1,13 @@
 """The C++ reducer on real processes: averaged gradients equal one process on the whole batch."""
 
+import sys
+
 import pytest
+import torch
 
-from launch_helpers import clean_env, describe, free_port, leftover_processes, run_ranks, torchrun_style
+import dtcore
 
-pytestmark = pytest.mark.multirank
+from launch_helpers import EXAMPLES, clean_env, describe, free_port, leftover_processes, run_processes, run_ranks, torchrun_style
 
 
 def _run(world, *args):
@@ -16,6 +19,7 @@ def _run(world, *args):
     return [r.json() for r in results]
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize(
     "world,bucket_mb,first_mb,expected_buckets",
     [
@@ -34,6 +38,7 @@ def test_gradients_match_one_process_on_the_whole_batch(world, bucket_mb, first_
         assert sorted(i for b in j["buckets"] for i in b) == list(range(6))
 
 
+@pytest.mark.multirank
 def test_a_parameter_without_gradient_is_named():
     for j in _run(2, 25.0, 0.0001, "unused"):
         # reported by the next forward, as a ConfigError naming the parameters and the fix
@@ -42,6 +47,7 @@ def test_a_parameter_without_gradient_is_named():
         assert "find_unused_parameters=True" in j["error"] and "requires_grad_(False)" in j["error"]
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("world,bucket_mb", [(2, 25.0), (4, 0.001)])
 def test_distributed_model_broadcasts_accumulates_and_keeps_buffers_in_step(world, bucket_mb):
     port = free_port()
@@ -53,6 +59,7 @@ def test_distributed_model_broadcasts_accumulates_and_keeps_buffers_in_step(worl
     assert not leftover_processes(sessions)
 
 
+@pytest.mark.multirank
 def test_a_model_that_differs_across_ranks_is_named_by_rank_and_parameter():
     port = free_port()
     envs = [clean_env(**torchrun_style(rank, 2, port)) for rank in range(2)]
@@ -66,6 +73,7 @@ def test_a_model_that_differs_across_ranks_is_named_by_rank_and_parameter():
     assert not leftover_processes(sessions)
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("mode", ["unused", "rebuild", "bf16", "bf16params"])
 def test_find_unused_parameters_bucket_rebuild_and_comm_dtype(mode):
     port = free_port()
@@ -77,6 +85,7 @@ def test_find_unused_parameters_bucket_rebuild_and_comm_dtype(mode):
     assert not leftover_processes(sessions)
 
 
+@pytest.mark.multirank
 @pytest.mark.parametrize("world,bucket_cap_mb,steps", [(2, 25.0, 20), (2, 0.001, 3), (4, 25.0, 3), (4, 0.001, 3)])
 def test_ddp_drop_in_on_mlp_cnn_with_batchnorm_and_tied_transformer(world, bucket_cap_mb, steps):
     port = free_port()
@@ -90,16 +99,48 @@ def test_ddp_drop_in_on_mlp_cnn_with_batchnorm_and_tied_transformer(world, bucke
     assert not leftover_processes(sessions)
 
 
+@pytest.mark.multirank
 def test_the_main_job_trains_under_torchrun():
-    import sys
-    from pathlib import Path
-
-    from launch_helpers import run_processes
-
-    script = Path(__file__).resolve().parents[2] / "examples" / "train_gpt.py"
+    script = EXAMPLES / "train_gpt.py"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
            "--preset", "tiny", "--steps", "20", "--accum", "2", "--log-every", "10"]
     results, sessions = run_processes([cmd], [clean_env()], timeout=240)
     assert results[0].returncode == 0, describe(results)
     assert "tokens/s" in results[0].stdout and ": OK" in results[0].stdout, results[0].stdout
     assert not leftover_processes(sessions)
+
+
+def test_ddp_drop_in_refuses_what_it_cannot_honour(fresh_dtcore):
+    dtcore.init(timeout=30)
+    net = torch.nn.Linear(3, 3)
+    with pytest.raises(dtcore.ConfigError, match=r"device_ids=\[1\].*cpu"):
+        dtcore.DistributedDataParallel(net, device_ids=[1])
+    with pytest.raises(dtcore.ConfigError, match="dim=1"):
+        dtcore.DistributedDataParallel(net, dim=1)
+    with pytest.raises(dtcore.ConfigError, match="init_sync=False"):
+        dtcore.DistributedDataParallel(net, init_sync=False)
+    with pytest.raises(dtcore.ConfigError, match="device_mesh"):
+        dtcore.DistributedDataParallel(net, device_mesh=object())
+    with pytest.raises(dtcore.ConfigError, match="unknown argument 'bucket_size'"):
+        dtcore.DistributedDataParallel(net, bucket_size=3)
+    # torch's own defaults, passed explicitly, are accepted
+    model = dtcore.DistributedDataParallel(net, None, None, 0, None, True, None, bucket_cap_mb=1,
+                                           gradient_as_bucket_view=True, skip_all_reduce_unused_params=False,
+                                           batched_grad_copy=False, mixed_precision=None)
+    with pytest.raises(dtcore.ConfigError, match="register_comm_hook is not supported"):
+        model.register_comm_hook(None, None)
+    with pytest.raises(dtcore.ConfigError, match="comm_dtype=torch.int8"):
+        dtcore.wrap(torch.nn.Linear(2, 2), comm_dtype=torch.int8)
+    with pytest.raises(dtcore.ConfigError, match="bucket_mb=0 is not a positive size"):
+        dtcore.wrap(torch.nn.Linear(2, 2), bucket_mb=0)
+    model(torch.ones(1, 3)).sum().backward()  # world of one: the average is the gradient itself
+    assert torch.equal(net.weight.grad, torch.ones(3, 1).expand(3, 3))
+
+
+def test_create_graph_through_a_wrapped_model_is_refused_clearly(fresh_dtcore):
+    dtcore.init(timeout=30)
+    model = dtcore.wrap(torch.nn.Linear(3, 1))
+    loss = (model(torch.ones(2, 3)) ** 2).sum()
+    with pytest.raises(RuntimeError, match=r"create_graph=True\) through a wrapped model is not supported"):
+        loss.backward(create_graph=True)
+    model(torch.ones(2, 3)).sum().backward()  # the next step is clean

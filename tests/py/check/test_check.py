@@ -11,7 +11,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from launch_helpers import clean_env, describe, free_port, leftover_processes, run_processes, run_ranks, torchrun_style
+from launch_helpers import (
+    WORKERS,
+    clean_env,
+    describe,
+    free_port,
+    leftover_processes,
+    run_processes,
+    run_ranks,
+    torchrun_style,
+)
 
 import dtcore
 import dtcore.check
@@ -130,7 +139,8 @@ def test_environment_traps():
     report = check(USE_LIBUV="0", NCCL_IB_DISABLE="1", TORCHELASTIC_USE_AGENT_STORE="True")
     assert report.item("env.use_libuv").status == "WARN"
     assert report.item("env.nccl_ib_disable").status == "WARN"
-    assert report.item("env.agent_store").status == "FAIL"
+    # Outside torchrun dtcore ignores it (init() serves its own store): a warning, as init() agrees.
+    assert report.item("env.agent_store").status == "WARN"
 
 
 def test_disk_of_the_checkpoint_and_log_directories(tmp_path):
@@ -141,7 +151,7 @@ def test_disk_of_the_checkpoint_and_log_directories(tmp_path):
 
 
 def test_exit_codes_and_help():
-    assert cli(env=clean_env(TORCHELASTIC_USE_AGENT_STORE="1")).returncode == 1
+    assert cli(env=clean_env(GLOO_SOCKET_IFNAME="nonexistent0")).returncode == 1
     assert cli("--sizes", "0B:1MiB").returncode == 2
     assert cli("--no-such-option").returncode == 2
     out = cli("--help")
@@ -152,12 +162,16 @@ def test_exit_codes_and_help():
         assert option in out.stdout, option
 
 
-def test_sizes_parse_like_nccl_tests():
+def test_sizes_parse_as_everywhere_in_dtcore():
+    assert dtcore.check.parse_size is dtcore.units.parse_bytes  # one parser
     assert dtcore.check.parse_size("64MiB") == 64 << 20 and dtcore.check.parse_size("8") == 8
+    assert dtcore.check.parse_size("1MB") == 10**6  # SI, as everywhere
     assert dtcore.check.size_range(8, 64) == [8, 16, 32, 64]
     assert dtcore.check.DEFAULT_SIZES[0] == 8 and dtcore.check.DEFAULT_SIZES[-1] == 64 << 20
-    with pytest.raises(ValueError, match="'12XB' is not a size"):
+    with pytest.raises(dtcore.ConfigError, match="'12XB' is not a size"):
         dtcore.check.parse_size("12XB")
+    out = cli("--sizes", "8B:64M")  # a bare M: powers of 1000 or 1024? refused, not guessed
+    assert out.returncode == 2 and "ambiguous" in out.stderr
 
 
 def test_a_dtcore_built_for_another_torch_is_a_fail_with_the_rebuild_command(tmp_path):
@@ -251,6 +265,45 @@ def test_a_rank_whose_rank_zero_never_comes_still_reports():
     assert results[0].returncode == 1, describe(results)
     assert "FAIL  joining the job" in results[0].stderr and "rank 1 (" in results[0].stderr, describe(results)
     assert leftover_processes(sessions) == []
+
+
+@pytest.mark.multirank
+def test_the_checker_inside_a_running_job_leaves_its_context_alone(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(WORKERS / "check_in_job_worker.py"), str(tmp_path)]
+    results, sessions = run_processes([cmd], [clean_env()], timeout=120)
+    assert results[0].returncode == 0, describe(results)
+    lines = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [j["rank"] for j in lines] == [0, 1], describe(results)
+    for j in lines:
+        assert j["mode"] == "distributed" and j["status"] != "FAIL", j
+        assert j["initialized"] and j["same_context"], j
+        assert j["sum"] == [2.0, 2.0], j
+    assert leftover_processes(sessions) == []
+
+
+def test_agent_store_variable_outside_torchrun_init_and_checker_agree(fresh_dtcore, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "1")
+    assert dtcore.init(timeout=20).world_size == 1  # init() serves its own store and runs
+    dtcore.shutdown()
+    out = cli("--json", env=clean_env(TORCHELASTIC_USE_AGENT_STORE="1"))
+    item = next(i for i in json.loads(out.stdout)["items"] if i["id"] == "env.agent_store")
+    assert out.returncode == 0 and item["status"] == "WARN" and "dtcore ignores it" in item["message"], out.stdout
+
+
+def test_preflight_judges_init_arguments_not_made_up_variables(fresh_dtcore, tmp_path):
+    # init()'s own arguments reach the probes as arguments (no DTCORE_* variable is made up for them).
+    with pytest.raises(dtcore.ConfigError, match=r"(?s)init\(preflight=True\).*disk: log directory.*/proc/dtcore"):
+        dtcore.init(preflight=True, timeout=20, log_dir="/proc/dtcore-logs")
+    report = dtcore.check.run(env=clean_env(), distributed=False, overrides={"rank": 0, "world_size": 1,
+                                                                              "local_rank": 3})
+    item = report.item("launch.local_rank")
+    assert item.status == "FAIL" and item.title == "init(local_rank=)" and "init(local_rank=)=3" in item.message
+    # The log directory is the settings' (DTCORE_LOG_DIR or init(log_dir=)), judged by one reader.
+    report = dtcore.check.run(env=clean_env(DTCORE_LOG_DIR=str(tmp_path)), distributed=False)
+    assert str(tmp_path) in report.item("host.disk.log").value
+    report = dtcore.check.run(env=clean_env(), log_dir=str(tmp_path), distributed=False)
+    assert str(tmp_path) in report.item("host.disk.log").value
 
 
 def test_link_rounds_measure_each_ring_pair_alone():

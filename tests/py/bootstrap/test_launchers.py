@@ -1,4 +1,4 @@
-"""Real processes on loopback: every launcher style, 1, 2 and 4 ranks, and the failure modes."""
+"""Real processes on loopback: every launcher style, 1, 2 and 4 ranks, and what goes wrong at start-up."""
 
 import socket
 import sys
@@ -140,21 +140,3 @@ def test_console_shows_rank0_and_every_rank_writes_its_file(tmp_path):
     files = {f.name.rsplit("-", 1)[1]: f for f in tmp_path.glob("dtcore-*-rank*.log")}  # names carry start times
     assert sorted(files) == ["rank0.log", "rank1.log"]
     assert "[rank 1/2 " in files["rank1.log"].read_text()
-
-
-@pytest.mark.parametrize("mode", ["die", "stall"])
-def test_dead_or_stalled_rank_is_named_on_the_survivors(mode):
-    port, timeout = free_port(), 3.0
-    envs = [clean_env(**torchrun_style(rank, 3, port)) for rank in range(3)]
-    results, sessions = run_ranks("failure_worker.py", envs, args=(mode, str(timeout)), timeout=60)
-    for r in results[:2]:
-        j = r.json()
-        assert not j["ok"], describe(results)
-        assert "rank 2 (host " in j["message"], j["message"]
-        if mode == "die":
-            assert "no heartbeat" in j["message"] and "dead: rank 2" in j["message"], j["message"]
-        else:
-            assert "timed out" in j["message"], j["message"]
-            assert "alive, but has not started allreduce" in j["message"], j["message"]
-        assert j["seconds"] < timeout + 5.0, j  # the failure, then about two heartbeats of diagnosis
-    assert not leftover_processes(sessions)

@@ -49,9 +49,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from . import _C
-from ._activation_selective import SAVED_OPS, mutated_by
-from ._activation_selective import storage_key as _storage_key
+from .. import _C
+from .selective import SAVED_OPS, mutated_by
+from .selective import storage_key as _storage_key
 
 
 class LiveTensorMemory(TorchDispatchMode):

@@ -1,7 +1,7 @@
 """Collectives on the job's communicator, and the main-process helpers.
 
-All of them wait with the context's timeout and raise dtcore.CommError (naming the operation,
-its sequence number and the rank) instead of hanging.
+All of them wait with the context's timeout (or the one given) and raise dtcore.CommError, naming
+the operation, its sequence number and the rank, instead of hanging.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from typing import Iterator, Optional
 
 import torch
 
-from . import _C
-from ._context import get_context, is_initialized
+from .. import _C
+from ..bootstrap.context import get_context, is_initialized
 
 
-def _wait(work: "_C.Work", timeout: Optional[float]) -> None:
-    work.wait(get_context().timeout if timeout is None else float(timeout))
+def _wait(work: _C.Work, timeout: Optional[float]) -> None:
+    work.wait(None if timeout is None else float(timeout))
 
 
 def barrier(timeout: Optional[float] = None) -> None:
@@ -27,7 +27,7 @@ def barrier(timeout: Optional[float] = None) -> None:
 def all_reduce(tensor: torch.Tensor, op: str = "sum", *, async_op: bool = False, timeout: Optional[float] = None):
     """In place: `tensor` becomes the reduction over ranks; op is "sum", "avg", "max" or "min".
 
-    Returns `tensor`, or with async_op=True a work handle whose `.wait(timeout_s)` completes it.
+    Returns `tensor`, or with async_op=True a work handle whose `.wait()` completes it.
     """
     work = get_context().communicator.all_reduce(tensor, op)
     if async_op:

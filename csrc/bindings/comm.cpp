@@ -1,0 +1,88 @@
+// dtcore._C bindings of csrc/dtcore/comm: work handles, communicators and the health monitor.
+// Bindings only, no logic. Blocking calls release the GIL.
+#include <pybind11/stl.h>
+
+#include "bindings/bindings.h"
+#include "dtcore/bootstrap/backend.h"
+#include "dtcore/comm/gloo_communicator.h"
+#include "dtcore/comm/health.h"
+#include "dtcore/comm/nccl_communicator.h"
+#include "dtcore/common/units.h"
+
+namespace py = pybind11;
+
+namespace dtcore::bindings {
+
+void bind_comm(py::module_& m) {
+  m.attr("has_nccl") = built_with_nccl();
+  m.def("nccl_version", &nccl_runtime_version, "NCCL's runtime version, or '' without NCCL");
+
+  py::class_<Work, std::shared_ptr<Work>>(m, "Work")
+      .def(
+          "wait",
+          [](Work& w, std::optional<double> timeout_s) {
+            auto timeout = timeout_s ? std::optional(seconds_to_timeout(*timeout_s, "timeout_s")) : std::nullopt;
+            py::gil_scoped_release release;
+            timeout ? w.wait(*timeout) : w.wait();
+          },
+          py::arg("timeout_s") = py::none(), "Blocks until done; CommError on failure or after the timeout "
+                                             "(the communicator's, unless given)")
+      .def("is_completed", &Work::is_completed, py::call_guard<py::gil_scoped_release>());
+
+  py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")
+      .def_property_readonly("backend", [](const Communicator& c) { return std::string(c.backend()); })
+      .def_property_readonly("rank", &Communicator::rank)
+      .def_property_readonly("size", &Communicator::size)
+      .def_property_readonly("timeout_s", [](const Communicator& c) { return c.timeout().count() / 1000.0; })
+      .def(
+          "all_reduce",
+          [](Communicator& c, const at::Tensor& t, const std::string& op) {
+            ReduceOp rop = parse_reduce_op(op);
+            py::gil_scoped_release release;
+            return c.all_reduce(t, rop);
+          },
+          py::arg("tensor"), py::arg("op") = "sum")
+      .def(
+          "reduce_scatter",
+          [](Communicator& c, const at::Tensor& out, const at::Tensor& in, const std::string& op) {
+            ReduceOp rop = parse_reduce_op(op);
+            py::gil_scoped_release release;
+            return c.reduce_scatter(out, in, rop);
+          },
+          py::arg("output"), py::arg("input"), py::arg("op") = "sum")
+      .def("all_gather", &Communicator::all_gather, py::arg("output"), py::arg("input"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("broadcast", &Communicator::broadcast, py::arg("tensor"), py::arg("src") = 0,
+           py::call_guard<py::gil_scoped_release>())
+      .def("barrier", &Communicator::barrier, py::call_guard<py::gil_scoped_release>())
+      .def("set_health", &Communicator::set_health, py::arg("health"))
+      .def("close", &Communicator::close, py::call_guard<py::gil_scoped_release>());
+
+  py::class_<HealthMonitor, std::shared_ptr<HealthMonitor>>(m, "HealthMonitor")
+      .def_property_readonly("interval_s", [](const HealthMonitor& h) { return h.interval().count() / 1000.0; })
+      .def("close", &HealthMonitor::close, py::call_guard<py::gil_scoped_release>())
+      .def("diagnose", &HealthMonitor::diagnose, py::arg("failing_seq"), py::arg("op_name") = "collective",
+           py::call_guard<py::gil_scoped_release>());
+  m.def("health_monitor", &HealthMonitor::for_rendezvous, py::arg("rendezvous"), py::arg("settings"),
+        py::call_guard<py::gil_scoped_release>());
+
+  m.def(
+      "gloo_communicator",
+      [](const c10::intrusive_ptr<c10d::Backend>& backend, double timeout_s) -> std::shared_ptr<Communicator> {
+        return std::make_shared<GlooCommunicator>(backend, seconds_to_timeout(timeout_s, "timeout"));
+      },
+      py::arg("backend"), py::arg("timeout_s"));
+#if defined(DTCORE_WITH_NCCL)
+  m.def(
+      "nccl_communicator",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int device,
+         double timeout_s) -> std::shared_ptr<Communicator> {
+        auto timeout = seconds_to_timeout(timeout_s, "timeout");
+        py::gil_scoped_release release;
+        return std::make_shared<NcclCommunicator>(store, rank, size, device, timeout);
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("device"), py::arg("timeout_s"));
+#endif
+}
+
+}  // namespace dtcore::bindings

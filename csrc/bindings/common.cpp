@@ -1,0 +1,84 @@
+// dtcore._C bindings of csrc/dtcore/common: errors, the build's version, knobs, units, settings
+// and the logging facade. Bindings only, no logic.
+#include <pybind11/stl.h>
+
+#include "bindings/bindings.h"
+#include "dtcore/common/error.h"
+#include "dtcore/common/knobs.h"
+#include "dtcore/common/log.h"
+#include "dtcore/common/settings.h"
+#include "dtcore/common/units.h"
+
+namespace py = pybind11;
+
+namespace dtcore::bindings {
+void bind_common(py::module_& m) {
+  m.attr("__version__") = DTCORE_VERSION;
+  m.attr("built_torch_version") = DTCORE_TORCH_VERSION;
+
+  // Errors: the base first, so that the more specific translators (registered later) are tried first.
+  auto& base = py::register_exception<Error>(m, "DtcoreError", PyExc_RuntimeError);
+  py::register_exception<ConfigError>(m, "ConfigError", base.ptr());
+  py::register_exception<RendezvousError>(m, "RendezvousError", base.ptr());
+  py::register_exception<CommError>(m, "CommError", base.ptr());
+  py::register_exception<CheckpointError>(m, "CheckpointError", base.ptr());
+
+  m.def(
+      "knobs",
+      [] {
+        std::vector<std::tuple<std::string, std::string, std::string>> out;
+        for (const Knob* k : knobs::kAll) out.emplace_back(k->name, k->default_value, k->doc);
+        return out;
+      },
+      "Every DTCORE_* variable as (name, default, doc), in the order of docs/knobs.md");
+
+  m.def("parse_bytes", &parse_bytes, py::arg("text"), py::arg("what") = "size",
+        "'2GB' -> 2*10^9, '1.5GiB' -> 1.5*2^30, '4096' -> 4096; ConfigError naming `what` otherwise");
+  m.def("format_bytes", &format_bytes, py::arg("bytes"), "8 -> '8 B', 65536 -> '64 KiB', 1.5*2^30 -> '1.5 GiB'");
+
+  py::class_<Settings>(m, "Settings")
+      .def_property_readonly("timeout_s", [](const Settings& s) { return s.timeout_s.value; })
+      .def_property_readonly("backend", [](const Settings& s) { return s.backend.value; })
+      .def_property_readonly("log_level", [](const Settings& s) { return std::string(log::level_name(s.log_level.value)); })
+      .def_property_readonly("log_ranks", [](const Settings& s) { return s.log_ranks.value.to_string(); })
+      .def_property_readonly("log_dir", [](const Settings& s) { return s.log_dir.value; })
+      .def_property_readonly("rdzv_log_interval_s", [](const Settings& s) { return s.rdzv_log_interval_s.value; })
+      .def_property_readonly("store_libuv", [](const Settings& s) { return s.store_libuv.value; })
+      .def_property_readonly("heartbeat_interval_s", [](const Settings& s) { return s.heartbeat_interval_s.value; })
+      .def_property_readonly("sources",
+                             [](const Settings& s) {
+                               return std::map<std::string, std::string>{
+                                   {"timeout_s", s.timeout_s.source},
+                                   {"backend", s.backend.source},
+                                   {"log_level", s.log_level.source},
+                                   {"log_ranks", s.log_ranks.source},
+                                   {"log_dir", s.log_dir.source},
+                                   {"rdzv_log_interval_s", s.rdzv_log_interval_s.source},
+                                   {"store_libuv", s.store_libuv.source},
+                                   {"heartbeat_interval_s", s.heartbeat_interval_s.source}};
+                             })
+      .def("console_level", [](const Settings& s, int rank) { return std::string(log::level_name(s.console_level(rank))); },
+           py::arg("rank"));
+  m.def(
+      "read_settings",
+      [](const Arguments& arguments, const std::optional<std::map<std::string, std::string>>& env) {
+        return read_settings(env_or_process(env), arguments);
+      },
+      py::arg("arguments") = Arguments{}, py::arg("env") = py::none(),
+      "init()'s timeout/backend/log_dir beat DTCORE_* variables, which beat the defaults; ConfigError lists bad values");
+
+  m.def(
+      "configure_logging",
+      [](int rank, int world_size, const std::string& host, const Settings& settings) {
+        return log::configure(log_config(settings, rank, world_size, host));
+      },
+      py::arg("rank"), py::arg("world_size"), py::arg("host"), py::arg("settings"),
+      "Sets this rank's console level and log file; returns the file's path, or ''");
+  m.def("log", [](int level, const std::string& message) {
+    log::write(static_cast<log::Level>(std::clamp(level, 0, 3)), message);
+  });
+  m.def("log_enabled", [](int level) { return log::enabled(static_cast<log::Level>(std::clamp(level, 0, 3))); });
+  m.def("flush_logs", &log::flush);
+}
+
+}  // namespace dtcore::bindings

@@ -1,0 +1,283 @@
+"""`dtcore.init()`: from a launcher's environment to a validated, connected world.
+
+The steps, each in C++ unless noted:
+  1. read the job's shape (read_world: init() arguments > DTCORE_* > launcher) and dtcore's
+     settings (read_settings: init() arguments > DTCORE_* > defaults), each value with its source;
+  2. choose the backend (choose_backend, from how many CUDA devices torch can use) and validate
+     the world before any CUDA call;
+  3. set up logging for this rank, set the CUDA device to the *local* rank, seed per rank (Python);
+  4. rendezvous on a TCPStore: roster, missing-rank reports, fingerprint agreement (fingerprint.py);
+  5. create the communicator (Gloo on CPU, dtcore's NCCL communicator on GPU) and the health monitor;
+  6. set up torch.distributed's default process group on the same store (Python).
+
+There are two ways in: init(), for training, and joined_for_check(), the resource checker's, which
+joins with a smaller fingerprint (versions are reported by the checker, not refused) and shuts
+down only a context it made itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import logging
+import random
+import socket
+import time
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+from .. import _C
+from . import context, fingerprint
+from .context import Context
+
+log = logging.getLogger("dtcore")
+
+# init(preflight=True) runs the resource checker's probes. dtcore.check sits above bootstrap (it
+# uses bootstrap, never the reverse), so it registers them here when it is imported, which
+# `import dtcore` does. Called with init()'s world and settings arguments; raises on a FAIL.
+_preflight: Optional[Callable[[dict[str, Any], dict[str, Any]], None]] = None
+
+# How many times this process has joined a job (see RendezvousOptions::generation).
+_generation = 0
+
+
+def set_preflight(run: Callable[[dict[str, Any], dict[str, Any]], None]) -> None:
+    global _preflight
+    _preflight = run
+
+
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """What a caller asked of a join: init()'s arguments, or the checker's."""
+
+    settings_args: dict[str, Any]  # timeout, backend, log_dir (None: not given)
+    overrides: dict[str, Any]  # rank=, world_size=, ... (None: not given)
+    seed: Optional[int] = None
+    torch_distributed: bool = True
+    preflight: bool = False
+    purpose: str = "init"  # fingerprint.for_rendezvous(purpose=...)
+    versions: bool = True  # refuse ranks whose versions differ (the checker reports them instead)
+
+
+def init(
+    backend: str = "auto",
+    *,
+    timeout: Optional[float] = None,
+    seed: Optional[int] = None,
+    log_dir: Optional[str] = None,
+    torch_distributed: bool = True,
+    preflight: bool = False,
+    **overrides: Any,
+) -> Context:
+    """Start this process's part of the job; idempotent. README.md, "What dtcore.init() does", has the steps.
+
+    `overrides` are rank, world_size, local_rank, local_world_size, node_rank, num_nodes,
+    master_addr, master_port; they beat DTCORE_* variables, which beat the launcher's.
+    With `seed`, this rank is seeded with `seed + rank` (Python, torch, NumPy).
+    With `preflight`, the resource checker's probes run first (`python -m dtcore.check` without
+    the collective tests) and any FAIL is raised as a ConfigError listing each with its fix.
+    A repeated call returns the same context; it refuses any argument that differs from what the
+    context was made with (call dtcore.shutdown() first), and runs the preflight again if asked.
+    """
+    request = _Request({"timeout": timeout, "backend": backend, "log_dir": log_dir}, overrides, seed,
+                       torch_distributed, preflight)
+    with context.lock:
+        ctx = context.current()
+        if ctx is None:
+            return context.install(_join(request))
+        _check_same(ctx, request)
+        if preflight:
+            _run_preflight(request)
+        return ctx
+
+
+@contextlib.contextmanager
+def joined_for_check(backend: str, timeout: float) -> Iterator[Context]:
+    """The job's context for the resource checker's distributed mode.
+
+    Under a running dtcore.init(), that context, left running (its own backend and timeout apply).
+    Otherwise a context made for the check, with a fingerprint that leaves the versions out (the
+    checker compares and reports them), shut down when the block ends.
+    """
+    with context.lock:
+        ctx = context.current()
+        created = ctx is None
+        if created:
+            request = _Request({"timeout": timeout, "backend": backend, "log_dir": None}, {},
+                               purpose="dtcore.check", versions=False)
+            ctx = context.install(_join(request))
+    try:
+        yield ctx
+    finally:
+        if created:
+            context.shutdown()
+
+
+def _cuda_devices() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _join(r: _Request) -> Context:
+    global _generation
+    started = time.perf_counter()
+    host = socket.gethostname()
+    spec = _C.read_world(overrides=r.overrides)
+    settings = _C.read_settings(r.settings_args)
+    backend = _C.choose_backend(settings, _cuda_devices(), torch.__version__, spec)
+    visible = torch.cuda.device_count() if backend == "nccl" else -1
+    _C.validate_world(spec, backend, visible, host)
+    if r.preflight:
+        _run_preflight(r)
+
+    log_file = _C.configure_logging(spec.rank, spec.world_size, host, settings)
+    log.debug("init: %s", spec.describe())
+    if backend == "nccl":
+        # The local rank, never the global one (or 0 when the launcher bound one GPU per process).
+        device = torch.device("cuda", _C.cuda_device_index(spec, visible))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if r.seed is not None:
+        _seed_everything(int(r.seed), spec.rank)
+
+    _check_torch_distributed(spec.rank, spec.world_size, r.torch_distributed)  # fail before waiting on anyone
+    generation = _generation
+    _generation += 1  # spent even if this attempt fails: a retry must not read its keys
+    fp = fingerprint.for_rendezvous(backend, spec, purpose=r.purpose, versions=r.versions)
+    rdzv = _C.rendezvous(spec, settings, host, str(device), fp, generation)
+    try:
+        comm, health, owns_pg = _connect(rdzv, backend, device, settings, r.torch_distributed)
+    except BaseException:
+        rdzv.close()
+        raise
+    ctx = Context(rdzv.spec, backend=backend, device=device, settings=settings, seed=r.seed, log_file=log_file,
+                  communicator=comm, rendezvous=rdzv, health=health, torch_distributed=r.torch_distributed,
+                  owns_torch_process_group=owns_pg)
+    log.info("dtcore %s ready in %.2f s: %d rank(s) on %d node(s), backend %s, launcher %s, store %s:%d",
+             _C.__version__, time.perf_counter() - started, ctx.world_size, ctx.num_nodes, backend, ctx.launcher,
+             ctx.master_addr, ctx.master_port)
+    return ctx
+
+
+def _run_preflight(r: _Request) -> None:
+    if _preflight is None:
+        raise _C.ConfigError("init(preflight=True) needs the resource checker, which is not loaded. "
+                             "Fix: import dtcore (the package), not only dtcore.bootstrap.")
+    _preflight(r.overrides, r.settings_args)
+
+
+def _check_same(ctx: Context, r: _Request) -> None:
+    """A repeated init() returns the same context, unless it asks for something different."""
+
+    def refuse(asked: str, have: str) -> None:
+        raise _C.ConfigError(f"dtcore is already initialized with {have}; init({asked}) cannot change it. "
+                             "Fix: call dtcore.shutdown() first.")
+
+    _C.validate_overrides(r.overrides)  # an unknown name or a wrong type, as the first init() would say
+    backend = r.settings_args["backend"]
+    if str(backend).lower() not in ("auto", ctx.backend):
+        refuse(f"backend={backend!r}", f"backend '{ctx.backend}'")
+    timeout = r.settings_args["timeout"]
+    if timeout is not None and timeout != ctx.timeout:
+        refuse(f"timeout={timeout!r}", f"timeout={ctx.timeout:g} ({ctx.settings.sources['timeout_s']})")
+    log_dir = r.settings_args["log_dir"]
+    if log_dir is not None and log_dir != ctx.settings.log_dir:
+        refuse(f"log_dir={log_dir!r}", f"log_dir={ctx.settings.log_dir!r}")
+    if r.seed is not None and r.seed != ctx.seed:
+        refuse(f"seed={r.seed!r}", f"seed={ctx.seed!r}")
+    if not r.torch_distributed and ctx.torch_distributed:
+        refuse("torch_distributed=False", "torch.distributed set up (torch_distributed=True)")
+    for key, value in r.overrides.items():
+        if value is None or (key == "master_port" and value == 0):  # 0: "any free port" was asked, and chosen
+            continue
+        if getattr(ctx, key) != value:
+            refuse(f"{key}={value!r}", f"{key}={getattr(ctx, key)}")
+
+
+def _seed_everything(seed: int, rank: int) -> None:
+    """Seeds Python, torch (CPU and CUDA) and NumPy, if present, with seed + rank."""
+    s = seed + rank
+    random.seed(s)
+    torch.manual_seed(s)
+    try:
+        import numpy
+
+        numpy.random.seed(s % (2**32))
+    except ImportError:
+        pass
+
+
+def _check_torch_distributed(rank: int, world: int, wanted: bool) -> None:
+    """A default group the script set up itself must describe the same job."""
+    if wanted and dist.is_initialized() and (dist.get_rank() != rank or dist.get_world_size() != world):
+        raise _C.ConfigError(
+            f"torch.distributed is already initialized as rank {dist.get_rank()} of {dist.get_world_size()}, "
+            f"but dtcore sees rank {rank} of {world}. Fix: call dtcore.init() instead of "
+            "torch.distributed.init_process_group(), or give both the same environment."
+        )
+
+
+def _torch_process_group(backend: str, store: Any, rank: int, world: int, timeout: float, device: torch.device) -> bool:
+    """Sets up torch.distributed's default group on dtcore's store; False if one already exists."""
+    if dist.is_initialized():
+        _check_torch_distributed(rank, world, True)
+        return False
+    kwargs: dict[str, Any] = {}
+    if backend == "nccl":
+        kwargs["device_id"] = device
+    dist.init_process_group(
+        backend=backend,
+        store=dist.PrefixStore("torch/", store),
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=timeout),
+        **kwargs,
+    )
+    return True
+
+
+def _connect(rdzv: Any, backend: str, device: torch.device, settings: _C.Settings, torch_distributed: bool):
+    """Communicator, health monitor and (optionally) torch's default group, on the rendezvous store."""
+    store, spec, timeout = rdzv.store, rdzv.spec, settings.timeout_s
+    comm = health = None
+    owns_pg = False
+    try:
+        if backend == "nccl":
+            comm = _C.nccl_communicator(store, spec.rank, spec.world_size, device.index, timeout)
+        else:
+            try:
+                pg = dist.ProcessGroupGloo(
+                    dist.PrefixStore("gloo/", store), spec.rank, spec.world_size, datetime.timedelta(seconds=timeout)
+                )
+            except RuntimeError as e:
+                raise _C.CommError(
+                    f"rank {spec.rank}: Gloo could not connect to the other ranks: {str(e).splitlines()[0]}. "
+                    "Fix: check that every host can reach every other (firewall) and that GLOO_SOCKET_IFNAME, if "
+                    "set, names an interface that exists on every host."
+                ) from e
+            comm = _C.gloo_communicator(pg, timeout)
+        health = _C.health_monitor(rdzv, settings)
+        comm.set_health(health)  # a failed collective now names dead or stalled ranks
+        # init() returns when the whole job is up: a rank that failed to set up is named here,
+        # on every other rank, instead of surfacing later in the user's first collective.
+        comm.barrier().wait()
+        if torch_distributed:
+            try:
+                owns_pg = _torch_process_group(backend, store, spec.rank, spec.world_size, timeout, device)
+            except (RuntimeError, ValueError) as e:
+                if isinstance(e, _C.DtcoreError):
+                    raise
+                raise _C.CommError(
+                    f"rank {spec.rank}: torch.distributed.init_process_group failed on dtcore's store: "
+                    f"{str(e).splitlines()[0]}. Fix: if your script calls init_process_group itself, remove that call "
+                    "(dtcore.init() sets the default group up), or pass dtcore.init(torch_distributed=False)."
+                ) from e
+    except BaseException:
+        for part in (health, comm):
+            if part is not None:
+                part.close()
+        raise
+    return comm, health, owns_pg

@@ -1,0 +1,83 @@
+"""Settings and knobs: read once in C++ (init() argument > DTCORE_* > default), each with its
+source; docs/knobs.md lists exactly the registry; init() and the checker read the same values."""
+
+import re
+
+import pytest
+
+import dtcore
+from dtcore import _C
+from launch_helpers import ROOT, clean_env
+
+DOC = ROOT / "docs" / "knobs.md"
+
+
+def test_docs_table_matches_the_registry():
+    rows = []
+    for line in DOC.read_text().splitlines():
+        m = re.match(r"\| `(DTCORE_\w+)` \|\s*`?([^|`]*?)`?\s*\| (.*) \|$", line)
+        if m:
+            rows.append((m.group(1), m.group(2).strip(), m.group(3).strip()))
+    assert rows == [tuple(k) for k in _C.knobs()]
+
+
+def test_each_setting_knows_its_source():
+    s = _C.read_settings({}, {})
+    assert (s.timeout_s, s.backend, s.log_level, s.log_ranks, s.log_dir) == (300.0, "auto", "info", "0", "")
+    assert set(s.sources.values()) == {"default"}
+    s = _C.read_settings({"timeout": 7, "backend": "auto", "log_dir": None},
+                         {"DTCORE_TIMEOUT": "9", "DTCORE_BACKEND": "GLOO", "DTCORE_LOG_RANKS": "0, 3"})
+    assert (s.timeout_s, s.sources["timeout_s"]) == (7.0, "init(timeout=)")  # the argument beats the variable
+    assert (s.backend, s.sources["backend"]) == ("gloo", "DTCORE_BACKEND")  # "auto" defers; one spelling
+    assert s.log_ranks == "0,3" and s.console_level(3) == "info" and s.console_level(1) == "warn"
+
+
+def test_every_bad_value_is_listed_with_its_source_and_fix():
+    with pytest.raises(dtcore.ConfigError) as e:
+        _C.read_settings({"timeout": -1}, {"DTCORE_LOG_RANKS": "-1", "DTCORE_STORE_LIBUV": "yes",
+                                           "DTCORE_HEARTBEAT_INTERVAL": "0"})
+    text = str(e.value)
+    assert "init(timeout=-1) is not a positive number of seconds" in text
+    assert "DTCORE_LOG_RANKS='-1' is not a list of ranks" in text
+    assert "DTCORE_STORE_LIBUV='yes' is not auto, 1 or 0" in text
+    assert "DTCORE_HEARTBEAT_INTERVAL='0'" in text
+    assert text.count("Fix:") == 4
+    with pytest.raises(dtcore.ConfigError, match=r"init\(timeout='300'\) must be a number of seconds"):
+        _C.read_settings({"timeout": "300"}, {})
+    with pytest.raises(dtcore.ConfigError, match=r"init\(backend=True\) must be a string"):
+        _C.read_settings({"backend": True}, {})
+
+
+def _backend_in_checker(**env):
+    report = dtcore.check.run(env=clean_env(**env), distributed=False)
+    return report.backend, report
+
+
+def test_backend_is_chosen_once_for_init_and_the_checker(fresh_dtcore, monkeypatch):
+    # Upper case means the same to both (it used to mean nccl to init() and auto to the checker).
+    monkeypatch.setenv("DTCORE_BACKEND", "GLOO")
+    assert dtcore.init(timeout=20).backend == "gloo"
+    dtcore.shutdown()
+    assert _backend_in_checker(DTCORE_BACKEND="GLOO")[0] == "gloo"
+    # A bad value fails both, with the same words.
+    monkeypatch.setenv("DTCORE_BACKEND", "foo")
+    with pytest.raises(dtcore.ConfigError) as e:
+        dtcore.init(timeout=20)
+    _, report = _backend_in_checker(DTCORE_BACKEND="foo")
+    item = report.item("launch.backend")
+    assert item.status == "FAIL" and item.title == "DTCORE_BACKEND"
+    assert item.message in str(e.value) and item.fix in str(e.value)
+
+
+def test_nccl_without_a_gpu_is_named_in_words_init_and_checker_agree(fresh_dtcore, monkeypatch):
+    if _C.has_nccl and dtcore.bootstrap.join._cuda_devices() > 0:
+        pytest.skip("this machine can run NCCL")
+    monkeypatch.setenv("DTCORE_BACKEND", "nccl")
+    with pytest.raises(dtcore.ConfigError, match="no usable CUDA device") as e:
+        dtcore.init(timeout=20)
+    _, report = _backend_in_checker(DTCORE_BACKEND="nccl")
+    backend = report.item("launch.backend")
+    assert backend.status == "FAIL" and backend.message in str(e.value)
+    for item in report.items:  # every item has a name a user recognizes
+        assert "derived" not in item.title and "default" not in item.title, item
+    assert report.item("gpu.driver").status == "FAIL"

@@ -1,0 +1,70 @@
+"""The collectives and the main-process helpers in one process, and a failing peer on real ranks."""
+
+import pytest
+import torch
+
+import dtcore
+from launch_helpers import clean_env, describe, free_port, leftover_processes, run_ranks, torchrun_style
+
+
+def test_collective_arguments_are_checked(fresh_dtcore):
+    dtcore.init(timeout=30)
+    with pytest.raises(dtcore.ConfigError, match="op='avg' needs a floating-point"):
+        dtcore.all_reduce(torch.ones(2, dtype=torch.int64), op="avg")
+    with pytest.raises(dtcore.ConfigError, match="op='prod' is not a reduction"):
+        dtcore.all_reduce(torch.ones(2), op="prod")
+    with pytest.raises(dtcore.ConfigError, match="not contiguous"):
+        dtcore.all_reduce(torch.ones(4, 4).t())
+    with pytest.raises(dtcore.ConfigError, match=r"src=3 is not a rank"):
+        dtcore.broadcast(torch.ones(2), src=3)
+    work = dtcore.all_reduce(torch.ones(3), async_op=True)
+    with pytest.raises(dtcore.ConfigError, match="not a positive number of seconds"):
+        work.wait(0)
+    work.wait(10.0)
+    assert work.is_completed()
+    avg = torch.full((3,), 4.0)
+    work = dtcore.all_reduce(avg, op="avg", async_op=True)
+    while not work.is_completed():  # polling alone completes an average, division included
+        pass
+    assert torch.equal(avg, torch.full((3,), 4.0))
+
+
+def test_flat_reduce_scatter_and_all_gather(fresh_dtcore):
+    ctx = dtcore.init(timeout=30)
+    comm = ctx.communicator
+    out = torch.empty(3)
+    comm.reduce_scatter(out, torch.arange(3.0), "avg").wait(10.0)
+    assert torch.equal(out, torch.arange(3.0))
+    gathered = torch.empty(3)
+    comm.all_gather(gathered, torch.arange(3.0)).wait(10.0)
+    assert torch.equal(gathered, torch.arange(3.0))
+    with pytest.raises(dtcore.ConfigError, match="world size x 3"):
+        comm.all_gather(torch.empty(4), torch.arange(3.0))
+
+
+def test_main_process_first_runs_the_block(fresh_dtcore):
+    dtcore.init(timeout=30)
+    ran = []
+    with dtcore.main_process_first():
+        ran.append(True)
+    assert ran == [True]
+    dtcore.barrier()
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("mode", ["die", "stall"])
+def test_dead_or_stalled_rank_is_named_on_the_survivors(mode):
+    port, timeout = free_port(), 3.0
+    envs = [clean_env(**torchrun_style(rank, 3, port)) for rank in range(3)]
+    results, sessions = run_ranks("failure_worker.py", envs, args=(mode, str(timeout)), timeout=60)
+    for r in results[:2]:
+        j = r.json()
+        assert not j["ok"], describe(results)
+        assert "rank 2 (host " in j["message"], j["message"]
+        if mode == "die":
+            assert "no heartbeat" in j["message"] and "dead: rank 2" in j["message"], j["message"]
+        else:
+            assert "timed out" in j["message"], j["message"]
+            assert "alive, but has not started all_reduce" in j["message"], j["message"]
+        assert j["seconds"] < timeout + 5.0, j  # the failure, then about two heartbeats of diagnosis
+    assert not leftover_processes(sessions)
