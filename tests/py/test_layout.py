@@ -160,8 +160,10 @@ def test_knobs_are_read_only_through_the_registry():
     for path in _tracked("python", "csrc", "benchmarks", "examples", "tools"):
         if path == registry:
             continue
+        cpp = path.suffix in (".cpp", ".h")
         for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-            if READ_AROUND.search(line) or (path.suffix in (".cpp", ".h") and '"DTCORE_' in line):
+            code = line.split("//")[0] if cpp else line  # C++ comments may name a knob; code spells knobs::kX
+            if READ_AROUND.search(code) or (cpp and '"DTCORE_' in code):
                 offenders.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
     assert offenders == []
 

@@ -159,7 +159,9 @@ std::string override_value<std::string>(const std::string& key, const Argument& 
 // "rank, world_size, ..., master_port", for messages. See Note [World fields].
 std::string field_names() {
   std::string out;
-#define DTCORE_NAME(type, name, knob) out += (out.empty() ? "" : ", ") + std::string(#name);
+#define DTCORE_NAME(type, name, knob) \
+  if (!out.empty()) out += ", ";      \
+  out += #name;
   DTCORE_WORLD_FIELDS(DTCORE_NAME)
 #undef DTCORE_NAME
   return out;

@@ -1,6 +1,8 @@
 #include "dtcore/bootstrap/roster.h"
 
 #include <algorithm>
+#include <charconv>
+#include <stdexcept>
 #include <set>
 #include <sstream>
 
@@ -30,6 +32,19 @@ std::string RosterEntry::encode() const {
   return os.str();
 }
 
+namespace {
+
+// The whole of `text` as an integer, or std::invalid_argument: "3x" is not rank 3.
+template <typename Int>
+Int whole_number(const std::string& text) {
+  Int value{};
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) throw std::invalid_argument(text);
+  return value;
+}
+
+}  // namespace
+
 RosterEntry RosterEntry::decode(const std::string& text) {
   RosterEntry e;
   std::istringstream is(text);
@@ -39,10 +54,10 @@ RosterEntry RosterEntry::decode(const std::string& text) {
     if (eq == std::string::npos) continue;
     std::string key = line.substr(0, eq), value = line.substr(eq + 1);
     try {
-      if (key == "rank") e.rank = std::stoi(value);
+      if (key == "rank") e.rank = whole_number<int>(value);
       else if (key == "host") e.host = value;
-      else if (key == "pid") e.pid = std::stol(value);
-      else if (key == "local_rank") e.local_rank = std::stoi(value);
+      else if (key == "pid") e.pid = whole_number<long>(value);
+      else if (key == "local_rank") e.local_rank = whole_number<int>(value);
       else if (key == "device") e.device = value;
       else if (key.starts_with("fp.")) e.fingerprint[key.substr(3)] = value;
     } catch (const std::exception&) {

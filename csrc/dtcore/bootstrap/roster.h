@@ -27,7 +27,7 @@ struct RosterEntry {
                                  std::map<std::string, std::string> fingerprint);
 
   std::string encode() const;
-  static RosterEntry decode(const std::string& text);  // ConfigError on a malformed entry
+  static RosterEntry decode(const std::string& text);  // RendezvousError on a malformed entry
 };
 
 // "0-3,5,7-8" from {0,1,2,3,5,7,8}.

@@ -3,11 +3,13 @@
 #include <c10/core/ScalarType.h>
 
 #include "dtcore/common/dtype.h"
+#include "dtcore/common/env.h"
 #include "dtcore/common/error.h"
 
 namespace dtcore {
 
-ReduceOp parse_reduce_op(std::string_view name) {
+ReduceOp parse_reduce_op(std::string_view text) {
+  const std::string name = ascii_lower(text);
   if (name == "sum") return ReduceOp::Sum;
   if (name == "avg" || name == "mean") return ReduceOp::Avg;
   if (name == "max") return ReduceOp::Max;
@@ -29,9 +31,10 @@ void Communicator::check_input(const at::Tensor& t, std::string_view what, std::
                ", but this job's backend is ", backend(), backend() == "gloo" ? " (CPU tensors)" : " (CUDA tensors)",
                ". Fix: move the tensor (", backend() == "gloo" ? ".cpu()" : ".cuda()",
                ") or initialize with the matching backend (dtcore.init(backend=...)).");
+  // Sparse first: a sparse tensor is never contiguous, and "contiguous()" would not help.
+  DTCORE_CHECK(!t.is_sparse(), ConfigError, op_name, ": ", what, " is sparse; dtcore reduces dense tensors only. Fix: pass tensor.to_dense().");
   DTCORE_CHECK(t.is_contiguous(), ConfigError, op_name, ": ", what,
                " is not contiguous. Fix: pass tensor.contiguous() (and copy the result back if needed).");
-  DTCORE_CHECK(!t.is_sparse(), ConfigError, op_name, ": ", what, " is sparse; dtcore reduces dense tensors only. Fix: pass tensor.to_dense().");
   if (op != nullptr && *op == ReduceOp::Avg) {
     DTCORE_CHECK(at::isFloatingType(t.scalar_type()), ConfigError, op_name, ": op='avg' needs a floating-point ",
                  "tensor, but ", what, " is ", dtype_name(t.scalar_type()),
@@ -39,12 +42,14 @@ void Communicator::check_input(const at::Tensor& t, std::string_view what, std::
   }
 }
 
-void Communicator::check_flat_sizes(const at::Tensor& big, const at::Tensor& small, std::string_view op_name) const {
-  DTCORE_CHECK(big.numel() == small.numel() * size_, ConfigError, op_name, ": the large buffer has ", big.numel(),
+void Communicator::check_flat_sizes(const at::Tensor& big, std::string_view big_name, const at::Tensor& small,
+                                    std::string_view small_name, std::string_view op_name) const {
+  DTCORE_CHECK(big.numel() == small.numel() * size_, ConfigError, op_name, ": the ", big_name, " has ", big.numel(),
                " elements but must have world size x ", small.numel(), " = ", small.numel() * size_,
                ". Fix: size it as world_size * shard elements.");
-  DTCORE_CHECK(big.scalar_type() == small.scalar_type(), ConfigError, op_name, ": input and output dtypes differ (",
-               dtype_name(big.scalar_type()), " vs ", dtype_name(small.scalar_type()), "). Fix: give both buffers the same dtype.");
+  DTCORE_CHECK(big.scalar_type() == small.scalar_type(), ConfigError, op_name, ": the ", big_name, " is ",
+               dtype_name(big.scalar_type()), " but the ", small_name, " is ", dtype_name(small.scalar_type()),
+               ". Fix: give both buffers the same dtype.");
 }
 
 std::string_view collective_name(CollectiveKind kind) {
@@ -61,14 +66,14 @@ std::shared_ptr<Work> Communicator::all_reduce(const at::Tensor& tensor, ReduceO
 std::shared_ptr<Work> Communicator::reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
   check_input(output, "the output", "reduce_scatter", &op);
   check_input(input, "the input", "reduce_scatter", &op);
-  check_flat_sizes(input, output, "reduce_scatter");
+  check_flat_sizes(input, "input", output, "output", "reduce_scatter");
   return issue(Collective{CollectiveKind::ReduceScatter, 0, "", input, output, op, 0});
 }
 
 std::shared_ptr<Work> Communicator::all_gather(const at::Tensor& output, const at::Tensor& input) {
   check_input(output, "the output", "all_gather");
   check_input(input, "the input", "all_gather");
-  check_flat_sizes(output, input, "all_gather");
+  check_flat_sizes(output, "output", input, "input", "all_gather");
   return issue(Collective{CollectiveKind::AllGather, 0, "", input, output, ReduceOp::Sum, 0});
 }
 

@@ -33,8 +33,8 @@ namespace dtcore {
 
 enum class ReduceOp { Sum, Avg, Max, Min };
 
-// Parses "sum" | "avg" | "max" | "min"; ConfigError otherwise.
-ReduceOp parse_reduce_op(std::string_view name);
+// Parses "sum" | "avg" (or "mean") | "max" | "min", in any case; ConfigError otherwise.
+ReduceOp parse_reduce_op(std::string_view text);
 std::string_view reduce_op_name(ReduceOp op);
 
 enum class CollectiveKind { AllReduce, ReduceScatter, AllGather, Broadcast, Barrier };
@@ -121,7 +121,8 @@ class Communicator {
   // ConfigError unless `t` suits this communicator (device type, contiguity, dtype for `op`).
   void check_input(const at::Tensor& t, std::string_view what, std::string_view op_name,
                    const ReduceOp* op = nullptr) const;
-  void check_flat_sizes(const at::Tensor& big, const at::Tensor& small, std::string_view op_name) const;
+  void check_flat_sizes(const at::Tensor& big, std::string_view big_name, const at::Tensor& small,
+                        std::string_view small_name, std::string_view op_name) const;
   // Numbers, names and records `c`, then starts it.
   std::shared_ptr<Work> issue(Collective c);
 

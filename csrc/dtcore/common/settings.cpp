@@ -35,7 +35,10 @@ std::string parse_choice(const std::string& text, const std::string& shown, std:
     if (v == c) return v;
   }
   std::string list;
-  for (const char* c : choices) list += (list.empty() ? "" : ", ") + std::string(c);
+  for (const char* c : choices) {
+    if (!list.empty()) list += ", ";
+    list += c;
+  }
   throw BadValue{detail::cat(shown, " is not ", what, "."), detail::cat("use one of ", list, ".")};
 }
 
@@ -85,6 +88,7 @@ class Reader {
       if (auto arg = argument(field)) {
         source = detail::cat("init(", field, "=)");
         shown = detail::cat("init(", field, "=", repr(*arg), ")");
+        text = repr(*arg);  // what the Problem shows if the type is wrong
         text = argument_text(*arg, knob, shown);
       } else if (auto v = env_.get(knob.name)) {
         text = *v;
@@ -149,7 +153,10 @@ bool LogRanks::includes(int rank) const {
 std::string LogRanks::to_string() const {
   if (all) return "all";
   std::string out;
-  for (int r : ranks) out += (out.empty() ? "" : ",") + std::to_string(r);
+  for (int r : ranks) {
+    if (!out.empty()) out += ',';
+    out += std::to_string(r);
+  }
   return out;
 }
 
@@ -162,8 +169,18 @@ std::string repr(const Argument& value) {
   if (std::holds_alternative<bool>(value)) return std::get<bool>(value) ? "True" : "False";
   if (std::holds_alternative<int64_t>(value)) return std::to_string(std::get<int64_t>(value));
   if (std::holds_alternative<double>(value)) {
+    // The shortest text that reads back as the same double, as Python's repr: 0.1, not 0.10000000000000001.
+    const double d = std::get<double>(value);
     char buf[32];
-    std::snprintf(buf, sizeof buf, "%.17g", std::get<double>(value));
+    int digits = 1;
+    for (; digits < 17; ++digits) {
+      std::snprintf(buf, sizeof buf, "%.*g", digits, d);
+      if (std::strtod(buf, nullptr) == d) break;
+    }
+    // Python writes an exponent only below 1e-4 or from 1e16 on: 300.0, not 3e+02.
+    const int exponent = d == 0 || !std::isfinite(d) ? 0 : static_cast<int>(std::floor(std::log10(std::fabs(d))));
+    if (exponent >= -4 && exponent < 16) digits = std::max(digits, exponent + 1);
+    std::snprintf(buf, sizeof buf, "%.*g", digits, d);
     std::string s = buf;
     if (s.find_first_of(".eninf") == std::string::npos) s += ".0";
     return s;

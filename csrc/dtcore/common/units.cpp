@@ -57,22 +57,28 @@ int64_t parse_bytes(std::string_view text, std::string_view what) {
 }
 
 std::string format_bytes(int64_t bytes) {
-  static constexpr std::pair<const char*, int64_t> kBinary[] = {
-      {"TiB", int64_t{1} << 40}, {"GiB", int64_t{1} << 30}, {"MiB", int64_t{1} << 20}, {"KiB", int64_t{1} << 10}};
-  const int64_t magnitude = bytes < 0 ? -bytes : bytes;
-  for (const auto& [name, scale] : kBinary) {
+  static constexpr std::pair<const char*, uint64_t> kBinary[] = {
+      {"TiB", uint64_t{1} << 40}, {"GiB", uint64_t{1} << 30}, {"MiB", uint64_t{1} << 20}, {"KiB", uint64_t{1} << 10}};
+  const char* sign = bytes < 0 ? "-" : "";
+  const uint64_t magnitude = bytes < 0 ? uint64_t{0} - static_cast<uint64_t>(bytes) : static_cast<uint64_t>(bytes);
+  for (size_t i = 0; i < std::size(kBinary); ++i) {
+    const auto& [name, scale] = kBinary[i];
     if (magnitude < scale) continue;
-    if (bytes % scale == 0) return detail::cat(bytes / scale, " ", name);
+    if (magnitude % scale == 0) return detail::cat(sign, magnitude / scale, " ", name);
     char buf[48];
-    std::snprintf(buf, sizeof buf, "%.1f %s", static_cast<double>(bytes) / static_cast<double>(scale), name);
-    return buf;
+    std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(magnitude) / static_cast<double>(scale));
+    // 1048575 B is 1023.99... KiB, which one decimal rounds to 1024.0: that is 1.0 MiB.
+    if (i > 0 && std::string_view(buf) == "1024.0") return detail::cat(sign, "1.0 ", kBinary[i - 1].first);
+    return detail::cat(sign, buf, " ", name);
   }
-  return detail::cat(bytes, " B");
+  return detail::cat(sign, magnitude, " B");
 }
 
 std::chrono::milliseconds seconds_to_timeout(double seconds, std::string_view what) {
   DTCORE_CHECK(std::isfinite(seconds) && seconds > 0, ConfigError, what, "=", seconds,
                " is not a positive number of seconds. Fix: pass e.g. 300.");
+  DTCORE_CHECK(seconds <= kMaxTimeoutSeconds, ConfigError, what, "=", seconds, " seconds is longer than dtcore can wait "
+               "(at most ", kMaxTimeoutSeconds, " s, about 31 years). Fix: pass a number of seconds up to that.");
   return std::max(std::chrono::milliseconds(1), std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0)));
 }
 

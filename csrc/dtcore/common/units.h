@@ -22,8 +22,9 @@ int64_t parse_bytes(std::string_view text, std::string_view what);
 // 8 -> "8 B", 65536 -> "64 KiB", 1610612736 -> "1.5 GiB", 100000 -> "97.7 KiB".
 std::string format_bytes(int64_t bytes);
 
-// A number of seconds as a timeout: finite and positive (ConfigError naming `what` otherwise),
-// and never rounded down to 0 ms, which the engines read as "no timeout".
+// A number of seconds as a timeout: positive and at most kMaxTimeoutSeconds (ConfigError naming
+// `what` otherwise), and never rounded down to 0 ms, which the engines read as "no timeout".
+inline constexpr double kMaxTimeoutSeconds = 1e9;  // about 31 years: "forever" for a job, and far from overflow
 std::chrono::milliseconds seconds_to_timeout(double seconds, std::string_view what);
 
 }  // namespace dtcore

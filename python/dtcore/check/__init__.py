@@ -35,6 +35,15 @@ def run(**options: Any) -> Report:
     distributed mode every rank of the job must call it; under a running dtcore.init() it uses
     that context and leaves it running.
     """
+    known = [f.name for f in dataclasses.fields(Options)]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        import difflib
+
+        close = {name: difflib.get_close_matches(name, known, n=1) for name in unknown}
+        hints = "; ".join(f"'{n}'" + (f" (did you mean '{m[0]}'?)" if m else "") for n, m in close.items())
+        raise _C.ConfigError(f"dtcore.check.run() got unknown option(s) {hints}. Fix: use the fields of "
+                             f"dtcore.check.Options: {', '.join(known)}.")
     o = Options(**options)
     env = dict(os.environ if o.env is None else o.env)
     distributed = o.distributed

@@ -72,12 +72,29 @@ def test_backend_is_chosen_once_for_init_and_the_checker(fresh_dtcore, monkeypat
 def test_nccl_without_a_gpu_is_named_in_words_init_and_checker_agree(fresh_dtcore, monkeypatch):
     if _C.has_nccl and dtcore.bootstrap.join._cuda_devices() > 0:
         pytest.skip("this machine can run NCCL")
-    monkeypatch.setenv("DTCORE_BACKEND", "nccl")
+    monkeypatch.setenv("DTCORE_BACKEND", "NCCL")  # upper case: nccl to both (the checker used to read "auto")
     with pytest.raises(dtcore.ConfigError, match="no usable CUDA device") as e:
         dtcore.init(timeout=20)
-    _, report = _backend_in_checker(DTCORE_BACKEND="nccl")
+    _, report = _backend_in_checker(DTCORE_BACKEND="NCCL")
     backend = report.item("launch.backend")
     assert backend.status == "FAIL" and backend.message in str(e.value)
     for item in report.items:  # every item has a name a user recognizes
         assert "derived" not in item.title and "default" not in item.title, item
     assert report.item("gpu.driver").status == "FAIL"
+
+
+def test_what_ranks_must_agree_on_is_one_vocabulary():
+    from dtcore.bootstrap import fingerprint
+
+    spec = _C.read_world({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+                          "TORCHELASTIC_RUN_ID": "r7", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"})
+    keys = {f.key for f in fingerprint.FACTS}
+    for backend in ("gloo", "nccl"):
+        refused = fingerprint.for_rendezvous(backend, spec, purpose="init")
+        assert set(refused) - {"purpose", "backend", "world_size", "job"} <= keys  # the checker's words, too
+        assert refused["job"] == "TORCHELASTIC_RUN_ID=r7" and refused["world_size"] == "2"
+    assert "torch_nccl" in fingerprint.for_rendezvous("nccl", spec, purpose="init")
+    assert "torch_nccl" not in fingerprint.for_rendezvous("gloo", spec, purpose="init")
+    assert set(fingerprint.for_rendezvous("gloo", spec, purpose="dtcore.check", versions=False)) == \
+        {"purpose", "backend", "world_size", "job"}
+    assert keys <= set(fingerprint.local_facts()) | {"driver", "cuda_driver"}  # each fact is looked up

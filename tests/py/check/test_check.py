@@ -3,6 +3,8 @@ init(preflight=True), and the distributed mode with 2 and 4 real ranks on loopba
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import os
 import socket
@@ -24,7 +26,7 @@ from launch_helpers import (
 
 import dtcore
 import dtcore.check
-from dtcore.check import Report
+from dtcore.check import Options, Report
 
 ITEM_KEYS = {"id", "group", "title", "status", "value", "message", "fix"}
 TOP_KEYS = {"schema", "mode", "status", "counts", "host", "elapsed_s", "world", "backend", "facts", "gpus", "items",
@@ -160,6 +162,12 @@ def test_exit_codes_and_help():
                    "--distributed", "--local", "--backend", "--timeout", "--no-bandwidth", "--sizes", "--factor",
                    "--iters", "Exit status"):
         assert option in out.stdout, option
+
+
+def test_run_takes_the_options_fields_and_names_a_misspelt_one():
+    assert list(inspect.signature(dtcore.check.run).parameters) == [f.name for f in dataclasses.fields(Options)]
+    with pytest.raises(dtcore.ConfigError, match=r"'min_free_gb' \(did you mean 'min_free_disk_gb'\?\)"):
+        dtcore.check.run(min_free_gb=5)
 
 
 def test_sizes_parse_as_everywhere_in_dtcore():

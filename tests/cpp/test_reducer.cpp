@@ -1,0 +1,299 @@
+// The Reducer at world size 1, with real parameters and a real autograd backward: gradients as bucket views,
+// equal to plain autograd's; bucket order; no_sync accumulation; unused parameters; options; reductions().
+// The communicator is an in-process engine for one rank (averaging over one rank changes nothing), so that
+// the reducer's own logic is what is tested; multi-rank reduction runs in the Python multi-process tests.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <mutex>
+
+#include "dtcore/common/error.h"
+#include "dtcore/reducer/reducer.h"
+#include "expect_error.h"
+
+using namespace dtcore;
+using namespace std::chrono_literals;
+using dtcore::testing::error_of;
+using dtcore::testing::expect_contains;
+
+namespace {
+
+class DoneWork : public Work {
+ public:
+  using Work::Work;
+  void wait(std::chrono::milliseconds) override {}
+  bool is_completed() override { return true; }
+};
+
+// One rank: every collective is complete when started, and leaves the data as it is. Counts what it is given.
+class OneRankCommunicator : public Communicator {
+ public:
+  OneRankCommunicator() : Communicator(0, 1, 1000ms) {}
+  std::string_view backend() const override { return "gloo"; }
+  void close() override {}
+  int count(CollectiveKind kind) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    int n = 0;
+    for (CollectiveKind k : started_) n += k == kind;
+    return n;
+  }
+  // What each all_reduce was given, copied when it started.
+  std::vector<at::Tensor> reduced() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reduced_;
+  }
+
+ protected:
+  std::shared_ptr<Work> start(const Collective& c) override {
+    std::lock_guard<std::mutex> lock(mu_);  // hooks may run on an autograd thread
+    started_.push_back(c.kind);
+    if (c.kind == CollectiveKind::AllReduce) reduced_.push_back(c.input.clone());
+    return std::make_shared<DoneWork>(timeout());
+  }
+  bool accepts_device(const at::Tensor& t) const override { return t.device().is_cpu(); }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<CollectiveKind> started_;
+  std::vector<at::Tensor> reduced_;
+};
+
+// A two-layer network: fc1 (weight [4, 3], bias [4]), tanh, fc2 (weight [2, 4]).
+std::vector<at::Tensor> make_params() {
+  at::manual_seed(0);
+  return {at::randn({4, 3}).requires_grad_(), at::randn({4}).requires_grad_(), at::randn({2, 4}).requires_grad_()};
+}
+const std::vector<std::string> kNames{"fc1.weight", "fc1.bias", "fc2.weight"};
+
+at::Tensor loss_of(const std::vector<at::Tensor>& p, const at::Tensor& x) {
+  at::Tensor h = at::tanh(at::addmm(p[1], x, p[0].t()));  // (B, 4)
+  return h.matmul(p[2].t()).pow(2).sum();                 // (B, 2) -> scalar
+}
+
+// The gradients plain autograd gives for `passes` backward passes on copies of `params`.
+std::vector<at::Tensor> reference_grads(const std::vector<at::Tensor>& params, const at::Tensor& x, int passes = 1) {
+  std::vector<at::Tensor> copies;
+  for (const auto& p : params) copies.push_back(p.detach().clone().requires_grad_());
+  for (int i = 0; i < passes; ++i) loss_of(copies, x).backward();
+  std::vector<at::Tensor> grads;
+  for (const auto& c : copies) grads.push_back(c.grad());
+  return grads;
+}
+
+void expect_grads(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& expected) {
+  ASSERT_EQ(params.size(), expected.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    ASSERT_TRUE(params[i].grad().defined()) << kNames[i];
+    EXPECT_TRUE(at::allclose(params[i].grad(), expected[i], 1e-5, 1e-6)) << kNames[i] << ":\n"
+                                                                         << params[i].grad() << "\nexpected:\n"
+                                                                         << expected[i];
+  }
+}
+
+struct Fixture {
+  std::vector<at::Tensor> params = make_params();
+  at::Tensor x = at::randn({5, 3});
+  std::shared_ptr<OneRankCommunicator> comm = std::make_shared<OneRankCommunicator>();
+  std::unique_ptr<Reducer> reducer;
+
+  explicit Fixture(Reducer::Options options = {}) {
+    reducer = std::make_unique<Reducer>(params, kNames, comm, options);
+  }
+  void step(bool sync = true) {
+    reducer->prepare_for_backward(sync);
+    loss_of(params, x).backward();
+  }
+};
+
+Reducer::Options tiny_buckets() {  // first bucket 1 KiB, then 2 KiB
+  Reducer::Options o;
+  o.first_bucket_mb = 1.0 / 1024;
+  o.bucket_mb = 2.0 / 1024;
+  return o;
+}
+
+}  // namespace
+
+TEST(Reducer, GradientsEqualPlainAutogradsAfterAReducedBackward) {
+  Fixture f;
+  auto expected = reference_grads(f.params, f.x);
+  f.step();
+  expect_grads(f.params, expected);
+  EXPECT_EQ(f.reducer->reductions(), 1);
+  EXPECT_EQ(f.comm->count(CollectiveKind::AllReduce), static_cast<int>(f.reducer->buckets().size()));
+}
+
+TEST(Reducer, EachBucketIsReducedOnceAllItsGradientsAreIn) {
+  Reducer::Options o;  // fc2.weight (32 B) alone in the first bucket, then fc1's bias and weight
+  o.first_bucket_mb = 32.0 / (1 << 20);
+  o.bucket_mb = 48.0 / (1 << 20);
+  Fixture f(o);
+  ASSERT_EQ(f.reducer->buckets().size(), 2u);
+  EXPECT_EQ(f.reducer->buckets()[0].params, (std::vector<size_t>{2}));
+  EXPECT_EQ(f.reducer->buckets()[1].params, (std::vector<size_t>{1, 0}));
+  auto g = reference_grads(f.params, f.x);
+  f.step();
+  auto sent = f.comm->reduced();
+  ASSERT_EQ(sent.size(), 2u);  // in plan order, each holding its gradients back to back
+  EXPECT_TRUE(at::allclose(sent[0], g[2].flatten(), 1e-5, 1e-6)) << sent[0];
+  EXPECT_TRUE(at::allclose(sent[1], at::cat({g[1], g[0].flatten()}), 1e-5, 1e-6)) << sent[1];
+}
+
+TEST(Reducer, GradientsAreViewsIntoOneBucketBuffer) {
+  Fixture f;
+  ASSERT_EQ(f.reducer->buckets().size(), 1u);  // 28 floats: far below the 1 MiB first bucket
+  for (const auto& p : f.params) {
+    ASSERT_TRUE(p.grad().defined());  // views exist from construction on, zero
+    EXPECT_EQ(p.grad().sizes(), p.sizes());
+    EXPECT_EQ(p.grad().abs().sum().item<float>(), 0.0f);
+  }
+  EXPECT_TRUE(f.params[0].grad().is_alias_of(f.params[2].grad()));
+  f.step();
+  f.step();
+  EXPECT_TRUE(f.params[0].grad().is_alias_of(f.params[1].grad()));  // still, after the rebuild
+  EXPECT_TRUE(f.params[0].grad().is_alias_of(f.params[2].grad()));
+}
+
+TEST(Reducer, BucketsFollowReverseRegistrationOrderBeforeTheFirstBackward) {
+  std::vector<at::Tensor> params;
+  for (int i = 0; i < 4; ++i) params.push_back(at::zeros({256}).requires_grad_());  // 1 KiB each
+  Reducer r(params, {"a", "b", "c", "d"}, std::make_shared<OneRankCommunicator>(), tiny_buckets());
+  ASSERT_EQ(r.buckets().size(), 3u);
+  EXPECT_EQ(r.buckets()[0].params, (std::vector<size_t>{3}));
+  EXPECT_EQ(r.buckets()[1].params, (std::vector<size_t>{2, 1}));
+  EXPECT_EQ(r.buckets()[2].params, (std::vector<size_t>{0}));
+  EXPECT_TRUE(params[2].grad().is_alias_of(params[1].grad()));
+  EXPECT_FALSE(params[3].grad().is_alias_of(params[2].grad()));
+}
+
+TEST(Reducer, AfterTheFirstReductionBucketsFollowTheObservedReadyOrder) {
+  // Registered a, b but used b then a in forward: a's gradient is ready first.
+  std::vector<at::Tensor> params{at::full({3}, 2.0).requires_grad_(), at::full({3}, 3.0).requires_grad_()};
+  auto comm = std::make_shared<OneRankCommunicator>();
+  Reducer r(params, {"a", "b"}, comm, {});
+  EXPECT_EQ(r.buckets()[0].params, (std::vector<size_t>{1, 0}));
+  at::Tensor x = at::ones({3});
+  for (int pass = 0; pass < 2; ++pass) {
+    for (auto& p : params) p.grad().zero_();
+    r.prepare_for_backward(true);
+    ((x * params[1]) * params[0]).sum().backward();
+    EXPECT_TRUE(at::allclose(params[0].grad(), at::full({3}, 3.0))) << params[0].grad();
+    EXPECT_TRUE(at::allclose(params[1].grad(), at::full({3}, 2.0))) << params[1].grad();
+  }
+  EXPECT_EQ(r.buckets()[0].params, (std::vector<size_t>{0, 1}));
+  EXPECT_TRUE(params[0].grad().is_alias_of(params[1].grad()));
+  EXPECT_EQ(comm->count(CollectiveKind::Broadcast), 1);  // rank 0's order, shared once
+  EXPECT_EQ(r.reductions(), 2);
+}
+
+TEST(Reducer, NoSyncIssuesNoCollectiveAndTheNextSyncedBackwardReducesTheSum) {
+  Fixture f;
+  auto once = reference_grads(f.params, f.x, 1);
+  auto twice = reference_grads(f.params, f.x, 2);
+  f.step(/*sync=*/false);
+  EXPECT_EQ(f.comm->count(CollectiveKind::AllReduce), 0);
+  EXPECT_EQ(f.reducer->reductions(), 0);
+  expect_grads(f.params, once);
+  f.step(/*sync=*/true);
+  EXPECT_EQ(f.comm->count(CollectiveKind::AllReduce), 1);
+  EXPECT_EQ(f.reducer->reductions(), 1);
+  expect_grads(f.params, twice);
+}
+
+TEST(Reducer, ReductionsCountsReducedBackwardPasses) {
+  Fixture f;
+  auto expected = reference_grads(f.params, f.x);
+  for (int i = 1; i <= 3; ++i) {
+    for (auto& p : f.params) p.grad().zero_();  // optimizer.zero_grad(set_to_none=False)
+    f.step();
+    EXPECT_EQ(f.reducer->reductions(), i);
+    expect_grads(f.params, expected);
+  }
+  EXPECT_EQ(f.comm->count(CollectiveKind::AllReduce), 3);
+}
+
+TEST(Reducer, AGradSetToNoneIsPutBackIntoTheBucket) {
+  Fixture f;
+  auto expected = reference_grads(f.params, f.x);
+  f.step();
+  for (auto& p : f.params) p.mutable_grad() = at::Tensor();  // optimizer.zero_grad(set_to_none=True)
+  f.step();
+  expect_grads(f.params, expected);
+  EXPECT_TRUE(f.params[0].grad().is_alias_of(f.params[2].grad()));
+  EXPECT_EQ(f.reducer->reductions(), 2);
+}
+
+TEST(Reducer, AParameterWithoutGradientIsNamedByTheNextPrepare) {
+  std::vector<at::Tensor> params{at::randn({3}).requires_grad_(), at::randn({3}).requires_grad_()};
+  auto comm = std::make_shared<OneRankCommunicator>();
+  Reducer r(params, {"head.used", "head.unused"}, comm, {});
+  r.prepare_for_backward(true);
+  (params[0] * 2).sum().backward();
+  EXPECT_EQ(comm->count(CollectiveKind::AllReduce), 0);  // its bucket never completed
+  EXPECT_EQ(r.reductions(), 0);
+  std::string m = error_of<ConfigError>([&] { r.prepare_for_backward(true); });
+  expect_contains(m,
+                  {"on rank 0", "parameter 'head.unused' received no gradient", "find_unused_parameters=True", "Fix:"});
+  EXPECT_EQ(m.find("'head.used'"), std::string::npos) << m;
+  EXPECT_NO_THROW(r.prepare_for_backward(true));  // the error reset it for the next step
+}
+
+TEST(Reducer, FindUnusedParametersReducesAZeroGradientForThem) {
+  std::vector<at::Tensor> params{at::randn({3}).requires_grad_(), at::randn({3}).requires_grad_()};
+  Reducer::Options o;
+  o.find_unused_parameters = true;
+  Reducer r(params, {"head.used", "head.unused"}, std::make_shared<OneRankCommunicator>(), o);
+  for (int pass = 1; pass <= 2; ++pass) {
+    r.prepare_for_backward(true);
+    at::Tensor loss = (params[0] * 2).sum();
+    r.find_unused({loss});
+    loss.backward();
+    EXPECT_EQ(r.reductions(), pass);
+  }
+  EXPECT_TRUE(at::equal(params[0].grad(), at::full({3}, 4.0)));  // two passes accumulated
+  EXPECT_TRUE(at::equal(params[1].grad(), at::zeros({3})));
+}
+
+TEST(Reducer, CommDtypeSendsBucketsInThatDtypeAndCopiesBack) {
+  Reducer::Options o;
+  o.comm_dtype = at::kBFloat16;
+  Fixture f(o);
+  auto expected = reference_grads(f.params, f.x);
+  f.step();
+  ASSERT_EQ(f.comm->reduced().size(), 1u);
+  EXPECT_EQ(f.comm->reduced()[0].scalar_type(), at::kBFloat16);
+  for (auto& g : expected) g = g.to(at::kBFloat16).to(at::kFloat);  // what survives the trip
+  expect_grads(f.params, expected);
+  EXPECT_EQ(f.params[0].grad().scalar_type(), at::kFloat);
+}
+
+TEST(Reducer, BadOptionsAndParametersAreConfigErrorsNamingThem) {
+  auto comm = std::make_shared<OneRankCommunicator>();
+  auto make = [&](Reducer::Options o, std::vector<at::Tensor> params, std::vector<std::string> names) {
+    return error_of<ConfigError>([&] { Reducer(params, names, comm, o); });
+  };
+  std::vector<at::Tensor> one{at::zeros({2}).requires_grad_()};
+  Reducer::Options o;
+  o.bucket_mb = 0;
+  expect_contains(make(o, one, {"w"}), {"bucket_mb=0"});
+  o = {};
+  o.first_bucket_mb = -1;
+  expect_contains(make(o, one, {"w"}), {"first_bucket_mb=-1"});
+  o = {};
+  o.comm_dtype = at::kChar;
+  expect_contains(make(o, one, {"w"}), {"comm_dtype=torch.int8 cannot carry gradients", "torch.bfloat16", "Fix:"});
+  expect_contains(make({}, one, {"w", "extra"}), {"1 parameters but 2 names"});
+  at::Tensor leaf = at::zeros({2}).requires_grad_();
+  expect_contains(make({}, {leaf * 2}, {"layer.scaled"}), {"parameter 'layer.scaled' is not a leaf tensor", "Fix:"});
+  at::Tensor sparse = at::zeros({2}).to_sparse().requires_grad_();
+  expect_contains(make({}, {sparse}, {"emb.weight"}), {"parameter 'emb.weight' is not a dense tensor"});
+}
+
+TEST(Reducer, FrozenParametersAreLeftOut) {
+  std::vector<at::Tensor> params{at::zeros({2}).requires_grad_(), at::zeros({5}), at::zeros({3}).requires_grad_()};
+  Reducer r(params, {"a", "frozen", "c"}, std::make_shared<OneRankCommunicator>(), {});
+  ASSERT_EQ(r.buckets().size(), 1u);
+  EXPECT_EQ(r.buckets()[0].numel, 5);  // 2 + 3
+  EXPECT_FALSE(params[1].grad().defined());
+}
