@@ -116,7 +116,9 @@ def main() -> None:
         name = f"budget:{fraction:g}"
         budgets[name] = int(none_peak * fraction)
         variants[name] = copy.deepcopy(base)
-        summaries[name] = dtcore.checkpoint_activations(variants[name], f"budget:{budgets[name]}", example_inputs=(x, y))
+        summaries[name] = dtcore.checkpoint_activations(
+            variants[name], f"budget:{budgets[name]}", example_inputs=(x, y)
+        )
 
     peaks = {name: peak_bytes(m, x, y) for name, m in variants.items()}
     times: dict[str, list[float]] = {name: [] for name in variants}
@@ -127,11 +129,15 @@ def main() -> None:
                 times[name].append(elapsed)
     t = {name: statistics.median(v) for name, v in times.items()}
 
-    print(f"GPT preset {args.preset} ({num_parameters(base) / 1e6:.1f}M parameters, {args.dtype}, dropout "
-          f"{args.dropout:g}) on {device.type}, batch {args.batch}x{config.block_size}, {torch.get_num_threads()} "
-          f"threads; step = forward + backward, median of {args.steps} after {args.warmup} warm-up, interleaved")
-    print("| variant | blocks checkpointed | peak memory (MiB) | saved vs none | step (ms) | "
-          "recompute overhead (ms) | note |")
+    print(
+        f"GPT preset {args.preset} ({num_parameters(base) / 1e6:.1f}M parameters, {args.dtype}, dropout "
+        f"{args.dropout:g}) on {device.type}, batch {args.batch}x{config.block_size}, {torch.get_num_threads()} "
+        f"threads; step = forward + backward, median of {args.steps} after {args.warmup} warm-up, interleaved"
+    )
+    print(
+        "| variant | blocks checkpointed | peak memory (MiB) | saved vs none | step (ms) | "
+        "recompute overhead (ms) | note |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name in variants:
         s = summaries.get(name)
@@ -144,11 +150,15 @@ def main() -> None:
             which = ", ".join(f"{modes.count(m)} {m}" for m in ("full", "selective") if m in modes) or "0"
         note = ""
         if name in budgets:
-            note = (f"budget {budgets[name] / MiB:.1f} MiB, measured/budget {peaks[name] / budgets[name]:.4f}, "
-                    f"predicted {s.predicted_peak_bytes / MiB:.1f} MiB")
+            note = (
+                f"budget {budgets[name] / MiB:.1f} MiB, measured/budget {peaks[name] / budgets[name]:.4f}, "
+                f"predicted {s.predicted_peak_bytes / MiB:.1f} MiB"
+            )
         saved = 1 - peaks[name] / peaks["none"]
-        print(f"| {name} | {which} | {peaks[name] / MiB:.1f} | {100 * saved:.0f} % | {1000 * t[name]:.0f} | "
-              f"{1000 * (t[name] - t['none']):+.0f} | {note} |")
+        print(
+            f"| {name} | {which} | {peaks[name] / MiB:.1f} | {100 * saved:.0f} % | {1000 * t[name]:.0f} | "
+            f"{1000 * (t[name] - t['none']):+.0f} | {note} |"
+        )
 
 
 if __name__ == "__main__":

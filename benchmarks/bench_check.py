@@ -31,9 +31,12 @@ def free_port() -> int:
 
 def clean_env(**extra: str) -> dict[str, str]:
     drop = ("DTCORE_", "TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "ACCELERATE_")
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(drop) and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                                                   "MASTER_ADDR", "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(drop)
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
     env.update(OMP_NUM_THREADS="1", DTCORE_LOG_LEVEL="warn", **extra)
     return env
 
@@ -42,8 +45,13 @@ def single_node(repeats: int) -> tuple[list[float], list[float]]:
     walls, probes = [], []
     for _ in range(repeats):
         start = time.perf_counter()
-        out = subprocess.run([sys.executable, "-m", "dtcore.check", "--json"], env=clean_env(), capture_output=True,
-                             text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-m", "dtcore.check", "--json"],
+            env=clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         walls.append(time.perf_counter() - start)
         probes.append(json.loads(out.stdout)["elapsed_s"])
     return walls, probes
@@ -77,7 +85,7 @@ def worker(sizes: list[int], sweeps: int, iters) -> None:
     ctx = dtcore.init(backend="gloo", timeout=120)
     results = {"dtcore": [], "torch": []}
     for s in range(sweeps):
-        for name in (("dtcore", "torch") if s % 2 == 0 else ("torch", "dtcore")):
+        for name in ("dtcore", "torch") if s % 2 == 0 else ("torch", "dtcore"):
             if name == "dtcore":
                 rows, wrong = dtcore.check.allreduce_sweep(sizes, iters)
                 assert not wrong, wrong
@@ -85,8 +93,10 @@ def worker(sizes: list[int], sweeps: int, iters) -> None:
             else:
                 results[name].append(torch_sweep(ctx, sizes, iters))
     if ctx.rank == 0:
-        out = {name: [statistics.median(run[i] for run in runs) for i in range(len(sizes))]
-               for name, runs in results.items()}
+        out = {
+            name: [statistics.median(run[i] for run in runs) for i in range(len(sizes))]
+            for name, runs in results.items()
+        }
         sys.stdout.write(json.dumps(out) + "\n")
     dtcore.shutdown()
 
@@ -96,10 +106,23 @@ def distributed(world: int, sizes: list[int], sweeps: int, iters) -> dict:
     args = [sys.executable, __file__, "--worker", "--sizes", ",".join(map(str, sizes)), "--sweeps", str(sweeps)]
     if iters:
         args += ["--iters", str(iters)]
-    procs = [subprocess.Popen(args, env=clean_env(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
-                                                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                                                   MASTER_PORT=str(port)),
-                              stdout=subprocess.PIPE, text=True, start_new_session=True) for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            args,
+            env=clean_env(
+                RANK=str(r),
+                WORLD_SIZE=str(world),
+                LOCAL_RANK=str(r),
+                LOCAL_WORLD_SIZE=str(world),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+            ),
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for r in range(world)
+    ]
     outs = [p.communicate(timeout=1800)[0] for p in procs]
     if any(p.returncode for p in procs):
         raise RuntimeError(f"a rank failed: {[p.returncode for p in procs]}")
@@ -127,22 +150,31 @@ def main() -> None:
     walls, probes = single_node(args.repeats)
     print(f"## python -m dtcore.check, one node ({args.repeats} runs)\n")
     print("| | median | min | max |\n|---|---|---|---|")
-    print(f"| wall time (process start to exit) | {statistics.median(walls):.2f} s | {min(walls):.2f} s | "
-          f"{max(walls):.2f} s |")
-    print(f"| the probes (report's elapsed_s) | {statistics.median(probes) * 1000:.1f} ms | "
-          f"{min(probes) * 1000:.1f} ms | {max(probes) * 1000:.1f} ms |\n")
+    print(
+        f"| wall time (process start to exit) | {statistics.median(walls):.2f} s | {min(walls):.2f} s | "
+        f"{max(walls):.2f} s |"
+    )
+    print(
+        f"| the probes (report's elapsed_s) | {statistics.median(probes) * 1000:.1f} ms | "
+        f"{min(probes) * 1000:.1f} ms | {max(probes) * 1000:.1f} ms |\n"
+    )
 
     bw = distributed(args.world, sizes, args.sweeps, args.iters)
     n = args.world
-    print(f"## allreduce, {n} ranks, Gloo on loopback (median time of {args.sweeps} sweeps each; "
-          "busbw = bytes / time x 2(n-1)/n)\n")
-    print("| size | dtcore.check time (us) | busbw (GB/s) | torch.distributed Gloo time (us) | busbw (GB/s) | "
-          "busbw ratio |\n|---|---|---|---|---|---|")
+    print(
+        f"## allreduce, {n} ranks, Gloo on loopback (median time of {args.sweeps} sweeps each; "
+        "busbw = bytes / time x 2(n-1)/n)\n"
+    )
+    print(
+        "| size | dtcore.check time (us) | busbw (GB/s) | torch.distributed Gloo time (us) | busbw (GB/s) | "
+        "busbw ratio |\n|---|---|---|---|---|---|"
+    )
     for i, b in enumerate(sizes):
         nbytes = max(1, b // 4) * 4
         d, t = bw["dtcore"][i], bw["torch"][i]
         bus = [nbytes / x / 1e9 * 2 * (n - 1) / n for x in (d, t)]
         print(f"| {format_bytes(b)} | {d * 1e6:.1f} | {bus[0]:.4f} | {t * 1e6:.1f} | {bus[1]:.4f} | {t / d:.2f} |")
+
 
 if __name__ == "__main__":
     main()

@@ -35,11 +35,28 @@ def run_world(mode: str, world: int, ranks: list[int], extra: list[str], timeout
     procs = []
     t0 = time.time()
     for rank in ranks:
-        env = dict(base, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", BENCH_INIT_T0=repr(t0),
-                   DTCORE_LOG_LEVEL="warn")
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), mode, *extra], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.DEVNULL, text=True, start_new_session=True))
+        env = dict(
+            base,
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(world),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            BENCH_INIT_T0=repr(t0),
+            DTCORE_LOG_LEVEL="warn",
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(WORKER), mode, *extra],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                start_new_session=True,
+            )
+        )
     out = []
     for p in procs:
         stdout, _ = p.communicate(timeout=timeout)
@@ -70,11 +87,16 @@ def main() -> None:
                 samples[mode]["call"].append(max(r["init_s"] for r in res))
                 samples[mode]["import"].append(max(r["import_s"] for r in res))
         for mode in modes:
-            label = {"torch": "torch.distributed.init_process_group('gloo')", "dtcore": "dtcore.init()",
-                     "dtcore-only": "dtcore.init(torch_distributed=False)"}[mode]
+            label = {
+                "torch": "torch.distributed.init_process_group('gloo')",
+                "dtcore": "dtcore.init()",
+                "dtcore-only": "dtcore.init(torch_distributed=False)",
+            }[mode]
             s = samples[mode]
-            print(f"| {world} | {label} | {statistics.median(s['start']):.3f} | {statistics.median(s['call']):.3f} | "
-                  f"{statistics.median(s['import']):.3f} |")
+            print(
+                f"| {world} | {label} | {statistics.median(s['start']):.3f} | {statistics.median(s['call']):.3f} | "
+                f"{statistics.median(s['import']):.3f} |"
+            )
         ratio = statistics.median(samples["dtcore"]["start"]) / statistics.median(samples["torch"]["start"])
         print(f"| {world} | ratio dtcore / torch (from start) | {ratio:.2f} | | |")
 

@@ -120,8 +120,9 @@ def world1(args) -> None:
     variants = {
         "plain module": copy.deepcopy(base),
         "dtcore.wrap (25 MB buckets)": dtcore.wrap(copy.deepcopy(base)),
-        "dtcore.wrap (one parameter per bucket)": dtcore.wrap(copy.deepcopy(base), bucket_mb=1e-6,
-                                                              first_bucket_mb=1e-6),
+        "dtcore.wrap (one parameter per bucket)": dtcore.wrap(
+            copy.deepcopy(base), bucket_mb=1e-6, first_bucket_mb=1e-6
+        ),
     }
     times: dict[str, list[float]] = {k: [] for k in variants}
     for step in range(3 + args.steps):
@@ -135,8 +136,10 @@ def world1(args) -> None:
             if step >= 3:
                 times[name].append(elapsed)
     plain = statistics.median(times["plain module"])
-    print(f"world size 1, GPT preset {args.preset} ({num_parameters(base) / 1e6:.1f}M parameters), "
-          f"batch {args.batch}x{config.block_size}, median of {args.steps} backward passes")
+    print(
+        f"world size 1, GPT preset {args.preset} ({num_parameters(base) / 1e6:.1f}M parameters), "
+        f"batch {args.batch}x{config.block_size}, median of {args.steps} backward passes"
+    )
     print("| variant | buckets | backward (ms) | added (ms) | added per bucket (us) |")
     print("| --- | --- | --- | --- | --- |")
     for name, model in variants.items():
@@ -165,19 +168,41 @@ def main() -> None:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("DTCORE_", "TORCHELASTIC_", "SLURM_", "OMPI_"))}
     procs = []
     for rank in range(2):
-        env = dict(base, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1", DTCORE_LOG_LEVEL="warn")
-        cmd = [sys.executable, __file__, "--worker", "--preset", args.preset, "--steps", str(args.steps),
-               "--warmup", str(args.warmup), "--batch", str(args.batch)]
+        env = dict(
+            base,
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            DTCORE_LOG_LEVEL="warn",
+        )
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            "--preset",
+            args.preset,
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
+            "--batch",
+            str(args.batch),
+        ]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
     outs = [p.communicate(timeout=3600)[0] for p in procs]
     if any(p.returncode != 0 for p in procs):
         raise SystemExit(f"a rank failed: {[p.returncode for p in procs]}")
     r = json.loads([ln for ln in outs[0].splitlines() if ln.startswith("{")][-1])
     compute = r["compute only"]
-    print(f"2 ranks (Gloo, 1 thread each), GPT preset {args.preset} ({r['params'] / 1e6:.1f}M parameters, float32), "
-          f"batch {args.batch}x{PRESETS[args.preset].block_size} per rank, {r['buckets']} dtcore bucket(s), "
-          f"median of {args.steps} steps after {args.warmup} warm-up, alternating")
+    print(
+        f"2 ranks (Gloo, 1 thread each), GPT preset {args.preset} ({r['params'] / 1e6:.1f}M parameters, float32), "
+        f"batch {args.batch}x{PRESETS[args.preset].block_size} per rank, {r['buckets']} dtcore bucket(s), "
+        f"median of {args.steps} steps after {args.warmup} warm-up, alternating"
+    )
     print("| variant | step (ms) | ratio to DDP | communication hidden |")
     print("| --- | --- | --- | --- |")
     for name in ("ddp", "dtcore", "ddp no overlap", "dtcore no overlap", "compute only"):

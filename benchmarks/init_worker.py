@@ -20,8 +20,7 @@ if mode.startswith("dtcore"):
     imported = time.time()
     try:
         start = time.perf_counter()
-        dtcore.init(timeout=float(sys.argv[2]) if len(sys.argv) > 2 else 60.0,
-                    torch_distributed=(mode == "dtcore"))
+        dtcore.init(timeout=float(sys.argv[2]) if len(sys.argv) > 2 else 60.0, torch_distributed=(mode == "dtcore"))
         result = {"ok": True, "init_s": time.perf_counter() - start}
     except dtcore.RendezvousError as e:
         result = {"ok": False, "error": str(e).splitlines()[0]}

@@ -38,8 +38,11 @@ def main() -> int:
     cuda = ctx.device.type == "cuda"
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else contextlib.nullcontext()
     if dtcore.is_main_process():
-        print(f"gpt {args.preset}: {num_parameters(model) / 1e6:.2f}M parameters, {ctx.world_size} rank(s), "
-              f"backend {ctx.backend}, {args.batch}x{config.block_size} tokens per rank per micro-batch", flush=True)
+        print(
+            f"gpt {args.preset}: {num_parameters(model) / 1e6:.2f}M parameters, {ctx.world_size} rank(s), "
+            f"backend {ctx.backend}, {args.batch}x{config.block_size} tokens per rank per micro-batch",
+            flush=True,
+        )
 
     first = last = None
     tokens_per_step = ctx.world_size * args.accum * args.batch * config.block_size
@@ -48,7 +51,7 @@ def main() -> int:
         for micro in range(args.accum):
             x, y = data.batch(args.batch, ctx.device)
             sync = micro == args.accum - 1
-            with (contextlib.nullcontext() if sync else model.no_sync()), autocast:
+            with contextlib.nullcontext() if sync else model.no_sync(), autocast:
                 loss = model(x, y) / args.accum
             loss.backward()
         opt.step()
@@ -62,14 +65,20 @@ def main() -> int:
                 torch.cuda.synchronize()
             elapsed = time.perf_counter() - window_start
             if dtcore.is_main_process():
-                print(f"step {step:4d} | loss {reported:.3f} | {tokens_per_step * window / elapsed:8.0f} tokens/s | "
-                      f"{1000 * elapsed / window:6.1f} ms/step", flush=True)
+                print(
+                    f"step {step:4d} | loss {reported:.3f} | {tokens_per_step * window / elapsed:8.0f} tokens/s | "
+                    f"{1000 * elapsed / window:6.1f} ms/step",
+                    flush=True,
+                )
             window, window_start = 0, time.perf_counter()
 
     fell = last < first
     if dtcore.is_main_process():
-        print(f"loss fell from {first:.3f} to {last:.3f} (uniform guess: {uniform_loss(config.vocab_size):.3f}): "
-              f"{'OK' if fell else 'DID NOT FALL'}", flush=True)
+        print(
+            f"loss fell from {first:.3f} to {last:.3f} (uniform guess: {uniform_loss(config.vocab_size):.3f}): "
+            f"{'OK' if fell else 'DID NOT FALL'}",
+            flush=True,
+        )
     dtcore.shutdown()
     return 0 if fell else 1
 

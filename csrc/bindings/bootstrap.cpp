@@ -32,7 +32,7 @@ void bind_bootstrap(py::module_& m) {
   py::class_<WorldSpec> spec(m, "WorldSpec");
   spec.def(py::init<const WorldSpec&>(), py::arg("other"), "A copy (dtcore.Context derives from WorldSpec)");
   py::tuple names(0);
-#define DTCORE_BIND_FIELD(type, name, knob)                                              \
+#define DTCORE_BIND_FIELD(type, name, knob)                                           \
   spec.def_property_readonly(#name, [](const WorldSpec& s) { return s.name.value; }); \
   names = names + py::make_tuple(#name);
   DTCORE_WORLD_FIELDS(DTCORE_BIND_FIELD)
@@ -63,12 +63,13 @@ void bind_bootstrap(py::module_& m) {
       py::arg("env") = py::none(), py::arg("overrides") = Arguments{},
       "The job's shape from a launcher's environment; init() arguments (`overrides`) beat DTCORE_* beat launcher");
 
-  m.def("validate_overrides", [](const Arguments& overrides) { parse_overrides(overrides); }, py::arg("overrides"),
-        "ConfigError for an init() argument with an unknown name or a value of the wrong type");
+  m.def(
+      "validate_overrides", [](const Arguments& overrides) { parse_overrides(overrides); }, py::arg("overrides"),
+      "ConfigError for an init() argument with an unknown name or a value of the wrong type");
 
   py::class_<Problem> problem(m, "Problem");
-  fields<Access::kRead>(problem, "field", &Problem::field, "variable", &Problem::variable, "value", &Problem::value, "message",
-           &Problem::message, "fix", &Problem::fix);
+  fields<Access::kRead>(problem, "field", &Problem::field, "variable", &Problem::variable, "value", &Problem::value,
+                        "message", &Problem::message, "fix", &Problem::fix);
   problem.def("label", &Problem::label).def("__str__", &Problem::to_string);
   m.def(
       "check_world",
@@ -95,8 +96,9 @@ void bind_bootstrap(py::module_& m) {
       "'nccl' or 'gloo' for the settings' backend; ConfigError naming its source when it cannot be honoured");
 
   py::class_<RosterEntry> entry(m, "RosterEntry");
-  fields<Access::kRead>(entry, "rank", &RosterEntry::rank, "host", &RosterEntry::host, "pid", &RosterEntry::pid, "local_rank",
-           &RosterEntry::local_rank, "device", &RosterEntry::device, "fingerprint", &RosterEntry::fingerprint);
+  fields<Access::kRead>(entry, "rank", &RosterEntry::rank, "host", &RosterEntry::host, "pid", &RosterEntry::pid,
+                        "local_rank", &RosterEntry::local_rank, "device", &RosterEntry::device, "fingerprint",
+                        &RosterEntry::fingerprint);
 
   py::class_<Rendezvous>(m, "Rendezvous")
       .def_property_readonly("store", &Rendezvous::store)

@@ -25,8 +25,9 @@ void bind_comm(py::module_& m) {
             py::gil_scoped_release release;
             timeout ? w.wait(*timeout) : w.wait();
           },
-          py::arg("timeout_s") = py::none(), "Blocks until done; CommError on failure or after the timeout "
-                                             "(the communicator's, unless given)")
+          py::arg("timeout_s") = py::none(),
+          "Blocks until done; CommError on failure or after the timeout "
+          "(the communicator's, unless given)")
       .def("is_completed", &Work::is_completed, py::call_guard<py::gil_scoped_release>());
 
   py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")

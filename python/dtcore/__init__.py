@@ -1,10 +1,10 @@
 """dtcore: distributed training that starts right or says exactly why not.
 
-    import dtcore
-    ctx = dtcore.init()          # under torchrun, SLURM, mpirun, accelerate, or alone
-    dtcore.all_reduce(t, op="avg")
-    model = dtcore.wrap(model)   # gradients averaged across ranks during backward
-    dtcore.checkpoint_activations(model, "budget:2GB", example_inputs=batch)  # recompute in backward
+import dtcore
+ctx = dtcore.init()          # under torchrun, SLURM, mpirun, accelerate, or alone
+dtcore.all_reduce(t, op="avg")
+model = dtcore.wrap(model)   # gradients averaged across ranks during backward
+dtcore.checkpoint_activations(model, "budget:2GB", example_inputs=batch)  # recompute in backward
 """
 
 from . import _guard

@@ -35,7 +35,8 @@ inline void expect_item(const Items& items, const std::string& id, Status status
   EXPECT_EQ(status_name(i.status), status_name(status)) << id << ": " << i.value << " / " << i.message;
   if (status != Status::Pass) EXPECT_FALSE(i.fix.empty()) << id << " has no fix";
   const std::string text = i.value + " | " + i.message + " | " + i.fix;
-  for (const char* part : parts) EXPECT_NE(text.find(part), std::string::npos) << id << ": '" << part << "' not in: " << text;
+  for (const char* part : parts)
+    EXPECT_NE(text.find(part), std::string::npos) << id << ": '" << part << "' not in: " << text;
 }
 
 }  // namespace dtcore::check::testing

@@ -208,7 +208,7 @@ TEST(ActivationPlan, LargeSizesAreQuantisedConservativelyAndHundredsOfBlocksAreF
     ASSERT_EQ(got.feasible, want.feasible) << "trial " << trial;  // the least-peak fallback keeps this exact
     if (want.feasible) {
       EXPECT_LE(got.peak_bytes, budget);
-      EXPECT_GE(got.recompute_seconds, want.seconds - 1e-9);  // never better than the optimum
+      EXPECT_GE(got.recompute_seconds, want.seconds - 1e-9);                      // never better than the optimum
       EXPECT_LE(got.recompute_seconds, want.seconds + 1.0) << "trial " << trial;  // and never far off
     }
   }

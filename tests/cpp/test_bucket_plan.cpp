@@ -37,7 +37,7 @@ TEST(BucketPlan, ReverseRegistrationOrderFillsTheSmallFirstBucketThenTheBigOnes)
   ASSERT_EQ(buckets.size(), 3u);
   EXPECT_EQ(buckets[0].params, (std::vector<size_t>{7, 6}));        // first bucket: 2 KiB
   EXPECT_EQ(buckets[1].params, (std::vector<size_t>{5, 4, 3, 2}));  // then 4 KiB each
-  EXPECT_EQ(buckets[2].params, (std::vector<size_t>{1, 0}));         // the rest
+  EXPECT_EQ(buckets[2].params, (std::vector<size_t>{1, 0}));        // the rest
   EXPECT_EQ(buckets[1].bytes(), 4096);
 }
 

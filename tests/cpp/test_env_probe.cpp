@@ -41,9 +41,14 @@ TEST(EnvProbe, StoreSettings) {
   // Outside torchrun init() ignores the variable and works: a warning for plain torch.distributed, not a failure.
   expect_item(judge_store({{"TORCHELASTIC_USE_AGENT_STORE", "True"}}), "env.agent_store", Status::Warn,
               {"not started by torchrun", "dtcore ignores it", "unset TORCHELASTIC_USE_AGENT_STORE"});
-  Vars torchrun = {{"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RUN_ID", "x"}, {"RANK", "0"},
-                   {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"},
-                   {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
+  Vars torchrun = {{"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                   {"TORCHELASTIC_RUN_ID", "x"},
+                   {"RANK", "0"},
+                   {"WORLD_SIZE", "2"},
+                   {"LOCAL_RANK", "0"},
+                   {"LOCAL_WORLD_SIZE", "2"},
+                   {"MASTER_ADDR", "127.0.0.1"},
+                   {"MASTER_PORT", "29500"}};
   expect_item(judge_store(torchrun), "env.agent_store", Status::Pass, {"torchrun's agent serves"});
   // An address of one's own is not the agent's: dtcore serves its store, and says the variable is ignored.
   torchrun["DTCORE_MASTER_PORT"] = "29600";
@@ -55,7 +60,9 @@ TEST(EnvProbe, StoreSettings) {
 }
 
 TEST(EnvProbe, NcclSwitchesLeftOn) {
-  Items out = judge({{"NCCL_P2P_DISABLE", "1"}, {"NCCL_IB_DISABLE", "1"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"},
+  Items out = judge({{"NCCL_P2P_DISABLE", "1"},
+                     {"NCCL_IB_DISABLE", "1"},
+                     {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"},
                      {"CUDA_LAUNCH_BLOCKING", "1"}});
   expect_item(out, "env.nccl_p2p_disable", Status::Warn, {"NVLink", "unset NCCL_P2P_DISABLE"});
   expect_item(out, "env.nccl_ib_disable", Status::Warn, {"InfiniBand", "TCP"});

@@ -72,8 +72,8 @@ TEST(GpuProbe, VisibleDevicesFollowCudaRules) {
   EXPECT_TRUE(visible_devices("-1", gpus).problem.empty());
   EXPECT_EQ(visible_devices("0,1,", gpus).indices, (std::vector<int>{0, 1}));  // CUDA stops, no complaint
   EXPECT_EQ(visible_devices("1,-2,3", gpus).indices, (std::vector<int>{1}));
-  EXPECT_EQ(visible_devices("2gpu", gpus).indices, (std::vector<int>{2}));    // read as CUDA reads it
-  auto bad = visible_devices("1,7,2", gpus);  // CUDA stops at the first invalid entry
+  EXPECT_EQ(visible_devices("2gpu", gpus).indices, (std::vector<int>{2}));  // read as CUDA reads it
+  auto bad = visible_devices("1,7,2", gpus);                                // CUDA stops at the first invalid entry
   EXPECT_EQ(bad.indices, (std::vector<int>{1}));
   EXPECT_NE(bad.problem.find("'7'"), std::string::npos) << bad.problem;
   auto twice = visible_devices("1,1", gpus);

@@ -25,7 +25,9 @@ TEST(Health, AllAliveAndCaughtUpMeansNothingToReport) {
 TEST(Health, ARankWhoseHeartbeatStoppedIsNamedWithHostAndPid) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   HealthMonitor m0(store, store, 0, peers(), 50ms, "rank 0"), m1(store, store, 1, peers(), 50ms, "rank 0");
-  { HealthMonitor m2(store, store, 2, peers(), 50ms, "rank 0"); }  // rank 2 beat once, then died
+  {
+    HealthMonitor m2(store, store, 2, peers(), 50ms, "rank 0");
+  }  // rank 2 beat once, then died
   m0.record_progress(1);
   m1.record_progress(1);
   std::this_thread::sleep_for(120ms);  // rank 1's beat carries its progress

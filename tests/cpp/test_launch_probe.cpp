@@ -15,11 +15,14 @@ namespace {
 using Vars = std::map<std::string, std::string, std::less<>>;
 
 Vars torchrun(int world, int local_world, int nodes) {
-  return {{"TORCHELASTIC_RUN_ID", "j"},        {"RANK", "0"},
-          {"WORLD_SIZE", std::to_string(world)}, {"LOCAL_RANK", "0"},
+  return {{"TORCHELASTIC_RUN_ID", "j"},
+          {"RANK", "0"},
+          {"WORLD_SIZE", std::to_string(world)},
+          {"LOCAL_RANK", "0"},
           {"LOCAL_WORLD_SIZE", std::to_string(local_world)},
           {"GROUP_WORLD_SIZE", std::to_string(nodes)},
-          {"MASTER_ADDR", "127.0.0.1"},          {"MASTER_PORT", "29500"}};
+          {"MASTER_ADDR", "127.0.0.1"},
+          {"MASTER_PORT", "29500"}};
 }
 
 LaunchExpectations expect(const std::string& backend = "gloo", int gpus = -1) {
@@ -98,9 +101,11 @@ TEST(LaunchProbe, MoreProcessesThanSlurmGpusFails) {
 }
 
 TEST(LaunchProbe, SrunTasksAgainstSlurmTaskCount) {
-  Vars v = {{"SLURM_PROCID", "0"},        {"SLURM_NTASKS", "6"},         {"SLURM_LOCALID", "0"},
-            {"SLURM_NODEID", "0"},        {"SLURM_NNODES", "2"},         {"SLURM_TASKS_PER_NODE", "4(x2)"},
-            {"SLURM_JOB_ID", "12"},       {"SLURM_JOB_NODELIST", "n[1-2]"}, {"MASTER_PORT", "29500"}};
+  Vars v = {{"SLURM_PROCID", "0"},   {"SLURM_NTASKS", "6"},
+            {"SLURM_LOCALID", "0"},  {"SLURM_NODEID", "0"},
+            {"SLURM_NNODES", "2"},   {"SLURM_TASKS_PER_NODE", "4(x2)"},
+            {"SLURM_JOB_ID", "12"},  {"SLURM_JOB_NODELIST", "n[1-2]"},
+            {"MASTER_PORT", "29500"}};
   Items out;
   judge_launch(Env(v), expect(), out);
   expect_item(out, "launch.world_size", Status::Fail, {"SLURM_NTASKS=6", "8 tasks", "--ntasks"});

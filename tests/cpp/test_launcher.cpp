@@ -10,9 +10,17 @@ namespace {
 Env env(std::map<std::string, std::string, std::less<>> vars) { return Env(std::move(vars)); }
 
 std::map<std::string, std::string, std::less<>> torchrun_vars() {
-  return {{"TORCHELASTIC_RUN_ID", "job1"}, {"RANK", "5"},       {"WORLD_SIZE", "16"},     {"LOCAL_RANK", "5"},
-          {"LOCAL_WORLD_SIZE", "8"},       {"GROUP_RANK", "0"}, {"GROUP_WORLD_SIZE", "2"}, {"MASTER_ADDR", "node-a"},
-          {"MASTER_PORT", "29400"},        {"TORCHELASTIC_USE_AGENT_STORE", "True"},       {"TORCHELASTIC_RESTART_COUNT", "2"}};
+  return {{"TORCHELASTIC_RUN_ID", "job1"},
+          {"RANK", "5"},
+          {"WORLD_SIZE", "16"},
+          {"LOCAL_RANK", "5"},
+          {"LOCAL_WORLD_SIZE", "8"},
+          {"GROUP_RANK", "0"},
+          {"GROUP_WORLD_SIZE", "2"},
+          {"MASTER_ADDR", "node-a"},
+          {"MASTER_PORT", "29400"},
+          {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+          {"TORCHELASTIC_RESTART_COUNT", "2"}};
 }
 }  // namespace
 
@@ -57,9 +65,14 @@ TEST(Launcher, TorchrunMissingVariableSaysWhichAndWhy) {
 }
 
 TEST(Launcher, Accelerate) {
-  WorldSpec s = read_world(env({{"ACCELERATE_MIXED_PRECISION", "bf16"}, {"RANK", "1"}, {"WORLD_SIZE", "2"},
-                                {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
-                                {"MASTER_PORT", "29500"}, {"TORCHELASTIC_RUN_ID", "x"}}));
+  WorldSpec s = read_world(env({{"ACCELERATE_MIXED_PRECISION", "bf16"},
+                                {"RANK", "1"},
+                                {"WORLD_SIZE", "2"},
+                                {"LOCAL_RANK", "1"},
+                                {"LOCAL_WORLD_SIZE", "2"},
+                                {"MASTER_ADDR", "127.0.0.1"},
+                                {"MASTER_PORT", "29500"},
+                                {"TORCHELASTIC_RUN_ID", "x"}}));
   EXPECT_EQ(s.launcher, Launcher::Accelerate);  // accelerate runs torchrun underneath; it is named as such
   EXPECT_EQ(s.rank.value, 1);
   EXPECT_EQ(s.world_size.value, 2);
@@ -69,9 +82,14 @@ TEST(Launcher, Accelerate) {
 }
 
 TEST(Launcher, SlurmWithCompressedNodelist) {
-  WorldSpec s = read_world(env({{"SLURM_PROCID", "9"}, {"SLURM_NTASKS", "16"}, {"SLURM_LOCALID", "1"},
-                                {"SLURM_NODEID", "1"}, {"SLURM_NNODES", "2"}, {"SLURM_TASKS_PER_NODE", "8(x2)"},
-                                {"SLURM_JOB_NODELIST", "gpu[01-04,07],cpu3"}, {"SLURM_JOB_ID", "123456"}}));
+  WorldSpec s = read_world(env({{"SLURM_PROCID", "9"},
+                                {"SLURM_NTASKS", "16"},
+                                {"SLURM_LOCALID", "1"},
+                                {"SLURM_NODEID", "1"},
+                                {"SLURM_NNODES", "2"},
+                                {"SLURM_TASKS_PER_NODE", "8(x2)"},
+                                {"SLURM_JOB_NODELIST", "gpu[01-04,07],cpu3"},
+                                {"SLURM_JOB_ID", "123456"}}));
   EXPECT_EQ(s.launcher, Launcher::Slurm);
   EXPECT_EQ(s.rank.value, 9);
   EXPECT_EQ(s.world_size.value, 16);
@@ -88,8 +106,10 @@ TEST(Launcher, SlurmWithCompressedNodelist) {
 }
 
 TEST(Launcher, SlurmStepNodelistWinsAndMasterAddrWinsOverBoth) {
-  auto vars = std::map<std::string, std::string, std::less<>>{
-      {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_NODELIST", "b[2-3]"}, {"SLURM_JOB_NODELIST", "a[1-9]"}};
+  auto vars = std::map<std::string, std::string, std::less<>>{{"SLURM_PROCID", "0"},
+                                                              {"SLURM_NTASKS", "2"},
+                                                              {"SLURM_STEP_NODELIST", "b[2-3]"},
+                                                              {"SLURM_JOB_NODELIST", "a[1-9]"}};
   EXPECT_EQ(read_world(env(vars)).master_addr.value, "b2");
   vars["MASTER_ADDR"] = "explicit-host";
   EXPECT_EQ(read_world(env(vars)).master_addr.value, "explicit-host");
@@ -105,8 +125,10 @@ TEST(Launcher, SlurmDefaultPortIsStableAndBelowEphemeralRange) {
 }
 
 TEST(Launcher, OpenMpiDerivesNodesFromLocalSize) {
-  WorldSpec s = read_world(env({{"OMPI_COMM_WORLD_RANK", "6"}, {"OMPI_COMM_WORLD_SIZE", "8"},
-                                {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+  WorldSpec s = read_world(env({{"OMPI_COMM_WORLD_RANK", "6"},
+                                {"OMPI_COMM_WORLD_SIZE", "8"},
+                                {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+                                {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
                                 {"MASTER_ADDR", "head"}}));
   EXPECT_EQ(s.launcher, Launcher::OpenMPI);
   EXPECT_EQ(s.rank.value, 6);
@@ -118,21 +140,28 @@ TEST(Launcher, OpenMpiDerivesNodesFromLocalSize) {
 
 TEST(Launcher, OpenMpiOnSeveralNodesNeedsMasterAddr) {
   try {
-    read_world(env({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "8"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+    read_world(env({{"OMPI_COMM_WORLD_RANK", "0"},
+                    {"OMPI_COMM_WORLD_SIZE", "8"},
+                    {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
                     {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}}));
     FAIL() << "a two-node Open MPI job without MASTER_ADDR was accepted";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("mpirun -x MASTER_ADDR"), std::string::npos) << e.what();
   }
   // One node: loopback is right.
-  WorldSpec s = read_world(env({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
-                                {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}));
+  WorldSpec s = read_world(env({{"OMPI_COMM_WORLD_RANK", "1"},
+                                {"OMPI_COMM_WORLD_SIZE", "2"},
+                                {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}}));
   EXPECT_EQ(s.master_addr.value, "127.0.0.1");
 }
 
 TEST(Launcher, MpichAndIntelMpi) {
-  WorldSpec s = read_world(env({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"},
-                                {"MPI_LOCALNRANKS", "2"}, {"MASTER_ADDR", "head"}}));
+  WorldSpec s = read_world(env({{"PMI_RANK", "3"},
+                                {"PMI_SIZE", "4"},
+                                {"MPI_LOCALRANKID", "1"},
+                                {"MPI_LOCALNRANKS", "2"},
+                                {"MASTER_ADDR", "head"}}));
   EXPECT_EQ(s.launcher, Launcher::Mpich);
   EXPECT_EQ(s.rank.value, 3);
   EXPECT_EQ(s.world_size.value, 4);
@@ -171,7 +200,7 @@ TEST(Precedence, DtcoreVariablesBeatLauncherAndArgumentsBeatBoth) {
   EXPECT_EQ(s.master_port.value, 31000);
   EXPECT_EQ(s.master_addr.value, "override-host");
   EXPECT_EQ(s.world_size.source, "WORLD_SIZE");  // untouched fields keep the launcher's
-  EXPECT_FALSE(s.use_agent_store);  // the agent serves at MASTER_ADDR:MASTER_PORT, not at the override
+  EXPECT_FALSE(s.use_agent_store);               // the agent serves at MASTER_ADDR:MASTER_PORT, not at the override
   EXPECT_TRUE(read_world(env(torchrun_vars())).use_agent_store);
 
   WorldOverrides o;

@@ -58,8 +58,8 @@ RendezvousOptions options(std::chrono::milliseconds timeout) {
 }
 
 // Runs join() for the given ranks concurrently; returns each rank's error text ("" on success).
-std::vector<std::string> join_all(const std::vector<int>& ranks, int world, int port,
-                                  std::chrono::milliseconds timeout, const std::vector<RosterEntry>& entries) {
+std::vector<std::string> join_all(const std::vector<int>& ranks, int world, int port, std::chrono::milliseconds timeout,
+                                  const std::vector<RosterEntry>& entries) {
   std::vector<std::future<std::string>> futures;
   for (size_t i = 0; i < ranks.size(); ++i) {
     int rank = ranks[i];

@@ -71,14 +71,22 @@ TEST(Validate, WorldSizeIsNotNodesTimesLocalWorldSize) {
 }
 
 TEST(Validate, SlurmTaskCountDisagreesWithTasksPerNode) {
-  WorldSpec s = read_world(Env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "10"}, {"SLURM_NODEID", "0"},
-                                {"SLURM_NNODES", "2"}, {"SLURM_TASKS_PER_NODE", "4(x2)"}, {"MASTER_ADDR", "127.0.0.1"}}));
+  WorldSpec s = read_world(Env({{"SLURM_PROCID", "0"},
+                                {"SLURM_NTASKS", "10"},
+                                {"SLURM_NODEID", "0"},
+                                {"SLURM_NNODES", "2"},
+                                {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                                {"MASTER_ADDR", "127.0.0.1"}}));
   auto problems = check_world(s, gloo());
   ASSERT_EQ(problems.size(), 1u);
   expect_mentions(problems.front(), {"SLURM_NTASKS=10", "8 tasks", "SLURM_TASKS_PER_NODE"});
   // Uneven but consistent nodes are fine.
-  WorldSpec ok = read_world(Env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "11"}, {"SLURM_NODEID", "2"},
-                                 {"SLURM_NNODES", "3"}, {"SLURM_LOCALID", "0"}, {"SLURM_TASKS_PER_NODE", "4(x2),3"},
+  WorldSpec ok = read_world(Env({{"SLURM_PROCID", "0"},
+                                 {"SLURM_NTASKS", "11"},
+                                 {"SLURM_NODEID", "2"},
+                                 {"SLURM_NNODES", "3"},
+                                 {"SLURM_LOCALID", "0"},
+                                 {"SLURM_TASKS_PER_NODE", "4(x2),3"},
                                  {"MASTER_ADDR", "127.0.0.1"}}));
   EXPECT_EQ(ok.local_world_size.value, 3);
   EXPECT_TRUE(check_world(ok, gloo()).empty());

@@ -24,16 +24,22 @@ EXAMPLES = ROOT / "examples"
 
 # Variables of any launcher (and dtcore's own) that must not leak from the test runner's
 # environment into a simulated one.
-_LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "MPI_LOCAL", "TORCHELASTIC_", "DTCORE_", "ACCELERATE_", "GROUP_", "ROLE_")
+_LAUNCHER_PREFIXES = (
+    "SLURM_",
+    "OMPI_",
+    "PMI_",
+    "MPI_LOCAL",
+    "TORCHELASTIC_",
+    "DTCORE_",
+    "ACCELERATE_",
+    "GROUP_",
+    "ROLE_",
+)
 _LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"}
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in _LAUNCHER_VARS and not k.startswith(_LAUNCHER_PREFIXES)
-    }
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS and not k.startswith(_LAUNCHER_PREFIXES)}
     env["OMP_NUM_THREADS"] = "1"  # 2-core machines: no oversubscription
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
@@ -47,25 +53,48 @@ def free_port() -> int:
 
 
 def torchrun_style(rank: int, world: int, port: int) -> dict[str, str]:
-    return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
 
 
 def slurm_style(rank: int, world: int, port: int) -> dict[str, str]:
-    return {"SLURM_PROCID": str(rank), "SLURM_NTASKS": str(world), "SLURM_LOCALID": str(rank), "SLURM_NODEID": "0",
-            "SLURM_NNODES": "1", "SLURM_TASKS_PER_NODE": str(world), "SLURM_JOB_NODELIST": "localhost",
-            "SLURM_JOB_ID": "4242", "MASTER_PORT": str(port)}
+    return {
+        "SLURM_PROCID": str(rank),
+        "SLURM_NTASKS": str(world),
+        "SLURM_LOCALID": str(rank),
+        "SLURM_NODEID": "0",
+        "SLURM_NNODES": "1",
+        "SLURM_TASKS_PER_NODE": str(world),
+        "SLURM_JOB_NODELIST": "localhost",
+        "SLURM_JOB_ID": "4242",
+        "MASTER_PORT": str(port),
+    }
 
 
 def openmpi_style(rank: int, world: int, port: int) -> dict[str, str]:
-    return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(world),
-            "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_SIZE": str(world),
-            "MASTER_PORT": str(port)}
+    return {
+        "OMPI_COMM_WORLD_RANK": str(rank),
+        "OMPI_COMM_WORLD_SIZE": str(world),
+        "OMPI_COMM_WORLD_LOCAL_RANK": str(rank),
+        "OMPI_COMM_WORLD_LOCAL_SIZE": str(world),
+        "MASTER_PORT": str(port),
+    }
 
 
 def mpich_style(rank: int, world: int, port: int) -> dict[str, str]:
-    return {"PMI_RANK": str(rank), "PMI_SIZE": str(world), "MPI_LOCALRANKID": str(rank),
-            "MPI_LOCALNRANKS": str(world), "MASTER_PORT": str(port)}
+    return {
+        "PMI_RANK": str(rank),
+        "PMI_SIZE": str(world),
+        "MPI_LOCALRANKID": str(rank),
+        "MPI_LOCALNRANKS": str(world),
+        "MASTER_PORT": str(port),
+    }
 
 
 def accelerate_style(rank: int, world: int, port: int) -> dict[str, str]:
@@ -102,7 +131,9 @@ def run_processes(
     """
     start = time.monotonic()
     procs = [
-        subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
         for cmd, env in zip(cmds, envs)
     ]
     sessions = [p.pid for p in procs]
@@ -135,8 +166,13 @@ def run_processes(
     return [r for r in results if r is not None], sessions
 
 
-def run_ranks(worker: str, envs: list[dict[str, str]], args: tuple[str, ...] = (), timeout: float = 120.0,
-              kill_after: Optional[dict[int, float]] = None):
+def run_ranks(
+    worker: str,
+    envs: list[dict[str, str]],
+    args: tuple[str, ...] = (),
+    timeout: float = 120.0,
+    kill_after: Optional[dict[int, float]] = None,
+):
     cmd = [sys.executable, str(WORKERS / worker), *args]
     return run_processes([cmd] * len(envs), envs, timeout, kill_after)
 

@@ -39,7 +39,9 @@ def test_configure_without_torch_fails_fast_with_the_command_to_use(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     out = subprocess.run(
         ["cmake", "-S", str(ROOT), "-B", str(tmp_path / "build"), f"-DPython_EXECUTABLE={venv / 'bin' / 'python'}"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode != 0
     text = out.stdout + out.stderr

@@ -75,8 +75,9 @@ ALLOWED = {
 def test_no_import_circle_and_dependencies_point_one_way():
     graph = {_module_name(p): _imports(p) for p in PACKAGE.rglob("*.py")}
     graph.pop("dtcore")  # the package's face imports every area, and nothing imports it back
-    wrong = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
-                   if d == "dtcore" or _area(d) not in ALLOWED[_area(m)])
+    wrong = sorted(
+        f"{m} -> {d}" for m, deps in graph.items() for d in deps if d == "dtcore" or _area(d) not in ALLOWED[_area(m)]
+    )
     assert wrong == [], f"imports against the direction of DESIGN.md: {wrong}"
 
     state: dict[str, int] = {}  # 1: on the current path, 2: done
@@ -85,7 +86,7 @@ def test_no_import_circle_and_dependencies_point_one_way():
         state[m] = 1
         for d in sorted(graph.get(m, ())):
             if state.get(d) == 1:
-                pytest.fail(f"import circle: {' -> '.join(path[path.index(d):] + [d])}")
+                pytest.fail(f"import circle: {' -> '.join(path[path.index(d) :] + [d])}")
             if d not in state:
                 visit(d, path + [d])
         state[m] = 2
@@ -131,8 +132,10 @@ def test_the_stub_lists_exactly_what_the_module_has():
 
 KNOB = re.compile(r"\bDTCORE_[A-Z0-9_]*[A-Z0-9]\b")
 # Reading the environment by a DTCORE_ name, or making one up, outside the registry.
-READ_AROUND = re.compile(r"""(environ(\.get)?\s*[\[(]\s*|getenv\s*\(\s*|\.get\s*\(\s*)f?["']DTCORE_|f["']DTCORE_\{"""
-                         r"""|["']DTCORE_["']\s*\+""")
+READ_AROUND = re.compile(
+    r"""(environ(\.get)?\s*[\[(]\s*|getenv\s*\(\s*|\.get\s*\(\s*)f?["']DTCORE_|f["']DTCORE_\{"""
+    r"""|["']DTCORE_["']\s*\+"""
+)
 
 
 def _build_names() -> set[str]:
@@ -188,15 +191,26 @@ def test_benchmarks_and_examples_use_public_names_only(folder):
 
 
 def test_public_packages_say_what_they_export():
-    for module in (dtcore, dtcore.bootstrap, dtcore.comm, dtcore.reducer, dtcore.activation, dtcore.check,
-                   dtcore.units):
+    for module in (
+        dtcore,
+        dtcore.bootstrap,
+        dtcore.comm,
+        dtcore.reducer,
+        dtcore.activation,
+        dtcore.check,
+        dtcore.units,
+    ):
         for name in module.__all__:
             assert hasattr(module, name), (module.__name__, name)
-    assert inspect.signature(dtcore.wrap).parameters.keys() - {"model", "module"} == \
-        inspect.signature(dtcore.DistributedModel).parameters.keys() - {"module"}
+    assert inspect.signature(dtcore.wrap).parameters.keys() - {"model", "module"} == inspect.signature(
+        dtcore.DistributedModel
+    ).parameters.keys() - {"module"}
 
 
 def test_no_file_past_800_lines():
-    long = [f"{p.relative_to(ROOT)}: {n}" for p in _tracked("python", "csrc", "tests", "benchmarks", "examples")
-            if p.suffix in (".py", ".cpp", ".h", ".pyi") and (n := len(p.read_text().splitlines())) > 800]
+    long = [
+        f"{p.relative_to(ROOT)}: {n}"
+        for p in _tracked("python", "csrc", "tests", "benchmarks", "examples")
+        if p.suffix in (".py", ".cpp", ".h", ".pyi") and (n := len(p.read_text().splitlines())) > 800
+    ]
     assert long == []

@@ -17,10 +17,11 @@ void check_inputs(const std::vector<BlockProfile>& blocks, int64_t fixed_bytes) 
   DTCORE_CHECK(fixed_bytes >= 0, ConfigError, "the fixed activation bytes outside the blocks are ", fixed_bytes,
                "; they must be >= 0. Fix: pass the bytes held outside the checkpointed blocks, or 0.");
   for (const BlockProfile& b : blocks) {
-    DTCORE_CHECK(b.activation_bytes >= 0 && b.input_bytes >= 0 && b.selective_bytes >= -1 && b.selective_shared_bytes >= -1, ConfigError, "block '",
-                 b.name, "' has activation_bytes=", b.activation_bytes, ", input_bytes=", b.input_bytes,
-                 " and selective_bytes=", b.selective_bytes,
-                 "; sizes must be >= 0 (selective_bytes -1: no selective option). Fix: pass the measured byte counts.");
+    DTCORE_CHECK(
+        b.activation_bytes >= 0 && b.input_bytes >= 0 && b.selective_bytes >= -1 && b.selective_shared_bytes >= -1,
+        ConfigError, "block '", b.name, "' has activation_bytes=", b.activation_bytes, ", input_bytes=", b.input_bytes,
+        " and selective_bytes=", b.selective_bytes,
+        "; sizes must be >= 0 (selective_bytes -1: no selective option). Fix: pass the measured byte counts.");
     DTCORE_CHECK(std::isfinite(b.forward_seconds) && b.forward_seconds >= 0 && std::isfinite(b.selective_seconds) &&
                      b.selective_seconds >= 0,
                  ConfigError, "block '", b.name, "' has forward_seconds=", b.forward_seconds,
@@ -65,7 +66,7 @@ bool less_time(double a, double b) { return a < b - 1e-12 * std::max(1.0, std::a
 // One DP state: the best path so far into "quantised bytes held by the blocks seen = S".
 struct State {
   double seconds = std::numeric_limits<double>::infinity();  // infinity: unreachable
-  int64_t prefix = 0;          // exact bytes held by the blocks seen, on this path
+  int64_t prefix = 0;                                        // exact bytes held by the blocks seen, on this path
   int64_t recompute_peak = 0;  // exact max of the recompute terms of its checkpointed blocks
   bool reachable() const { return std::isfinite(seconds); }
   int64_t peak(int64_t fixed) const { return std::max(recompute_peak, fixed + prefix); }
@@ -144,7 +145,8 @@ CheckpointPlan plan_checkpoints(const std::vector<BlockProfile>& blocks, int64_t
         const State& from = cur[static_cast<size_t>(s)];
         if (!from.reachable() || s + extra_q > cap_q) continue;  // the recompute must fit too
         State c{from.seconds + cost(b, m), from.prefix + held(b, m), from.recompute_peak};
-        if (m != Mode::kKeep) c.recompute_peak = std::max(c.recompute_peak, fixed_bytes + from.prefix + recompute_extra(b, m));
+        if (m != Mode::kKeep)
+          c.recompute_peak = std::max(c.recompute_peak, fixed_bytes + from.prefix + recompute_extra(b, m));
         State& to = next[static_cast<size_t>(s + held_q)];
         if (better(c, to, fixed_bytes)) {
           to = c;

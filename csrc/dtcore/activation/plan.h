@@ -42,11 +42,11 @@ enum class Mode : uint8_t { kKeep = 0, kFull = 1, kSelective = 2 };
 
 struct BlockProfile {
   std::string name;
-  int64_t activation_bytes = 0;    // a_i: held for backward when kept (inputs included)
-  int64_t input_bytes = 0;         // x_i: held when fully checkpointed
-  double forward_seconds = 0.0;    // the recompute cost when fully checkpointed
-  int64_t selective_bytes = -1;    // h_i: held when selectively checkpointed; -1: not an option
-  double selective_seconds = 0.0;  // the recompute cost when selectively checkpointed
+  int64_t activation_bytes = 0;         // a_i: held for backward when kept (inputs included)
+  int64_t input_bytes = 0;              // x_i: held when fully checkpointed
+  double forward_seconds = 0.0;         // the recompute cost when fully checkpointed
+  int64_t selective_bytes = -1;         // h_i: held when selectively checkpointed; -1: not an option
+  double selective_seconds = 0.0;       // the recompute cost when selectively checkpointed
   int64_t selective_shared_bytes = -1;  // o_i: held both when kept and when selective; -1: input_bytes
 };
 

@@ -21,15 +21,16 @@ std::optional<std::string> choose_backend(const Sourced<std::string>& requested,
     message = detail::cat(shown, " is not a backend.");
     fix = "use one of auto, nccl, gloo.";
   } else if (facts.cuda_devices <= 0) {
-    message = detail::cat(shown, ", but torch sees no usable CUDA device here (torch ", facts.torch_version,
-                          ", CUDA_VISIBLE_DEVICES=",
-                          facts.cuda_visible_devices.empty() ? "<unset>" : facts.cuda_visible_devices, ")",
-                          built_with_nccl() ? "." : ", and this dtcore was built without NCCL.");
+    message = detail::cat(
+        shown, ", but torch sees no usable CUDA device here (torch ", facts.torch_version,
+        ", CUDA_VISIBLE_DEVICES=", facts.cuda_visible_devices.empty() ? "<unset>" : facts.cuda_visible_devices, ")",
+        built_with_nccl() ? "." : ", and this dtcore was built without NCCL.");
     fix = "run on a GPU node with a CUDA build of torch, or use backend='gloo'.";
   } else if (!built_with_nccl()) {
     message = detail::cat(shown, ", but this dtcore was built without NCCL.");
-    fix = "rebuild where the CUDA toolkit and NCCL are found (set NCCL_HOME; `pip install --no-build-isolation .`), "
-          "or use backend='gloo'.";
+    fix =
+        "rebuild where the CUDA toolkit and NCCL are found (set NCCL_HOME; `pip install --no-build-isolation .`), "
+        "or use backend='gloo'.";
   } else {
     return want;
   }

@@ -41,8 +41,8 @@ long parse_number(std::string_view digits, std::string_view text, std::string_vi
                   std::string_view fix = kHostlistFix) {
   long value = -1;
   auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
-  DTCORE_CHECK(ec == std::errc() && ptr == digits.data() + digits.size() && !digits.empty() && value >= 0,
-               ConfigError, source, "='", text, "' has '", digits, "' where a number belongs.", fix);
+  DTCORE_CHECK(ec == std::errc() && ptr == digits.data() + digits.size() && !digits.empty() && value >= 0, ConfigError,
+               source, "='", text, "' has '", digits, "' where a number belongs.", fix);
   return value;
 }
 
@@ -52,7 +52,8 @@ std::vector<std::string> expand_range_list(std::string_view body, std::string_vi
   size_t start = 0;
   while (start <= body.size()) {
     size_t comma = body.find(',', start);
-    std::string_view item = body.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    std::string_view item =
+        body.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
     size_t dash = item.find('-');
     std::string_view lo_s = item.substr(0, dash);
     std::string_view hi_s = dash == std::string_view::npos ? lo_s : item.substr(dash + 1);
@@ -136,7 +137,8 @@ std::vector<int> expand_tasks_per_node(std::string_view text, std::string_view s
     }
     DTCORE_CHECK(count <= 1'000'000 && repeat >= 1 && repeat <= 1'000'000 &&
                      out.size() + static_cast<size_t>(repeat) <= 1'000'000,
-                 ConfigError, source, "='", text, "' describes more than a million nodes or tasks per node.", kTasksFix);
+                 ConfigError, source, "='", text, "' describes more than a million nodes or tasks per node.",
+                 kTasksFix);
     out.insert(out.end(), static_cast<size_t>(repeat), static_cast<int>(count));
   }
   return out;

@@ -26,16 +26,16 @@ std::optional<Sourced<int>> read_int(const Env& env, std::string_view name, Laun
   const char* end = text->data() + text->size();
   auto [ptr, ec] = std::from_chars(text->data(), end, value);
   DTCORE_CHECK(ec == std::errc() && ptr == end && value >= INT32_MIN && value <= INT32_MAX, ConfigError, name, "='",
-               *text, "' is not an integer (launcher: ", launcher_name(launcher),
-               "). Fix: set ", name, " to a whole number such as 0, or unset it and let the launcher set it.");
+               *text, "' is not an integer (launcher: ", launcher_name(launcher), "). Fix: set ", name,
+               " to a whole number such as 0, or unset it and let the launcher set it.");
   return Sourced<int>{static_cast<int>(value), std::string(name)};
 }
 
 Sourced<int> require_int(const Env& env, const char* name, Launcher launcher, const char* hint) {
   auto v = read_int(env, name, launcher);
-  DTCORE_CHECK(v.has_value(), ConfigError, name, " is not set, but the environment looks like ", launcher_name(launcher),
-               " (", hint, "). Fix: start the job with the launcher's own command (it sets ", name,
-               "), or set ", name, " yourself.");
+  DTCORE_CHECK(v.has_value(), ConfigError, name, " is not set, but the environment looks like ",
+               launcher_name(launcher), " (", hint, "). Fix: start the job with the launcher's own command (it sets ",
+               name, "), or set ", name, " yourself.");
   return *v;
 }
 
@@ -101,8 +101,8 @@ Partial read_slurm(const Env& env) {
   p.master_port = read_int(env, "MASTER_PORT", l);
   if (!p.master_port) {
     if (auto job = read_int(env, "SLURM_JOB_ID", l)) {
-      p.master_port = Sourced<int>{slurm_default_port(job->value),
-                                   "derived from SLURM_JOB_ID=" + std::to_string(job->value)};
+      p.master_port =
+          Sourced<int>{slurm_default_port(job->value), "derived from SLURM_JOB_ID=" + std::to_string(job->value)};
     }
   }
   return p;
@@ -201,9 +201,7 @@ WorldSpec read_world(const Env& env, const WorldOverrides& o) {
   Partial p;
   switch (spec.launcher) {
     case Launcher::Torchrun:
-    case Launcher::Env:
-      p = read_torch_style(env, spec.launcher);
-      break;
+    case Launcher::Env: p = read_torch_style(env, spec.launcher); break;
     case Launcher::Accelerate:
       if (env.has("RANK") || env.has("WORLD_SIZE")) p = read_torch_style(env, spec.launcher);
       break;
@@ -213,7 +211,7 @@ WorldSpec read_world(const Env& env, const WorldOverrides& o) {
     case Launcher::Single: break;
   }
 
-  // DTCORE_* variables beat the launcher's, init() arguments beat both. See Note [World fields].
+    // DTCORE_* variables beat the launcher's, init() arguments beat both. See Note [World fields].
 #define DTCORE_APPLY(type, name, knob) \
   apply_knob(p.name, env, knob);       \
   apply_argument(p.name, o.name, "init(" #name "=)");
@@ -297,10 +295,10 @@ WorldOverrides parse_overrides(const Arguments& arguments) {
   WorldOverrides o;
   for (const auto& [key, value] : arguments) {
     bool known = false;
-#define DTCORE_PARSE(type, name, knob)                               \
-  if (key == #name) {                                                \
-    known = true;                                                    \
-    if (value) o.name = override_value<type>(key, *value);           \
+#define DTCORE_PARSE(type, name, knob)                     \
+  if (key == #name) {                                      \
+    known = true;                                          \
+    if (value) o.name = override_value<type>(key, *value); \
   }
     DTCORE_WORLD_FIELDS(DTCORE_PARSE)
 #undef DTCORE_PARSE

@@ -5,10 +5,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fcntl.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fcntl.h>
 #include <thread>
 #include <utility>
 
@@ -47,7 +47,6 @@ constexpr char kRecordSep = '\x1e';
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
-
 
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
@@ -131,10 +130,12 @@ c10::intrusive_ptr<c10d::TCPStore> serve(const Context& c, bool& uses_libuv) {
       std::string msg = error_text(e);
       if (is_addr_in_use(msg)) {
         DTCORE_CHECK(false, RendezvousError, "the master port ", c.where, " is already in use on this host, so rank 0 ",
-                     "cannot serve the rendezvous store there (", c.spec.master_port.source, "). Another job or a "
+                     "cannot serve the rendezvous store there (", c.spec.master_port.source,
+                     "). Another job or a "
                      "leftover process holds it. Fix: choose a free port for the whole job (MASTER_PORT=<port>, "
                      "torchrun --master_port=<port>, or init(master_port=)), or find the holder with "
-                     "`ss -ltnp 'sport = :", c.spec.master_port.value, "'`.");
+                     "`ss -ltnp 'sport = :",
+                     c.spec.master_port.value, "'`.");
       }
       if (opts.useLibUV && c.options.libuv == "auto" && msg.find("libuv") != std::string::npos) {
         log::debug("rendezvous: this torch has no libuv store backend; using the classic one");
@@ -156,9 +157,9 @@ c10::intrusive_ptr<c10d::TCPStore> connect(const Context& c, const std::string& 
     DTCORE_CHECK(Clock::now() < c.deadline, RendezvousError, "rendezvous timed out after ",
                  static_cast<int>(c.elapsed()), " s on rank ", c.spec.rank.value, ": nothing accepts connections at ",
                  c.where, ", where ", server, " should serve the rendezvous store. Missing ranks: 0 (", server,
-                 " is not running or not reachable). Fix: check that ", server, " was started and that MASTER_ADDR=",
-                 c.spec.master_addr.value, " and MASTER_PORT=", c.spec.master_port.value,
-                 " name its host and port as this host can reach them.");
+                 " is not running or not reachable). Fix: check that ", server,
+                 " was started and that MASTER_ADDR=", c.spec.master_addr.value,
+                 " and MASTER_PORT=", c.spec.master_port.value, " name its host and port as this host can reach them.");
     if (Clock::now() >= next_log) {
       log::info("rendezvous: waiting for ", server, " to serve the store at ", c.where, " (",
                 static_cast<int>(c.left()), " s left)");
@@ -197,16 +198,17 @@ std::string timeout_message(const Context& c, const std::vector<int>& missing) {
     // rank 0 waits for more ranks than this one knows of.
     return detail::cat("rendezvous timed out after ", static_cast<int>(c.elapsed() + 0.5), " s: all ", world,
                        " ranks that this process expects (", c.spec.world_size.source, "=", world, ") joined at ",
-                       c.where, ", but the rendezvous never completed: most likely rank 0 expects a different world size "
+                       c.where,
+                       ", but the rendezvous never completed: most likely rank 0 expects a different world size "
                        "(it waits for more ranks), or rank 0 is stuck. Fix: start every rank with the same world size "
                        "(one launcher command for the whole job); if they agree, look at rank 0's log.");
   }
-  return detail::cat("rendezvous timed out after ", static_cast<int>(c.elapsed() + 0.5), " s: ",
-                     world - static_cast<int>(missing.size()), " of ", world, " ranks joined at ", c.where,
+  return detail::cat("rendezvous timed out after ", static_cast<int>(c.elapsed() + 0.5),
+                     " s: ", world - static_cast<int>(missing.size()), " of ", world, " ranks joined at ", c.where,
                      "; missing rank", missing.size() == 1 ? " " : "s ", format_ranks(missing),
                      ". Fix: check that the missing ranks were started (all nodes of the job, with the same "
-                     "WORLD_SIZE) and can reach ", c.where, "; to wait longer, raise init(timeout=) or ", knobs::kTimeout.name,
-                     ".");
+                     "WORLD_SIZE) and can reach ",
+                     c.where, "; to wait longer, raise init(timeout=) or ", knobs::kTimeout.name, ".");
 }
 
 // After a failure, the rank that serves the store waits (at most a second) until every rank that
@@ -273,8 +275,8 @@ void wait_for_verdict(const Context& c, c10d::Store& store) {
       abort_all(store, timeout_message(c, missing_ranks(store, c.spec.world_size.value)), false);
     }
     if (Clock::now() >= next_log) {
-      log::info("rendezvous: rank ", c.spec.rank.value, " waiting for the others; ", store.add("roster/joined", 0),
-                "/", c.spec.world_size.value, " joined (", static_cast<int>(c.left()), " s left)");
+      log::info("rendezvous: rank ", c.spec.rank.value, " waiting for the others; ", store.add("roster/joined", 0), "/",
+                c.spec.world_size.value, " joined (", static_cast<int>(c.left()), " s left)");
       next_log = Clock::now() + c.options.log_interval;
     }
     backoff.pause();
@@ -304,7 +306,8 @@ RendezvousOptions RendezvousOptions::from(const Settings& settings, int generati
   return o;
 }
 
-std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry self, const RendezvousOptions& options) {
+std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry self,
+                                             const RendezvousOptions& options) {
   Context c{spec, options, Clock::now(), Clock::now() + options.timeout,
             detail::cat(spec.master_addr.value, ":", spec.master_port.value)};
   const int rank = spec.rank.value;
@@ -332,8 +335,8 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry 
   rdzv->store_owner_ = spec.use_agent_store ? "the torchrun agent at " + c.where
                                             : detail::cat("rank 0 (host ", spec.master_addr.value, ")");
   c10d::Store& store = *rdzv->store_;
-  log::debug("rendezvous: ", serving ? "serving" : "connected to", " the store at ",
-             c.where, rdzv->uses_libuv_ ? " (libuv)" : "");
+  log::debug("rendezvous: ", serving ? "serving" : "connected to", " the store at ", c.where,
+             rdzv->uses_libuv_ ? " (libuv)" : "");
 
   try {
     store.add("roster/started", 1);
@@ -345,8 +348,8 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry 
         other = detail::cat("host ", e.host, ", pid ", e.pid);
       }
       abort_all(store,
-                detail::cat("two processes claim rank ", rank, ": ", other, " and host ", self.host, ", pid ",
-                            self.pid, ". Fix: give every process a distinct rank (", spec.rank.source,
+                detail::cat("two processes claim rank ", rank, ": ", other, " and host ", self.host, ", pid ", self.pid,
+                            ". Fix: give every process a distinct rank (", spec.rank.source,
                             "); the launcher does this when it starts them."),
                 serving);
     }
@@ -397,7 +400,8 @@ void Rendezvous::close() {
 
 c10::intrusive_ptr<c10d::Store> Rendezvous::new_connection() {
   if (spare_) return std::exchange(spare_, {});
-  DTCORE_CHECK(tcp_store_, CommError, "the rendezvous store is closed (dtcore.shutdown() was called). Fix: call dtcore.init() again.");
+  DTCORE_CHECK(tcp_store_, CommError,
+               "the rendezvous store is closed (dtcore.shutdown() was called). Fix: call dtcore.init() again.");
   auto connection = tcp_store_->clone();
   connection->setTimeout(tcp_store_->getTimeout());
   return c10::make_intrusive<c10d::PrefixStore>(prefix_, connection);
@@ -405,7 +409,8 @@ c10::intrusive_ptr<c10d::Store> Rendezvous::new_connection() {
 
 const std::vector<RosterEntry>& Rendezvous::roster() {
   if (roster_.empty()) {
-    DTCORE_CHECK(store_, CommError, "the rendezvous store is closed (dtcore.shutdown() was called). Fix: call dtcore.init() again.");
+    DTCORE_CHECK(store_, CommError,
+                 "the rendezvous store is closed (dtcore.shutdown() was called). Fix: call dtcore.init() again.");
     roster_ = split_roster(text(store_->get("roster/all")));
   }
   return roster_;

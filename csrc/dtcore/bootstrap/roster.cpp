@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <charconv>
-#include <stdexcept>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 
 #include <unistd.h>
 
@@ -54,19 +54,26 @@ RosterEntry RosterEntry::decode(const std::string& text) {
     if (eq == std::string::npos) continue;
     std::string key = line.substr(0, eq), value = line.substr(eq + 1);
     try {
-      if (key == "rank") e.rank = whole_number<int>(value);
-      else if (key == "host") e.host = value;
-      else if (key == "pid") e.pid = whole_number<long>(value);
-      else if (key == "local_rank") e.local_rank = whole_number<int>(value);
-      else if (key == "device") e.device = value;
-      else if (key.starts_with("fp.")) e.fingerprint[key.substr(3)] = value;
+      if (key == "rank")
+        e.rank = whole_number<int>(value);
+      else if (key == "host")
+        e.host = value;
+      else if (key == "pid")
+        e.pid = whole_number<long>(value);
+      else if (key == "local_rank")
+        e.local_rank = whole_number<int>(value);
+      else if (key == "device")
+        e.device = value;
+      else if (key.starts_with("fp."))
+        e.fingerprint[key.substr(3)] = value;
     } catch (const std::exception&) {
       DTCORE_CHECK(false, RendezvousError, "malformed roster entry in the rendezvous store (", key, "='", value,
                    "'): another program may be using the same MASTER_ADDR:MASTER_PORT. Fix: choose another "
                    "MASTER_PORT for this job.");
     }
   }
-  DTCORE_CHECK(e.rank >= 0, RendezvousError, "malformed roster entry in the rendezvous store (no rank): another "
+  DTCORE_CHECK(e.rank >= 0, RendezvousError,
+               "malformed roster entry in the rendezvous store (no rank): another "
                "program may be using the same MASTER_ADDR:MASTER_PORT. Fix: choose another MASTER_PORT for this job.");
   return e;
 }
@@ -136,8 +143,8 @@ std::string find_shared_devices(const std::vector<RosterEntry>& roster) {
   std::string out;
   for (const auto& [slot, ranks] : by_slot) {
     if (ranks.size() < 2) continue;
-    out += detail::cat("\n  - ranks ", format_ranks(ranks), " on host ", slot.first, " all have local rank ",
-                       slot.second);
+    out +=
+        detail::cat("\n  - ranks ", format_ranks(ranks), " on host ", slot.first, " all have local rank ", slot.second);
   }
   if (out.empty()) return out;
   return "several ranks on one host have the same local rank and would share a device:" + out +

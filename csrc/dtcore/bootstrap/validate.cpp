@@ -45,12 +45,15 @@ std::vector<Problem> check_world(const WorldSpec& s, const WorldCheckOptions& o)
         "start at least one process; set the world size to the number of processes.");
   }
   if (s.rank.value < 0 || (s.world_size.value >= 1 && s.rank.value >= s.world_size.value)) {
-    add("rank", s.rank, detail::cat(shown("rank", s.rank), " is outside 0..", s.world_size.value - 1, " (", shown("world_size", s.world_size), ")."),
+    add("rank", s.rank,
+        detail::cat(shown("rank", s.rank), " is outside 0..", s.world_size.value - 1, " (",
+                    shown("world_size", s.world_size), ")."),
         "every process needs a distinct rank below the world size; check the launcher's process count or the "
         "variables you set by hand.");
   }
   if (s.local_world_size.value < 1) {
-    add("local_world_size", s.local_world_size, detail::cat(shown("local_world_size", s.local_world_size), " must be at least 1."),
+    add("local_world_size", s.local_world_size,
+        detail::cat(shown("local_world_size", s.local_world_size), " must be at least 1."),
         "set it to the number of processes on this node.");
   } else if (s.local_rank.value < 0 || s.local_rank.value >= s.local_world_size.value) {
     add("local_rank", s.local_rank,
@@ -59,28 +62,33 @@ std::vector<Problem> check_world(const WorldSpec& s, const WorldCheckOptions& o)
         "each process on a node needs a distinct local rank below the number of processes on that node.");
   }
   if (s.local_world_size.value > s.world_size.value && s.world_size.value >= 1) {
-    add("local_world_size", s.local_world_size, detail::cat(shown("local_world_size", s.local_world_size), " exceeds ", shown("world_size", s.world_size), "."),
+    add("local_world_size", s.local_world_size,
+        detail::cat(shown("local_world_size", s.local_world_size), " exceeds ", shown("world_size", s.world_size), "."),
         "the processes on one node cannot outnumber the whole job; fix one of the two.");
   }
   if (s.tasks_over_nodes) {
     if (s.tasks_over_nodes->value != s.world_size.value) {
       add("world_size", s.world_size,
-          detail::cat(shown("world_size", s.world_size), " differs from the ", s.tasks_over_nodes->value, " tasks that ",
-                      s.tasks_over_nodes->source, " places on the nodes."),
+          detail::cat(shown("world_size", s.world_size), " differs from the ", s.tasks_over_nodes->value,
+                      " tasks that ", s.tasks_over_nodes->source, " places on the nodes."),
           "ask SLURM for as many tasks as the job runs (e.g. srun --ntasks=N --ntasks-per-node=G).");
     }
   } else if (s.num_nodes.value >= 1 && s.local_world_size.value >= 1 &&
              s.world_size.value != s.num_nodes.value * s.local_world_size.value) {
     add("world_size", s.world_size,
-        detail::cat(shown("world_size", s.world_size), " is not ", shown("num_nodes", s.num_nodes), " x ", shown("local_world_size", s.local_world_size), " = ",
-                    s.num_nodes.value * s.local_world_size.value, "."),
+        detail::cat(shown("world_size", s.world_size), " is not ", shown("num_nodes", s.num_nodes), " x ",
+                    shown("local_world_size", s.local_world_size), " = ", s.num_nodes.value * s.local_world_size.value,
+                    "."),
         "start the same number of processes on every node and make the world size nodes x processes per node "
         "(torchrun: --nnodes=N --nproc_per_node=G).");
   }
   if (s.num_nodes.value < 1) {
-    add("num_nodes", s.num_nodes, detail::cat(shown("num_nodes", s.num_nodes), " must be at least 1."), "set it to the number of nodes.");
+    add("num_nodes", s.num_nodes, detail::cat(shown("num_nodes", s.num_nodes), " must be at least 1."),
+        "set it to the number of nodes.");
   } else if (s.node_rank.value < 0 || s.node_rank.value >= s.num_nodes.value) {
-    add("node_rank", s.node_rank, detail::cat(shown("node_rank", s.node_rank), " is outside 0..", s.num_nodes.value - 1, " (", shown("num_nodes", s.num_nodes), ")."),
+    add("node_rank", s.node_rank,
+        detail::cat(shown("node_rank", s.node_rank), " is outside 0..", s.num_nodes.value - 1, " (",
+                    shown("num_nodes", s.num_nodes), ")."),
         "give each node a distinct index below the number of nodes (torchrun: --node_rank).");
   }
   // No GPU at all is choose_backend()'s to report; this is the case of too few.
@@ -90,21 +98,26 @@ std::vector<Problem> check_world(const WorldSpec& s, const WorldCheckOptions& o)
     add("gpus_per_node", s.local_rank,
         detail::cat(shown("local_rank", s.local_rank), " needs GPU ", s.local_rank.value, ", but ",
                     o.host.empty() ? std::string("this host") : "host " + o.host, " sees only ", o.visible_gpus,
-                    " GPU(s) (", visible, "). This is the 'invalid device ordinal' of a multi-node job configured as "
+                    " GPU(s) (", visible,
+                    "). This is the 'invalid device ordinal' of a multi-node job configured as "
                     "one node: e.g. 2 nodes x 8 GPUs started as 1 x 16."),
-        detail::cat("start at most ", o.visible_gpus, " processes per node and spread the job over nodes "
-                    "(torchrun --nnodes=<nodes> --nproc_per_node=", o.visible_gpus,
-                    "), or make more GPUs visible to this process."));
+        detail::cat("start at most ", o.visible_gpus,
+                    " processes per node and spread the job over nodes "
+                    "(torchrun --nnodes=<nodes> --nproc_per_node=",
+                    o.visible_gpus, "), or make more GPUs visible to this process."));
   }
   if (s.master_port.value < 0 || s.master_port.value > 65535 || (s.master_port.value == 0 && s.world_size.value > 1)) {
-    add("master_port", s.master_port, detail::cat(shown("master_port", s.master_port), " is not a usable TCP port (1..65535)."),
+    add("master_port", s.master_port,
+        detail::cat(shown("master_port", s.master_port), " is not a usable TCP port (1..65535)."),
         "set MASTER_PORT to a free port such as 29500, the same on every rank.");
   }
   if (s.master_addr.value.empty()) {
-    add("master_addr", s.master_addr, detail::cat(s.master_addr.source, " is empty."), "set MASTER_ADDR to rank 0's host name.");
+    add("master_addr", s.master_addr, detail::cat(s.master_addr.source, " is empty."),
+        "set MASTER_ADDR to rank 0's host name.");
   } else if (o.resolve_master && s.world_size.value > 1) {
     if (auto err = resolve_error(s.master_addr.value)) {
-      add("master_addr", s.master_addr, detail::cat(shown("master_addr", s.master_addr), " does not resolve: ", *err, "."),
+      add("master_addr", s.master_addr,
+          detail::cat(shown("master_addr", s.master_addr), " does not resolve: ", *err, "."),
           "set MASTER_ADDR to the name or IP address of rank 0's host, as this host can reach it.");
     }
   }

@@ -19,14 +19,14 @@
 // arguments field by field through it; the Python binding of WorldSpec (and so dtcore.Context,
 // which derives from it) exposes exactly these, and WorldSpec.FIELDS lists them in this order.
 //   FIELD(type, name, knob): `knob` is the field's DTCORE_* variable (common/knobs.h).
-#define DTCORE_WORLD_FIELDS(FIELD)                   \
-  FIELD(int, rank, knobs::kRank)                     \
-  FIELD(int, world_size, knobs::kWorldSize)          \
-  FIELD(int, local_rank, knobs::kLocalRank)          \
+#define DTCORE_WORLD_FIELDS(FIELD)                     \
+  FIELD(int, rank, knobs::kRank)                       \
+  FIELD(int, world_size, knobs::kWorldSize)            \
+  FIELD(int, local_rank, knobs::kLocalRank)            \
   FIELD(int, local_world_size, knobs::kLocalWorldSize) \
-  FIELD(int, node_rank, knobs::kNodeRank)            \
-  FIELD(int, num_nodes, knobs::kNumNodes)            \
-  FIELD(std::string, master_addr, knobs::kMasterAddr) \
+  FIELD(int, node_rank, knobs::kNodeRank)              \
+  FIELD(int, num_nodes, knobs::kNumNodes)              \
+  FIELD(std::string, master_addr, knobs::kMasterAddr)  \
   FIELD(int, master_port, knobs::kMasterPort)
 
 namespace dtcore {

@@ -1,11 +1,11 @@
 #include "dtcore/check/checker.h"
 
+#include "dtcore/bootstrap/backend.h"
 #include "dtcore/check/deadline.h"
 #include "dtcore/check/env_probe.h"
 #include "dtcore/check/host_probe.h"
 #include "dtcore/check/launch_probe.h"
 #include "dtcore/check/network_probe.h"
-#include "dtcore/bootstrap/backend.h"
 #include "dtcore/common/env.h"
 
 namespace dtcore::check {
@@ -37,9 +37,7 @@ CheckResult run_checks(const CheckInputs& in) {
     r.gpus.hung = true;
   }
   const auto cvd = raw(in.env, "CUDA_VISIBLE_DEVICES");
-  r.visible_gpus = r.gpus.driver_loaded
-                       ? static_cast<int>(visible_devices(cvd, r.gpus.devices).indices.size())
-                       : 0;
+  r.visible_gpus = r.gpus.driver_loaded ? static_cast<int>(visible_devices(cvd, r.gpus.devices).indices.size()) : 0;
 
   // The settings and the backend exactly as init() reads and chooses them; a bad value is an item.
   std::vector<Problem> settings_problems;

@@ -44,10 +44,12 @@ void judge_nccl(const Env& env, Items& out) {
     const char* what;
   };
   static const Trap kTraps[] = {
-      {"NCCL_P2P_DISABLE", "turns off NVLink and PCIe peer-to-peer: traffic between GPUs of a node goes through "
-                           "host memory, several times slower."},
-      {"NCCL_IB_DISABLE", "turns off InfiniBand and RoCE: traffic between nodes goes over TCP sockets, typically "
-                          "5-20x slower."},
+      {"NCCL_P2P_DISABLE",
+       "turns off NVLink and PCIe peer-to-peer: traffic between GPUs of a node goes through "
+       "host memory, several times slower."},
+      {"NCCL_IB_DISABLE",
+       "turns off InfiniBand and RoCE: traffic between nodes goes over TCP sockets, typically "
+       "5-20x slower."},
       {"NCCL_SHM_DISABLE", "turns off the shared-memory transport between local GPUs without peer-to-peer."},
   };
   for (const Trap& t : kTraps) {
@@ -55,7 +57,8 @@ void judge_nccl(const Env& env, Items& out) {
     auto v = env.get(t.var);
     if (v && truthy(*v)) {
       out.warn(id, t.var, *v, t.what,
-               detail::cat("unset ", t.var, " unless it works around a known fault on this cluster (and then write "
+               detail::cat("unset ", t.var,
+                           " unless it works around a known fault on this cluster (and then write "
                            "down which)."));
     } else {
       out.pass(id, t.var, v.value_or("unset"));
@@ -105,15 +108,15 @@ void judge_allocator(const Env& env, const TrapContext& c, Items& out) {
 
 void judge_wandb(const Env& env, const TrapContext& c, Items& out) {
   const std::string mode = ascii_lower(env.get("WANDB_MODE").value_or(""));
-  const bool off = mode == "offline" || mode == "disabled" || mode == "dryrun" ||
-                   truthy(env.get("WANDB_DISABLED").value_or(""));
+  const bool off =
+      mode == "offline" || mode == "disabled" || mode == "dryrun" || truthy(env.get("WANDB_DISABLED").value_or(""));
   const bool configured = env.has("WANDB_PROJECT") || env.has("WANDB_ENTITY") || mode == "online";
   const bool credentials = env.has("WANDB_API_KEY") || c.wandb_credentials;
   if (!c.wandb_installed || off) {
     out.pass("env.wandb", "wandb", !c.wandb_installed ? "not installed" : "mode " + mode);
   } else if (configured && !credentials) {
-    out.warn("env.wandb", "wandb", detail::cat("WANDB_PROJECT=", env.get("WANDB_PROJECT").value_or("unset"),
-                                               ", no credentials"),
+    out.warn("env.wandb", "wandb",
+             detail::cat("WANDB_PROJECT=", env.get("WANDB_PROJECT").value_or("unset"), ", no credentials"),
              "wandb is set to log in, but finds no WANDB_API_KEY and no login (netrc): under a launcher, "
              "wandb.init() prompts for a login that nobody answers, or fails without a terminal.",
              "run `wandb login` on each node (or set WANDB_API_KEY), or set WANDB_MODE=offline.");

@@ -9,8 +9,8 @@
 namespace dtcore::check {
 
 struct TrapContext {
-  bool gpus = false;             // GPUs are visible: the CUDA and NCCL settings matter
-  bool wandb_installed = false;  // `import wandb` would work
+  bool gpus = false;               // GPUs are visible: the CUDA and NCCL settings matter
+  bool wandb_installed = false;    // `import wandb` would work
   bool wandb_credentials = false;  // a netrc entry for api.wandb.ai exists
   bool agent_store = false;        // the job uses torchrun's agent store (WorldSpec::use_agent_store)
 };

@@ -9,8 +9,8 @@
 #include <sstream>
 
 #include "dtcore/common/error.h"
-#include "dtcore/common/units.h"
 #include "dtcore/common/knobs.h"
+#include "dtcore/common/units.h"
 
 namespace dtcore::check {
 namespace {
@@ -243,14 +243,15 @@ void judge_gpus(const GpuFacts& f, const GpuExpectations& e, Items& out) {
     return;
   }
   const std::string cvd_text = e.cuda_visible_devices ? "CUDA_VISIBLE_DEVICES=" + *e.cuda_visible_devices
-                                                       : std::string("CUDA_VISIBLE_DEVICES unset");
+                                                      : std::string("CUDA_VISIBLE_DEVICES unset");
   if (!f.driver_loaded) {
     std::string value = "no NVIDIA driver";
     if (e.gpu_required) {
       out.fail("gpu.driver", "NVIDIA driver", value,
-               detail::cat("the job asks for NCCL (", knobs::kBackend.name, "=nccl) but the driver cannot be loaded: ",
-                           f.load_error, "."),
-               detail::cat("run on a GPU node (check `nvidia-smi`), or set ", knobs::kBackend.name, "=gloo to train on CPU."));
+               detail::cat("the job asks for NCCL (", knobs::kBackend.name,
+                           "=nccl) but the driver cannot be loaded: ", f.load_error, "."),
+               detail::cat("run on a GPU node (check `nvidia-smi`), or set ", knobs::kBackend.name,
+                           "=gloo to train on CPU."));
     } else {
       out.pass("gpu.driver", "NVIDIA driver", value, "no GPU: dtcore trains on CPU with Gloo.");
     }
@@ -262,12 +263,14 @@ void judge_gpus(const GpuFacts& f, const GpuExpectations& e, Items& out) {
     return;
   }
 
-  out.pass("gpu.driver", "NVIDIA driver", detail::cat(f.driver_version, " (CUDA ", cuda_version_text(f.cuda_driver_version), ")"));
+  out.pass("gpu.driver", "NVIDIA driver",
+           detail::cat(f.driver_version, " (CUDA ", cuda_version_text(f.cuda_driver_version), ")"));
   if (!e.torch_cuda.empty() && f.cuda_driver_version <= 0) {
     // NVML did not say which CUDA the driver supports: nothing to compare.
   } else if (!e.torch_cuda.empty()) {
     int torch_cuda = parse_cuda_version(e.torch_cuda);
-    std::string value = detail::cat("torch CUDA ", e.torch_cuda, ", driver supports ", cuda_version_text(f.cuda_driver_version));
+    std::string value =
+        detail::cat("torch CUDA ", e.torch_cuda, ", driver supports ", cuda_version_text(f.cuda_driver_version));
     if (torch_cuda / 1000 > f.cuda_driver_version / 1000) {
       out.fail("gpu.cuda", "CUDA runtime vs driver", value,
                detail::cat("this torch needs a driver for CUDA ", e.torch_cuda, "; driver ", f.driver_version,
@@ -292,7 +295,8 @@ void judge_gpus(const GpuFacts& f, const GpuExpectations& e, Items& out) {
   if (f.devices.empty()) {
     std::string msg = "the driver is loaded but reports no GPU.";
     if (e.gpu_required) {
-      out.fail("gpu.count", "GPUs", "0", msg, detail::cat("check `nvidia-smi`, or set ", knobs::kBackend.name, "=gloo."));
+      out.fail("gpu.count", "GPUs", "0", msg,
+               detail::cat("check `nvidia-smi`, or set ", knobs::kBackend.name, "=gloo."));
     } else {
       out.warn("gpu.count", "GPUs", "0", msg, "check `nvidia-smi`; dtcore falls back to CPU and Gloo.");
     }
@@ -319,7 +323,8 @@ void judge_gpus(const GpuFacts& f, const GpuExpectations& e, Items& out) {
                "unset CUDA_VISIBLE_DEVICES or list GPUs in it, if the job should use them.");
     }
   } else {
-    out.pass("gpu.visible", "CUDA_VISIBLE_DEVICES", cvd_text, detail::cat(n_visible, " of ", f.devices.size(), " GPU(s) visible"));
+    out.pass("gpu.visible", "CUDA_VISIBLE_DEVICES", cvd_text,
+             detail::cat(n_visible, " of ", f.devices.size(), " GPU(s) visible"));
   }
   if (e.launched && n_visible > 0 && e.local_world_size < n_visible && e.local_world_size >= 1) {
     out.warn("gpu.usage", "GPUs used", detail::cat(e.local_world_size, " process(es) for ", n_visible, " GPU(s)"),
@@ -336,8 +341,9 @@ void judge_gpus(const GpuFacts& f, const GpuExpectations& e, Items& out) {
     const GpuDevice& d = *it;
     const std::string id = detail::cat("gpu.", d.index);
     const std::string title = detail::cat("GPU ", d.index);
-    std::string value = detail::cat(d.name, ", sm_", d.cc_major, d.cc_minor, ", ", format_bytes(static_cast<int64_t>(d.memory_free)),
-                                    " free of ", format_bytes(static_cast<int64_t>(d.memory_total)));
+    std::string value =
+        detail::cat(d.name, ", sm_", d.cc_major, d.cc_minor, ", ", format_bytes(static_cast<int64_t>(d.memory_free)),
+                    " free of ", format_bytes(static_cast<int64_t>(d.memory_total)));
     if (!e.arch_list.empty() && !arch_supported(e.arch_list, d.cc_major, d.cc_minor)) {
       std::string archs;
       for (const auto& a : e.arch_list) archs += (archs.empty() ? "" : " ") + a;

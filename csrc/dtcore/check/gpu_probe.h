@@ -35,10 +35,10 @@ struct GpuDevice {
 };
 
 struct GpuFacts {
-  bool hung = false;           // NVML did not answer within the deadline (see checker.cpp)
+  bool hung = false;  // NVML did not answer within the deadline (see checker.cpp)
   bool driver_loaded = false;
-  std::string load_error;      // why not, when !driver_loaded
-  std::string driver_version;  // e.g. "580.95.05"
+  std::string load_error;       // why not, when !driver_loaded
+  std::string driver_version;   // e.g. "580.95.05"
   int cuda_driver_version = 0;  // the newest CUDA the driver supports, e.g. 13000 for 13.0
   std::vector<GpuDevice> devices;
 };
@@ -60,13 +60,13 @@ VisibleDevices visible_devices(const std::optional<std::string>& cuda_visible_de
 // What the judge needs besides the facts: what this torch and this job expect.
 struct GpuExpectations {
   std::optional<std::string> cuda_visible_devices;
-  std::string torch_cuda;               // torch.version.cuda, "" for a CPU build
-  std::vector<std::string> arch_list;   // torch.cuda.get_arch_list(): "sm_90", "compute_90", ...
-  bool gpu_required = false;            // the job asked for NCCL (DTCORE_BACKEND=nccl)
-  int local_world_size = 1;             // processes this node starts
-  std::vector<unsigned> job_pids;       // processes of this job, not counted as "other"
-  bool launched = false;                // started by a launcher (idle GPUs are then worth a warning)
-  bool pid_namespace = false;           // in a container: NVML's pids are the host's
+  std::string torch_cuda;              // torch.version.cuda, "" for a CPU build
+  std::vector<std::string> arch_list;  // torch.cuda.get_arch_list(): "sm_90", "compute_90", ...
+  bool gpu_required = false;           // the job asked for NCCL (DTCORE_BACKEND=nccl)
+  int local_world_size = 1;            // processes this node starts
+  std::vector<unsigned> job_pids;      // processes of this job, not counted as "other"
+  bool launched = false;               // started by a launcher (idle GPUs are then worth a warning)
+  bool pid_namespace = false;          // in a container: NVML's pids are the host's
 };
 
 void judge_gpus(const GpuFacts& facts, const GpuExpectations& expect, Items& out);

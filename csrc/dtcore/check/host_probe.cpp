@@ -32,7 +32,8 @@ std::optional<uint64_t> soft_limit(int resource, std::optional<uint64_t>* hard =
 int usable_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  int cpus =
+      sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   double quota = -1, period = -1;
   std::ifstream v2("/sys/fs/cgroup/cpu.max");  // cgroup v2: "<quota|max> <period>"
   std::string q;
@@ -96,13 +97,17 @@ void judge_host(const HostFacts& f, const HostExpectations& e, Items& out) {
   // /dev/shm: NCCL's shared-memory transport needs several MiB per pair of local ranks, and a
   // container's default 64 MB fails with "unhandled system error" at a few GPUs.
   const bool shm_needed = e.gpus && e.local_world_size > 1;
-  const std::string shm_fix = "give the container more shared memory (docker run --shm-size=16g, or "
-                              "--ipc=host; Kubernetes: an emptyDir with medium: Memory at /dev/shm).";
+  const std::string shm_fix =
+      "give the container more shared memory (docker run --shm-size=16g, or "
+      "--ipc=host; Kubernetes: an emptyDir with medium: Memory at /dev/shm).";
   if (!f.shm_total) {
-    std::string msg = detail::cat(f.shm_path, " does not exist: NCCL's shared-memory transport and DataLoader "
+    std::string msg = detail::cat(f.shm_path,
+                                  " does not exist: NCCL's shared-memory transport and DataLoader "
                                   "workers need it.");
-    if (shm_needed) out.fail("host.shm", "/dev/shm", "missing", msg, shm_fix);
-    else out.warn("host.shm", "/dev/shm", "missing", msg, shm_fix);
+    if (shm_needed)
+      out.fail("host.shm", "/dev/shm", "missing", msg, shm_fix);
+    else
+      out.warn("host.shm", "/dev/shm", "missing", msg, shm_fix);
   } else {
     std::string value = detail::cat(format_bytes(static_cast<int64_t>(*f.shm_total)), " (",
                                     format_bytes(static_cast<int64_t>(f.shm_free)), " free)");
@@ -110,11 +115,14 @@ void judge_host(const HostFacts& f, const HostExpectations& e, Items& out) {
       std::string msg = detail::cat(f.shm_path, " is ", format_bytes(static_cast<int64_t>(*f.shm_total)),
                                     ": NCCL needs more between local GPUs (the 64 MB container default fails with "
                                     "'unhandled system error'), and DataLoader workers run out of it.");
-      if (shm_needed) out.fail("host.shm", "/dev/shm", value, msg, shm_fix);
-      else out.warn("host.shm", "/dev/shm", value, msg, shm_fix);
+      if (shm_needed)
+        out.fail("host.shm", "/dev/shm", value, msg, shm_fix);
+      else
+        out.warn("host.shm", "/dev/shm", value, msg, shm_fix);
     } else if (*f.shm_total < kGiB || f.shm_free < 256 * kMiB) {
       out.warn("host.shm", "/dev/shm", value,
-               "little shared memory: DataLoader workers with large batches and NCCL's buffers compete for it.", shm_fix);
+               "little shared memory: DataLoader workers with large batches and NCCL's buffers compete for it.",
+               shm_fix);
     } else {
       out.pass("host.shm", "/dev/shm", value);
     }
@@ -176,18 +184,19 @@ void judge_host(const HostFacts& f, const HostExpectations& e, Items& out) {
     const bool bound = f.node_cpus > 0 && f.cpus < f.node_cpus;
     const int sharing = bound ? 1 : std::max(1, e.local_world_size);
     long total = static_cast<long>(per_process) * sharing;
-    std::string value = detail::cat(f.cpus, " CPU(s)", bound ? " bound to this process" : "", ", ", sharing,
-                                    " process(es) x ", per_process, " thread(s)",
-                                    threads ? "" : " (OMP_NUM_THREADS unset)");
+    std::string value =
+        detail::cat(f.cpus, " CPU(s)", bound ? " bound to this process" : "", ", ", sharing, " process(es) x ",
+                    per_process, " thread(s)", threads ? "" : " (OMP_NUM_THREADS unset)");
     if (total > f.cpus && (bound ? threads.has_value() : e.local_world_size > 1)) {
       out.warn("host.cpus", "CPUs", value,
-               detail::cat(total, " threads compete for ", f.cpus, " CPU(s): oversubscription slows every rank, "
+               detail::cat(total, " threads compete for ", f.cpus,
+                           " CPU(s): oversubscription slows every rank, "
                            "and the slowest rank sets the pace of each collective."),
-               per_process > 1
-                   ? detail::cat("set OMP_NUM_THREADS=", std::max(1, f.cpus / sharing),
-                                 " (CPUs / processes on this node).")
-                   : detail::cat("run at most ", f.cpus, " processes on this node, or give it more CPUs (SLURM: "
-                                 "--cpus-per-task; containers: --cpus)."));
+               per_process > 1 ? detail::cat("set OMP_NUM_THREADS=", std::max(1, f.cpus / sharing),
+                                             " (CPUs / processes on this node).")
+                               : detail::cat("run at most ", f.cpus,
+                                             " processes on this node, or give it more CPUs (SLURM: "
+                                             "--cpus-per-task; containers: --cpus)."));
     } else {
       out.pass("host.cpus", "CPUs", value);
     }

@@ -31,9 +31,9 @@ struct HostFacts {
   std::optional<uint64_t> memlock_soft;  // nullopt: unlimited
   std::optional<uint64_t> nofile_soft;
   std::optional<uint64_t> nofile_hard;
-  int cpus = 0;               // CPUs this process may run on (affinity and cgroup quota)
-  int node_cpus = 0;          // CPUs of the node (online)
-  bool infiniband = false;    // /sys/class/infiniband lists a device
+  int cpus = 0;             // CPUs this process may run on (affinity and cgroup quota)
+  int node_cpus = 0;        // CPUs of the node (online)
+  bool infiniband = false;  // /sys/class/infiniband lists a device
   std::vector<DiskFacts> disks;
 };
 
@@ -48,10 +48,10 @@ struct HostExpectations {
   int world_size = 1;
   int local_world_size = 1;
   int num_nodes = 1;
-  bool gpus = false;                          // NCCL will run here
-  bool serves_store = false;                  // rank 0 without torchrun's agent: a connection per rank
+  bool gpus = false;                           // NCCL will run here
+  bool serves_store = false;                   // rank 0 without torchrun's agent: a connection per rank
   std::optional<std::string> omp_num_threads;  // as set, nullopt when unset
-  double min_free_disk_gb = 10.0;             // WARN below this much free disk, in GB (10^9 bytes)
+  double min_free_disk_gb = 10.0;              // WARN below this much free disk, in GB (10^9 bytes)
 };
 
 void judge_host(const HostFacts& facts, const HostExpectations& expect, Items& out);

@@ -1,16 +1,12 @@
 #include "dtcore/check/item.h"
 
-
 namespace dtcore::check {
 
 std::string_view status_name(Status status) {
   switch (status) {
-    case Status::Pass:
-      return "PASS";
-    case Status::Warn:
-      return "WARN";
-    case Status::Fail:
-      return "FAIL";
+    case Status::Pass: return "PASS";
+    case Status::Warn: return "WARN";
+    case Status::Fail: return "FAIL";
   }
   return "?";
 }

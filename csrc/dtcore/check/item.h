@@ -17,8 +17,8 @@ enum class Status { Pass, Warn, Fail };
 std::string_view status_name(Status status);  // "PASS", "WARN", "FAIL"
 
 struct Item {
-  std::string id;       // "<group>.<name>", stable
-  std::string title;    // short label for the table, e.g. "/dev/shm"
+  std::string id;     // "<group>.<name>", stable
+  std::string title;  // short label for the table, e.g. "/dev/shm"
   Status status = Status::Pass;
   std::string value;    // what was seen, e.g. "64 MiB"
   std::string message;  // what it means

@@ -46,8 +46,8 @@ void judge_slurm_allocation(const Env& env, const WorldSpec& s, const LaunchExpe
       out.fail("launch.slurm_nodes", "SLURM allocation", value,
                detail::cat(launcher, " expects ", s.num_nodes.value, " nodes (", s.num_nodes.source,
                            ") but the SLURM allocation has ", *nodes, ": the job waits for nodes that never come."),
-               detail::cat("ask SLURM for ", s.num_nodes.value, " nodes (sbatch -N ", s.num_nodes.value,
-                           "), or start ", launcher, " with --nnodes=", *nodes, "."));
+               detail::cat("ask SLURM for ", s.num_nodes.value, " nodes (sbatch -N ", s.num_nodes.value, "), or start ",
+                           launcher, " with --nnodes=", *nodes, "."));
     } else if (s.num_nodes.value < *nodes) {
       out.warn("launch.slurm_nodes", "SLURM allocation", value,
                detail::cat("the allocation has ", *nodes, " nodes but the job runs on ", s.num_nodes.value,
@@ -80,8 +80,9 @@ void judge_accelerate_config(const WorldSpec& s, const LaunchExpectations& e, It
   std::string value = detail::cat(e.accelerate_config_path, ": ", type.empty() ? "" : type + ", ",
                                   "num_processes=", processes ? std::to_string(*processes) : "?",
                                   ", num_machines=", machines ? std::to_string(*machines) : "?");
-  const std::string fix_file = "edit the file (or run `accelerate config`) to match this machine, or pass "
-                               "--num_processes/--num_machines to accelerate launch.";
+  const std::string fix_file =
+      "edit the file (or run `accelerate config`) to match this machine, or pass "
+      "--num_processes/--num_machines to accelerate launch.";
   if (type == "MULTI_GPU" && !use_cpu && e.visible_gpus == 0) {
     out.fail("launch.accelerate", "accelerate config", value,
              "the config asks for MULTI_GPU, but this machine has no usable GPU.", fix_file);
@@ -97,8 +98,8 @@ void judge_accelerate_config(const WorldSpec& s, const LaunchExpectations& e, It
   }
   if (s.launcher == Launcher::Accelerate && processes && *processes != s.world_size.value) {
     out.warn("launch.accelerate", "accelerate config", value,
-             detail::cat("the config says num_processes=", *processes, " but this job has ", s.world_size.value,
-                         " (", s.world_size.source, "): the launch command overrode the file."),
+             detail::cat("the config says num_processes=", *processes, " but this job has ", s.world_size.value, " (",
+                         s.world_size.source, "): the launch command overrode the file."),
              fix_file);
     return;
   }

@@ -26,7 +26,7 @@ struct LaunchExpectations {
   int visible_gpus = -1;         // GPUs this process sees; -1 when unknown
   std::string host;
   bool resolve_master = true;
-  std::string accelerate_config_path;                 // "" when there is none
+  std::string accelerate_config_path;  // "" when there is none
   std::map<std::string, std::string> accelerate_config;
   Arguments world_arguments;  // init()'s rank=, world_size=, ...: they beat the environment
 };

@@ -164,9 +164,8 @@ std::vector<std::string> select_interfaces(const std::string& value, const std::
   }
   const auto names = split_commas(spec);
   for (const Interface& i : interfaces) {
-    bool match = std::any_of(names.begin(), names.end(), [&](const std::string& n) {
-      return exact ? i.name == n : i.name.rfind(n, 0) == 0;
-    });
+    bool match = std::any_of(names.begin(), names.end(),
+                             [&](const std::string& n) { return exact ? i.name == n : i.name.rfind(n, 0) == 0; });
     if (match != exclude) out.push_back(i.name);
   }
   return out;
@@ -304,11 +303,11 @@ NetworkFacts probe_network(const WorldSpec& spec, const std::optional<std::strin
   f.agent_store = spec.use_agent_store;
   // One bounded lookup; route_to and connect_error below then hit the resolver's cache.
   std::string host = f.master_addr;
-  auto looked_up = with_deadline<std::optional<std::string>>([host] { return resolve_error(host); },
-                                                             options.resolve_timeout);
+  auto looked_up =
+      with_deadline<std::optional<std::string>>([host] { return resolve_error(host); }, options.resolve_timeout);
   f.resolve_error = looked_up ? *looked_up
-                              : detail::cat("no answer from the resolver within ", options.resolve_timeout.count() / 1000,
-                                            " s (/etc/resolv.conf)");
+                              : detail::cat("no answer from the resolver within ",
+                                            options.resolve_timeout.count() / 1000, " s (/etc/resolv.conf)");
   if (!f.resolve_error) f.route = route_to(f.master_addr, f.interfaces);
   if (!f.agent_store && f.is_rank0 && f.master_port > 0) f.port = probe_port(f.master_port);
   if (options.test_connect && f.agent_store && !f.resolve_error) {
@@ -327,8 +326,9 @@ void judge_ifname(const char* var, const std::optional<std::string>& value, bool
                   const std::vector<Interface>& interfaces, Items& out) {
   const std::string id = std::string("network.") + (nccl_syntax ? "nccl_socket_ifname" : "gloo_socket_ifname");
   if (!value) {
-    out.pass(id, var, "unset", nccl_syntax ? "NCCL picks an interface itself (InfiniBand first, then not docker/lo)"
-                                           : "Gloo uses the address this host's name resolves to");
+    out.pass(id, var, "unset",
+             nccl_syntax ? "NCCL picks an interface itself (InfiniBand first, then not docker/lo)"
+                         : "Gloo uses the address this host's name resolves to");
     return;
   }
   std::string have;
@@ -344,8 +344,8 @@ void judge_ifname(const char* var, const std::optional<std::string>& value, bool
       if (std::find(selected.begin(), selected.end(), name) == selected.end()) missing.push_back(name);
     }
   }
-  std::string fix = detail::cat("set ", var, " to interfaces that exist and are up on every node (this host has: ",
-                                have, "), or unset it.");
+  std::string fix = detail::cat(
+      "set ", var, " to interfaces that exist and are up on every node (this host has: ", have, "), or unset it.");
   if (selected.empty() || !missing.empty()) {
     std::string which = missing.empty() ? std::string("no interface") : "'" + missing.front() + "'";
     out.fail(id, var, *value,
@@ -377,11 +377,13 @@ void judge_network(const NetworkFacts& f, Items& out) {
   } else if (f.num_nodes > 1 && f.route.target_is_loopback) {
     // Debian's "127.0.1.1 <hostname>": other nodes resolve the name through DNS and reach the
     // store, but Gloo on this host would advertise the loopback address to its peers.
-    out.warn("network.master", "master address", f.master_addr,
-             detail::cat(f.master_addr, " resolves to a loopback address on this host (/etc/hosts). Other nodes "
-                         "resolve it through DNS and reach the store, but Gloo here would announce 127.x to its peers."),
-             "map the host name to its cluster address in /etc/hosts, or set GLOO_SOCKET_IFNAME to the cluster "
-             "interface.");
+    out.warn(
+        "network.master", "master address", f.master_addr,
+        detail::cat(f.master_addr,
+                    " resolves to a loopback address on this host (/etc/hosts). Other nodes "
+                    "resolve it through DNS and reach the store, but Gloo here would announce 127.x to its peers."),
+        "map the host name to its cluster address in /etc/hosts, or set GLOO_SOCKET_IFNAME to the cluster "
+        "interface.");
   } else if (f.is_rank0 && !f.agent_store && f.num_nodes >= 1 && !f.route.target_is_local &&
              !f.route.target_is_loopback && f.route.error.empty() && f.master_addr_source.rfind("default", 0) != 0) {
     out.fail("network.master", "master address", f.master_addr,
@@ -413,10 +415,10 @@ void judge_network(const NetworkFacts& f, Items& out) {
                                        : std::string("another process");
       int suggestion = some_free_port();
       std::string value = detail::cat(f.master_port, " (", f.master_port_source, ")");
-      std::string message =
-          f.port->in_use ? detail::cat("port ", f.master_port, " is taken on this host by ", who,
-                                       ". Rank 0 could not serve the rendezvous store there.")
-                         : detail::cat("port ", f.master_port, " cannot be bound here: ", f.port->error, ".");
+      std::string message = f.port->in_use
+                                ? detail::cat("port ", f.master_port, " is taken on this host by ", who,
+                                              ". Rank 0 could not serve the rendezvous store there.")
+                                : detail::cat("port ", f.master_port, " cannot be bound here: ", f.port->error, ".");
       std::string fix = detail::cat("set MASTER_PORT to a free port",
                                     suggestion > 0 ? detail::cat(" (", suggestion, " is free now)") : std::string(),
                                     ", the same on every rank (torchrun: --master_port)",

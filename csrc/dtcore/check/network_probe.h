@@ -38,8 +38,8 @@ struct PortHolder {
 
 struct PortProbe {
   bool free = false;
-  bool in_use = false;              // EADDRINUSE (rather than, e.g., EACCES below 1024)
-  std::string error;                // why not, e.g. "Address already in use"
+  bool in_use = false;               // EADDRINUSE (rather than, e.g., EACCES below 1024)
+  std::string error;                 // why not, e.g. "Address already in use"
   std::optional<PortHolder> holder;  // the listening process, when /proc lets us see it
 };
 
@@ -69,11 +69,11 @@ struct NetworkFacts {
   std::string master_port_source;
   int num_nodes = 1;
   bool is_rank0 = true;
-  bool agent_store = false;               // torchrun's agent serves the store
+  bool agent_store = false;                  // torchrun's agent serves the store
   std::optional<std::string> resolve_error;  // the master address does not resolve
   Route route;
-  std::optional<PortProbe> port;           // when this process is where rank 0 will listen
-  std::optional<std::string> connect;      // set when a reachability test ran: "" ok, else the error
+  std::optional<PortProbe> port;       // when this process is where rank 0 will listen
+  std::optional<std::string> connect;  // set when a reachability test ran: "" ok, else the error
 };
 
 struct NetworkOptions {

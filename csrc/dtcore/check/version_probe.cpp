@@ -58,26 +58,30 @@ void judge_versions(const VersionFacts& f, Items& out) {
            detail::cat(f.torch, " (CUDA ", f.torch_cuda.empty() ? "none" : f.torch_cuda, ", C++11 ABI ",
                        int(f.torch_cxx11_abi), ")"));
 
-  std::string built = detail::cat(f.dtcore, ", built for torch ", f.built_torch, " (C++11 ABI ", int(f.built_cxx11_abi),
-                                  ", CUDA ", f.built_cuda.empty() ? "none" : f.built_cuda,
-                                  ", NCCL ", f.built_with_nccl ? "on" : "off", ")");
+  std::string built =
+      detail::cat(f.dtcore, ", built for torch ", f.built_torch, " (C++11 ABI ", int(f.built_cxx11_abi), ", CUDA ",
+                  f.built_cuda.empty() ? "none" : f.built_cuda, ", NCCL ", f.built_with_nccl ? "on" : "off", ")");
   if (f.built_torch != f.torch || f.built_cxx11_abi != f.torch_cxx11_abi) {
     out.fail("version.dtcore", "dtcore build", built,
              detail::cat("dtcore was built against torch ", f.built_torch, " (C++11 ABI ", int(f.built_cxx11_abi),
                          ") but this Python runs torch ", f.torch, " (C++11 ABI ", int(f.torch_cxx11_abi),
                          "); a C++ extension must be rebuilt for the torch it runs with."),
-             detail::cat("in dtcore's source directory run `", f.rebuild_command, "`, or install the torch it was "
-                         "built for (", f.built_torch, ", from the index of its CUDA variant)."));
+             detail::cat("in dtcore's source directory run `", f.rebuild_command,
+                         "`, or install the torch it was "
+                         "built for (",
+                         f.built_torch, ", from the index of its CUDA variant)."));
   } else if (f.gpus_present && !f.torch_cuda.empty() && !f.built_with_nccl) {
-    out.warn("version.dtcore", "dtcore build", built,
-             "this machine has GPUs, but dtcore was built without NCCL: GPU jobs would fall back to Gloo, "
-             "which is many times slower.",
-             detail::cat("rebuild where CUDA and NCCL are found (set NCCL_HOME if needed): `", f.rebuild_command, "`."));
+    out.warn(
+        "version.dtcore", "dtcore build", built,
+        "this machine has GPUs, but dtcore was built without NCCL: GPU jobs would fall back to Gloo, "
+        "which is many times slower.",
+        detail::cat("rebuild where CUDA and NCCL are found (set NCCL_HOME if needed): `", f.rebuild_command, "`."));
   } else {
     out.pass("version.dtcore", "dtcore build", built);
   }
 
-  std::string nccl = f.nccl_library.version.empty() ? "not found" : f.nccl_library.version + " (" + f.nccl_library.path + ")";
+  std::string nccl =
+      f.nccl_library.version.empty() ? "not found" : f.nccl_library.version + " (" + f.nccl_library.path + ")";
   if (!f.torch_nccl.empty()) nccl += ", torch's " + f.torch_nccl;
   if (!f.dtcore_nccl.empty()) nccl += ", dtcore's " + f.dtcore_nccl;
   const bool any_nccl = !f.nccl_library.version.empty() || !f.torch_nccl.empty() || !f.dtcore_nccl.empty();

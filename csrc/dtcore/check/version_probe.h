@@ -22,20 +22,20 @@ struct NcclLibrary {
 NcclLibrary probe_nccl_library(const std::vector<std::string>& dirs);
 
 struct VersionFacts {
-  std::string python;             // "3.11.7"
-  std::string torch;              // running torch.__version__
-  std::string torch_cuda;         // torch.version.cuda, "" for a CPU build
+  std::string python;      // "3.11.7"
+  std::string torch;       // running torch.__version__
+  std::string torch_cuda;  // torch.version.cuda, "" for a CPU build
   bool torch_cxx11_abi = true;
-  std::string torch_nccl;         // torch.cuda.nccl.version(), "" when torch has none
-  std::string dtcore;             // dtcore's version
-  std::string built_torch;        // the torch dtcore was built against
+  std::string torch_nccl;   // torch.cuda.nccl.version(), "" when torch has none
+  std::string dtcore;       // dtcore's version
+  std::string built_torch;  // the torch dtcore was built against
   bool built_cxx11_abi = true;
-  std::string built_cuda;         // the CUDA of that torch, "" for CPU
+  std::string built_cuda;  // the CUDA of that torch, "" for CPU
   bool built_with_nccl = false;
-  std::string dtcore_nccl;        // the NCCL dtcore's communicator loaded, "" without
-  NcclLibrary nccl_library;       // what the loader finds
-  bool gpus_present = false;      // the driver lists at least one GPU
-  std::string rebuild_command;    // how to rebuild dtcore for the running torch
+  std::string dtcore_nccl;      // the NCCL dtcore's communicator loaded, "" without
+  NcclLibrary nccl_library;     // what the loader finds
+  bool gpus_present = false;    // the driver lists at least one GPU
+  std::string rebuild_command;  // how to rebuild dtcore for the running torch
 };
 
 void judge_versions(const VersionFacts& facts, Items& out);

@@ -14,7 +14,8 @@ ReduceOp parse_reduce_op(std::string_view text) {
   if (name == "avg" || name == "mean") return ReduceOp::Avg;
   if (name == "max") return ReduceOp::Max;
   if (name == "min") return ReduceOp::Min;
-  DTCORE_CHECK(false, ConfigError, "op='", name, "' is not a reduction dtcore knows. Fix: use one of 'sum', 'avg', "
+  DTCORE_CHECK(false, ConfigError, "op='", name,
+               "' is not a reduction dtcore knows. Fix: use one of 'sum', 'avg', "
                "'max', 'min'.");
   return ReduceOp::Sum;  // unreachable
 }
@@ -26,13 +27,15 @@ std::string_view reduce_op_name(ReduceOp op) {
 
 void Communicator::check_input(const at::Tensor& t, std::string_view what, std::string_view op_name,
                                const ReduceOp* op) const {
-  DTCORE_CHECK(t.defined(), ConfigError, op_name, ": ", what, " is an undefined tensor. Fix: pass a tensor that holds data (e.g. torch.zeros(...)).");
+  DTCORE_CHECK(t.defined(), ConfigError, op_name, ": ", what,
+               " is an undefined tensor. Fix: pass a tensor that holds data (e.g. torch.zeros(...)).");
   DTCORE_CHECK(accepts_device(t), ConfigError, op_name, ": ", what, " is on ", t.device().str(),
                ", but this job's backend is ", backend(), backend() == "gloo" ? " (CPU tensors)" : " (CUDA tensors)",
                ". Fix: move the tensor (", backend() == "gloo" ? ".cpu()" : ".cuda()",
                ") or initialize with the matching backend (dtcore.init(backend=...)).");
   // Sparse first: a sparse tensor is never contiguous, and "contiguous()" would not help.
-  DTCORE_CHECK(!t.is_sparse(), ConfigError, op_name, ": ", what, " is sparse; dtcore reduces dense tensors only. Fix: pass tensor.to_dense().");
+  DTCORE_CHECK(!t.is_sparse(), ConfigError, op_name, ": ", what,
+               " is sparse; dtcore reduces dense tensors only. Fix: pass tensor.to_dense().");
   DTCORE_CHECK(t.is_contiguous(), ConfigError, op_name, ": ", what,
                " is not contiguous. Fix: pass tensor.contiguous() (and copy the result back if needed).");
   if (op != nullptr && *op == ReduceOp::Avg) {

@@ -44,10 +44,10 @@ std::string_view collective_name(CollectiveKind kind);  // "all_reduce", "reduce
 // One collective, checked by the Communicator and handed to its engine.
 struct Collective {
   CollectiveKind kind = CollectiveKind::Barrier;
-  uint64_t seq = 0;   // 1, 2, ... in the order this rank issued them
-  std::string what;   // "all_reduce #12 (float32[4096], avg)", for messages
-  at::Tensor input;   // all_reduce and broadcast: the tensor, in place; undefined for a barrier
-  at::Tensor output;  // reduce_scatter and all_gather only
+  uint64_t seq = 0;             // 1, 2, ... in the order this rank issued them
+  std::string what;             // "all_reduce #12 (float32[4096], avg)", for messages
+  at::Tensor input;             // all_reduce and broadcast: the tensor, in place; undefined for a barrier
+  at::Tensor output;            // reduce_scatter and all_gather only
   ReduceOp op = ReduceOp::Sum;  // all_reduce and reduce_scatter
   int root = 0;                 // broadcast
 };

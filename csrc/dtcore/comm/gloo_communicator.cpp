@@ -21,7 +21,6 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return c10d::ReduceOp::SUM;
 }
 
-
 // Names dead or stalled peers once a collective has failed (see HealthMonitor).
 using FailureDiagnosis = std::function<std::string()>;
 
@@ -53,7 +52,8 @@ class GlooWork final : public Work {
                    static_cast<int>(waited * 10) / 10.0, " s (timeout ", timeout.count() / 1000.0, " s): ", msg,
                    who.empty() ? std::string() : "\n" + who,
                    "\nFix: a peer rank has probably exited or stalled; look at the first error of the lowest failing "
-                   "rank. If the work is just slow, raise init(timeout=) or ", knobs::kTimeout.name, ".");
+                   "rank. If the work is just slow, raise init(timeout=) or ",
+                   knobs::kTimeout.name, ".");
     }
     if (divide_.defined()) divide_.div_(size_);
     done_ = true;
@@ -142,8 +142,9 @@ std::shared_ptr<Work> GlooCommunicator::start(const Collective& c) {
       }
     }
   } catch (const std::exception& e) {
-    DTCORE_CHECK(false, CommError, c.what, " could not start on rank ", rank(), ": ", error_text(e),
-                 ". Fix: if a peer exited, look at its error first; a closed or broken group needs dtcore.init() again.");
+    DTCORE_CHECK(
+        false, CommError, c.what, " could not start on rank ", rank(), ": ", error_text(e),
+        ". Fix: if a peer exited, look at its error first; a closed or broken group needs dtcore.init() again.");
   }
   return std::make_shared<GlooWork>(std::move(work), c.what, rank(), size(), std::move(divide), diagnosis_for(c),
                                     timeout());

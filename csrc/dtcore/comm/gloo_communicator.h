@@ -30,8 +30,7 @@ class GlooCommunicator final : public Communicator {
   bool accepts_device(const at::Tensor& t) const override { return t.device().is_cpu(); }
 
  private:
-
-  std::mutex mu_;                             // guards backend_ against close()
+  std::mutex mu_;                              // guards backend_ against close()
   c10::intrusive_ptr<c10d::Backend> backend_;  // null once closed
 };
 

@@ -16,7 +16,6 @@ namespace {
 
 std::string key_of(size_t rank) { return "health/" + std::to_string(rank); }
 
-
 }  // namespace
 
 HealthMonitor::HealthMonitor(c10::intrusive_ptr<c10d::Store> beat_store, c10::intrusive_ptr<c10d::Store> sample_store,
@@ -36,8 +35,7 @@ HealthMonitor::HealthMonitor(c10::intrusive_ptr<c10d::Store> beat_store, c10::in
 }
 
 std::shared_ptr<HealthMonitor> HealthMonitor::for_rendezvous(Rendezvous& rendezvous, const Settings& settings) {
-  const auto interval =
-      seconds_to_timeout(settings.heartbeat_interval_s.value, settings.heartbeat_interval_s.source);
+  const auto interval = seconds_to_timeout(settings.heartbeat_interval_s.value, settings.heartbeat_interval_s.source);
   std::vector<PeerInfo> peers;
   for (const auto& e : rendezvous.roster()) peers.push_back(PeerInfo{e.host, e.pid});
   auto beat = rendezvous.new_connection();
@@ -183,11 +181,10 @@ std::string HealthMonitor::diagnose(uint64_t failing_seq, const std::string& op_
     }
   }
   if (lines.empty()) return "";
-  return detail::cat("health check on rank ", rank_, ":", lines,
-                     dead.empty() ? "" : detail::cat("\n  dead: rank", dead.size() > 1 ? "s " : " ", format_ranks(dead)),
-                     stalled.empty() ? ""
-                                     : detail::cat("\n  stalled: rank", stalled.size() > 1 ? "s " : " ",
-                                                   format_ranks(stalled)));
+  return detail::cat(
+      "health check on rank ", rank_, ":", lines,
+      dead.empty() ? "" : detail::cat("\n  dead: rank", dead.size() > 1 ? "s " : " ", format_ranks(dead)),
+      stalled.empty() ? "" : detail::cat("\n  stalled: rank", stalled.size() > 1 ? "s " : " ", format_ranks(stalled)));
 }
 
 }  // namespace dtcore

@@ -74,7 +74,7 @@ class HealthMonitor {
   const std::vector<PeerInfo> peers_;
   const std::chrono::milliseconds interval_;
   const std::chrono::milliseconds request_bound_;  // max(5 intervals, 5 s)
-  const std::string store_owner_;  // "rank 0 (host a)" or "the torchrun agent", for messages
+  const std::string store_owner_;                  // "rank 0 (host a)" or "the torchrun agent", for messages
 
   std::atomic<uint64_t> progress_{0};
   std::atomic<bool> closed_{false};

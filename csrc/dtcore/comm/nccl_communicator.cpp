@@ -98,9 +98,7 @@ ncclRedOp_t to_nccl(ReduceOp op) {
   return ncclSum;
 }
 
-const c10::impl::DeviceGuardImplInterface* cuda_impl() {
-  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-}
+const c10::impl::DeviceGuardImplInterface* cuda_impl() { return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA); }
 
 // Sets the device for the scope: NCCL and CUDA runtime calls act on the current device.
 class DeviceScope {
@@ -207,8 +205,7 @@ class NcclState {
   }
   // ncclInProgress passes: the caller polls.
   void check_nccl(ncclResult_t rc, std::string_view what) const {
-    DTCORE_CHECK(!is_nccl_error(rc), CommError, what, " failed on ", where(), ": ", nccl_error_text(rc),
-                 nccl_fix(rc));
+    DTCORE_CHECK(!is_nccl_error(rc), CommError, what, " failed on ", where(), ": ", nccl_error_text(rc), nccl_fix(rc));
   }
 
  private:
@@ -266,10 +263,11 @@ class NcclWork final : public Work {
         DTCORE_CHECK(false, CommError, what_, " timed out on ", state_->where(), " after waiting ",
                      timeout.count() / 1000.0, " s (running for ", seconds(Clock::now() - start_),
                      " s): a peer rank has not taken part yet. The collective is still in flight; the communicator "
-                     "aborts it if it is not done ", state_->timeout.count() / 1000.0, " s after it started.",
-                     who.empty() ? std::string() : "\n" + who,
+                     "aborts it if it is not done ",
+                     state_->timeout.count() / 1000.0, " s after it started.", who.empty() ? std::string() : "\n" + who,
                      "\nFix: look at the first error of the lowest failing rank; if the work is just slow, wait "
-                     "longer or raise init(timeout=) or ", knobs::kTimeout.name, ".");
+                     "longer or raise init(timeout=) or ",
+                     knobs::kTimeout.name, ".");
       }
       backoff.pause();
     }
@@ -356,17 +354,26 @@ NcclCommunicator::NcclCommunicator(const c10::intrusive_ptr<c10d::Store>& store,
     try {
       bytes = store->get(key);  // blocks up to the store's timeout
     } catch (const c10::DistStoreError& e) {
-      DTCORE_CHECK(false, CommError, s.where(), " timed out waiting for the NCCL unique id: rank 0 never published "
-                   "it in the rendezvous store (", e.what_without_backtrace(), "). Rank 0 may have failed before it "
-                   "created its NCCL communicator. Fix: look at rank 0's log for its first error; if rank 0 is only slow to "
-                   "reach dtcore.init(), raise init(timeout=) or ", knobs::kTimeout.name, ".");
+      DTCORE_CHECK(
+          false, CommError, s.where(),
+          " timed out waiting for the NCCL unique id: rank 0 never published "
+          "it in the rendezvous store (",
+          e.what_without_backtrace(),
+          "). Rank 0 may have failed before it "
+          "created its NCCL communicator. Fix: look at rank 0's log for its first error; if rank 0 is only slow to "
+          "reach dtcore.init(), raise init(timeout=) or ",
+          knobs::kTimeout.name, ".");
     } catch (const c10::DistNetworkError& e) {
-      DTCORE_CHECK(false, CommError, s.where(), " lost the rendezvous store while waiting for rank 0's NCCL unique "
-                   "id (", e.what_without_backtrace(), "): the store's host (rank 0) may have exited. Fix: look at "
+      DTCORE_CHECK(false, CommError, s.where(),
+                   " lost the rendezvous store while waiting for rank 0's NCCL unique "
+                   "id (",
+                   e.what_without_backtrace(),
+                   "): the store's host (rank 0) may have exited. Fix: look at "
                    "rank 0's log for its first error.");
     }
     DTCORE_CHECK(bytes.size() == sizeof(id), CommError, s.where(), " read a malformed NCCL id (", bytes.size(),
-                 " bytes, expected ", sizeof(id), ") from the rendezvous store. Fix: make sure every rank runs the "
+                 " bytes, expected ", sizeof(id),
+                 ") from the rendezvous store. Fix: make sure every rank runs the "
                  "same NCCL.");
     std::memcpy(&id, bytes.data(), sizeof(id));
   }
@@ -381,8 +388,9 @@ NcclCommunicator::NcclCommunicator(const c10::intrusive_ptr<c10d::Store>& store,
                  " returned no communicator. Fix: set NCCL_DEBUG=WARN for NCCL's own account.");
     // Non-blocking: the set-up goes on in the background until the state leaves ncclInProgress.
     ncclResult_t rc = s.poll_async(deadline);
-    DTCORE_CHECK(rc != ncclInProgress, CommError, "NCCL communicator set-up timed out after ",
-                 timeout.count() / 1000.0, " s on ", s.where(), ": some rank did not join. Fix: check that every "
+    DTCORE_CHECK(rc != ncclInProgress, CommError, "NCCL communicator set-up timed out after ", timeout.count() / 1000.0,
+                 " s on ", s.where(),
+                 ": some rank did not join. Fix: check that every "
                  "rank reached dtcore.init(); set NCCL_DEBUG=WARN for NCCL's account.");
     s.check_nccl(rc, "NCCL communicator set-up");
     watchdog_ = std::thread([this] { watchdog_loop(); });
@@ -394,8 +402,7 @@ NcclCommunicator::NcclCommunicator(const c10::intrusive_ptr<c10d::Store>& store,
     s.stream = nullptr;
     throw;
   }
-  log::debug("nccl: communicator ready on ", s.where(), " (world size ", size, ", NCCL ", nccl_runtime_version(),
-             ")");
+  log::debug("nccl: communicator ready on ", s.where(), " (world size ", size, ", NCCL ", nccl_runtime_version(), ")");
 }
 
 void NcclCommunicator::close() {
@@ -483,8 +490,8 @@ void NcclCommunicator::close() {
   size_t still_running = static_cast<size_t>(
       std::count_if(released.begin(), released.end(), [](const auto& work) { return !work->gpu_done(); }));
   if (still_running > 0) {
-    log::warn("nccl: ", still_running, " collective(s) on ", s.where(), " were still on the GPU ",
-              seconds(kAbortGrace), " s after the abort; their tensors are released now. Fix: restart the process "
+    log::warn("nccl: ", still_running, " collective(s) on ", s.where(), " were still on the GPU ", seconds(kAbortGrace),
+              " s after the abort; their tensors are released now. Fix: restart the process "
               "before using this GPU again.");
   }
   if (s.stream != nullptr) cudaStreamDestroy(s.stream);  // returns at once; freed when the GPU is done
@@ -516,7 +523,8 @@ std::shared_ptr<Work> NcclCommunicator::launch(const Collective& c, std::vector<
   const std::string& what = c.what;
   NcclState& s = *state_;
   std::lock_guard<std::mutex> lock(s.mu);  // See NcclState::mu.
-  DTCORE_CHECK(!s.closed, CommError, what, " cannot start on ", s.where(), ": communicator closed (close() or "
+  DTCORE_CHECK(!s.closed, CommError, what, " cannot start on ", s.where(),
+               ": communicator closed (close() or "
                "dtcore.shutdown() ran). Fix: call dtcore.init() again before more collectives.");
   std::string failure = s.failure();
   DTCORE_CHECK(failure.empty() && s.comm != nullptr, CommError, what, " cannot start on ", s.where(),
@@ -533,8 +541,11 @@ std::shared_ptr<Work> NcclCommunicator::launch(const Collective& c, std::vector<
     waited = cudaStreamWaitEvent(s.stream, static_cast<cudaEvent_t>(ready), 0);
     impl->destroyEvent(ready, device_);  // released once recorded work completes
   } catch (const c10::Error& e) {
-    DTCORE_CHECK(false, CommError, what, " could not start on ", s.where(), ": recording the caller's current "
-                 "stream failed: ", e.what_without_backtrace(), ". Fix: the GPU may be in an error state; find the "
+    DTCORE_CHECK(false, CommError, what, " could not start on ", s.where(),
+                 ": recording the caller's current "
+                 "stream failed: ",
+                 e.what_without_backtrace(),
+                 ". Fix: the GPU may be in an error state; find the "
                  "first CUDA error in this rank's log.");
   }
   s.check_cuda(waited, "cudaStreamWaitEvent (ordering the NCCL stream after the caller's)");
@@ -554,18 +565,19 @@ std::shared_ptr<Work> NcclCommunicator::launch(const Collective& c, std::vector<
     if (rc != ncclInProgress && ncclCommGetAsyncError(s.comm, &state) != ncclSuccess) state = ncclInternalError;
     if ((rc == ncclInvalidArgument || rc == ncclInvalidUsage) && !is_nccl_error(state)) {
       // NCCL refused the arguments before doing anything: the communicator is still sound.
-      DTCORE_CHECK(false, CommError, work->what(), " could not start on ", s.where(), ": NCCL refused the call: ",
-                   nccl_error_text(rc), ". The communicator is still usable. Fix: this is likely a dtcore bug; "
+      DTCORE_CHECK(false, CommError, work->what(), " could not start on ", s.where(),
+                   ": NCCL refused the call: ", nccl_error_text(rc),
+                   ". The communicator is still usable. Fix: this is likely a dtcore bug; "
                    "report it with the output of NCCL_DEBUG=WARN.");
     }
     std::string reason =
         rc == ncclInProgress
             ? detail::cat(work->what(), " was still being enqueued by NCCL ", timeout().count() / 1000.0,
-                          " s later on ", s.where(), ": a peer rank probably never joined the connection set-up. "
+                          " s later on ", s.where(),
+                          ": a peer rank probably never joined the connection set-up. "
                           "Fix: look at the first error of the lowest failing rank; set NCCL_DEBUG=WARN for NCCL's "
                           "account.")
-            : detail::cat(work->what(), " failed to start on ", s.where(), ": ", nccl_error_text(rc),
-                          nccl_fix(rc));
+            : detail::cat(work->what(), " failed to start on ", s.where(), ": ", nccl_error_text(rc), nccl_fix(rc));
     s.abort_locked(reason);
     throw CommError(reason);
   }
@@ -573,7 +585,8 @@ std::shared_ptr<Work> NcclCommunicator::launch(const Collective& c, std::vector<
   if (recorded != cudaSuccess) {
     // The collective is enqueued but cannot be tracked: nothing could tell when its buffers are free.
     std::string reason = detail::cat("cudaEventRecord after ", work->what(), " failed on ", s.where(), ": ",
-                                     cudaGetErrorString(recorded), ". Fix: the GPU may be in an error state; find "
+                                     cudaGetErrorString(recorded),
+                                     ". Fix: the GPU may be in an error state; find "
                                      "the first CUDA error in this rank's log and restart the job.");
     s.abort_locked(reason);
     throw CommError(reason);
@@ -605,10 +618,11 @@ void NcclCommunicator::watchdog_loop() {
       if (!s.inflight.empty() && s.inflight.front()->status() == NcclWork::kPending &&
           Clock::now() - s.inflight.front()->start() > timeout()) {
         const NcclWork& oldest = *s.inflight.front();
-        reason = detail::cat(oldest.what(), " did not complete within ", timeout().count() / 1000.0, " s on ",
-                             s.where(), ": a peer rank did not take part or stalled. Fix: look at the first error "
-                             "of the lowest failing rank; if the work is just slow, raise init(timeout=) or ",
-                             knobs::kTimeout.name, ".");
+        reason =
+            detail::cat(oldest.what(), " did not complete within ", timeout().count() / 1000.0, " s on ", s.where(),
+                        ": a peer rank did not take part or stalled. Fix: look at the first error "
+                        "of the lowest failing rank; if the work is just slow, raise init(timeout=) or ",
+                        knobs::kTimeout.name, ".");
       }
     }
     finished.clear();
@@ -660,8 +674,8 @@ std::shared_ptr<Work> NcclCommunicator::start(const Collective& c) {
     }
     case CollectiveKind::Barrier: {
       // NCCL has no barrier: a one-element allreduce on the comm stream is one.
-      at::Tensor token = at::zeros(
-          {1}, at::TensorOptions().dtype(at::kFloat).device(c10::Device(c10::DeviceType::CUDA, device_)));
+      at::Tensor token =
+          at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(c10::Device(c10::DeviceType::CUDA, device_)));
       return launch(c, {token}, [&](ncclComm_t comm, cudaStream_t stream) {
         return ncclAllReduce(token.data_ptr(), token.data_ptr(), 1, ncclFloat32, ncclSum, comm, stream);
       });

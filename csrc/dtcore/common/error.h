@@ -57,9 +57,9 @@ std::string cat(Args&&... args) {
 
 // DTCORE_CHECK(cond, ErrorType, parts...): throws dtcore::ErrorType with the streamed parts
 // when cond is false. Use DTCORE_CHECK(false, ...) for an unconditional failure.
-#define DTCORE_CHECK(cond, ErrorType, ...)                            \
-  do {                                                                \
-    if (!(cond)) {                                                    \
+#define DTCORE_CHECK(cond, ErrorType, ...)                           \
+  do {                                                               \
+    if (!(cond)) {                                                   \
       throw ::dtcore::ErrorType(::dtcore::detail::cat(__VA_ARGS__)); \
-    }                                                                 \
+    }                                                                \
   } while (false)

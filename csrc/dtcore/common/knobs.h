@@ -47,9 +47,9 @@ inline constexpr Knob kLogDir{"DTCORE_LOG_DIR", "", "Directory for per-rank log 
 
 // Every knob, in the order of docs/knobs.md.
 inline constexpr std::array<const Knob*, 16> kAll = {
-    &kRank,    &kWorldSize,       &kLocalRank,         &kLocalWorldSize, &kNodeRank, &kNumNodes,
-    &kMasterAddr, &kMasterPort,   &kBackend,           &kTimeout,        &kRdzvLogInterval,
-    &kHeartbeatInterval, &kStoreLibuv, &kLogLevel,     &kLogRanks,       &kLogDir,
+    &kRank,       &kWorldSize,  &kLocalRank, &kLocalWorldSize, &kNodeRank,        &kNumNodes,
+    &kMasterAddr, &kMasterPort, &kBackend,   &kTimeout,        &kRdzvLogInterval, &kHeartbeatInterval,
+    &kStoreLibuv, &kLogLevel,   &kLogRanks,  &kLogDir,
 };
 
 }  // namespace knobs

@@ -137,9 +137,7 @@ std::string configure(const Config& config) {
 
 bool enabled(Level level) { return static_cast<int>(level) >= g_min_level.load(std::memory_order_relaxed); }
 
-void write(Level level, std::string_view message) {
-  current()->log(to_spdlog(level), "{}", message);
-}
+void write(Level level, std::string_view message) { current()->log(to_spdlog(level), "{}", message); }
 
 void flush() { current()->flush(); }
 

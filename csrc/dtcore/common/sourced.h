@@ -66,9 +66,7 @@ struct Problem {
   std::string fix;       // what to do
 
   // A name a user recognizes: the variable or argument to change, else the field in words.
-  std::string label() const {
-    return settable(variable) ? variable : in_words(field);
-  }
+  std::string label() const { return settable(variable) ? variable : in_words(field); }
   std::string to_string() const { return detail::cat(message, " Fix: ", fix); }
 };
 

@@ -19,8 +19,8 @@ struct Unit {
 
 // SI (powers of 1000) and IEC (powers of 1024), as the standards define them.
 constexpr Unit kUnits[] = {
-    {"", 1.0},         {"b", 1.0},         {"kb", 1e3},          {"mb", 1e6},          {"gb", 1e9},
-    {"tb", 1e12},      {"kib", 1024.0},    {"mib", 1048576.0},   {"gib", 1073741824.0}, {"tib", 1099511627776.0},
+    {"", 1.0},    {"b", 1.0},      {"kb", 1e3},        {"mb", 1e6},           {"gb", 1e9},
+    {"tb", 1e12}, {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0},
 };
 
 std::string_view trim(std::string_view s) {
@@ -77,8 +77,10 @@ std::string format_bytes(int64_t bytes) {
 std::chrono::milliseconds seconds_to_timeout(double seconds, std::string_view what) {
   DTCORE_CHECK(std::isfinite(seconds) && seconds > 0, ConfigError, what, "=", seconds,
                " is not a positive number of seconds. Fix: pass e.g. 300.");
-  DTCORE_CHECK(seconds <= kMaxTimeoutSeconds, ConfigError, what, "=", seconds, " seconds is longer than dtcore can wait "
-               "(at most ", kMaxTimeoutSeconds, " s, about 31 years). Fix: pass a number of seconds up to that.");
+  DTCORE_CHECK(seconds <= kMaxTimeoutSeconds, ConfigError, what, "=", seconds,
+               " seconds is longer than dtcore can wait "
+               "(at most ",
+               kMaxTimeoutSeconds, " s, about 31 years). Fix: pass a number of seconds up to that.");
   return std::max(std::chrono::milliseconds(1), std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0)));
 }
 

@@ -24,7 +24,8 @@ int64_t mebibytes_to_bytes(double mebibytes, const char* argument) {
 
 std::vector<Bucket> plan_buckets(const std::vector<GradSpec>& grads, const std::vector<size_t>& order,
                                  const BucketCaps& caps) {
-  DTCORE_CHECK(caps.bytes > 0, ConfigError, "bucket_mb gives ", caps.bytes, " bytes; it must be positive. Fix: pass bucket_mb > 0, e.g. 25.");
+  DTCORE_CHECK(caps.bytes > 0, ConfigError, "bucket_mb gives ", caps.bytes,
+               " bytes; it must be positive. Fix: pass bucket_mb > 0, e.g. 25.");
   DTCORE_CHECK(caps.first_bytes > 0, ConfigError, "first_bucket_mb gives ", caps.first_bytes,
                " bytes; it must be positive. Fix: pass first_bucket_mb > 0, e.g. 1.");
   std::vector<bool> seen(grads.size(), false);

@@ -21,18 +21,20 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
       caps_{mebibytes_to_bytes(options.bucket_mb, "bucket_mb"),
             mebibytes_to_bytes(options.first_bucket_mb, "first_bucket_mb")} {
   if (auto dtype = options_.comm_dtype) {
-    DTCORE_CHECK(*dtype == at::kBFloat16 || *dtype == at::kHalf || *dtype == at::kFloat, ConfigError, "comm_dtype=",
-                 dtype_name(*dtype), " cannot carry gradients. Fix: use torch.bfloat16, torch.float16 or None.");
+    DTCORE_CHECK(*dtype == at::kBFloat16 || *dtype == at::kHalf || *dtype == at::kFloat, ConfigError,
+                 "comm_dtype=", dtype_name(*dtype),
+                 " cannot carry gradients. Fix: use torch.bfloat16, torch.float16 or None.");
   }
-  DTCORE_CHECK(params.size() == names.size(), ConfigError, "Reducer: ", params.size(), " parameters but ",
-               names.size(), " names. Fix: pass one name per parameter (module.named_parameters() gives both).");
+  DTCORE_CHECK(params.size() == names.size(), ConfigError, "Reducer: ", params.size(), " parameters but ", names.size(),
+               " names. Fix: pass one name per parameter (module.named_parameters() gives both).");
   for (size_t i = 0; i < params.size(); ++i) {
     at::Tensor& p = params[i];
     if (!p.requires_grad()) continue;
     DTCORE_CHECK(!p.is_sparse() && p.layout() == at::kStrided, ConfigError, "parameter '", names[i],
                  "' is not a dense tensor; dtcore reduces dense gradients only. Fix: make it dense, or freeze it with "
                  "requires_grad_(False) and reduce its gradient yourself.");
-    DTCORE_CHECK(p.is_leaf(), ConfigError, "parameter '", names[i], "' is not a leaf tensor; wrap the module that "
+    DTCORE_CHECK(p.is_leaf(), ConfigError, "parameter '", names[i],
+                 "' is not a leaf tensor; wrap the module that "
                  "owns it, not a view or a computed tensor. Fix: pass the module whose parameters these are.");
     Slot s;
     s.param = p;
@@ -199,8 +201,11 @@ void Reducer::adopt_grad_locked(Slot& s) {
 void Reducer::mark_ready_locked(size_t index) {
   Slot& s = slots_[index];
   if (s.ready) reset_locked();  // the error below ends this backward; the next starts clean
-  DTCORE_CHECK(!s.ready, CommError, "parameter '", s.name, "' received a second gradient in one backward pass on "
-               "rank ", comm_->rank(), ", so its reduction has already started. Fix: use each parameter once per "
+  DTCORE_CHECK(!s.ready, CommError, "parameter '", s.name,
+               "' received a second gradient in one backward pass on "
+               "rank ",
+               comm_->rank(),
+               ", so its reduction has already started. Fix: use each parameter once per "
                "backward, or accumulate over several backward passes inside no_sync() before the one that reduces.");
   s.ready = true;
   if (!rebuilt_) ready_order_.push_back(index);
@@ -212,7 +217,8 @@ void Reducer::on_grad_ready(size_t index) {
   std::lock_guard<std::mutex> lock(mu_);
   if (at::GradMode::is_enabled()) {  // backward(create_graph=True): .grad is being replaced out of place
     reset_locked();
-    DTCORE_CHECK(false, ConfigError, "backward(create_graph=True) through a wrapped model is not supported: its "
+    DTCORE_CHECK(false, ConfigError,
+                 "backward(create_graph=True) through a wrapped model is not supported: its "
                  "gradients would be averaged without their graph. Fix: compute higher-order gradients on the "
                  "unwrapped module (model.module), or average them yourself with dtcore.all_reduce.");
   }

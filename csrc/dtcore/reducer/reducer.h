@@ -115,10 +115,10 @@ class Reducer {
   std::vector<BucketState> buckets_;
 
   mutable std::mutex mu_;
-  bool expect_hooks_ = false;     // armed by prepare_for_backward(sync=true), cleared at the end
-  bool backward_started_ = false;  // a hook of the armed backward has run
-  std::vector<size_t> unused_;     // found by find_unused(), marked ready by the first hook
-  size_t next_bucket_ = 0;         // the next bucket to launch, in plan order
+  bool expect_hooks_ = false;        // armed by prepare_for_backward(sync=true), cleared at the end
+  bool backward_started_ = false;    // a hook of the armed backward has run
+  std::vector<size_t> unused_;       // found by find_unused(), marked ready by the first hook
+  size_t next_bucket_ = 0;           // the next bucket to launch, in plan order
   std::vector<size_t> ready_order_;  // slots in the order they became ready (until the rebuild)
   bool rebuilt_ = false;
   int64_t reductions_ = 0;

@@ -47,8 +47,7 @@ class CheckpointedForward:
     runs. Its state for copying and pickling holds the block itself, so a copy refers to the copy.
     """
 
-    def __init__(self, module: torch.nn.Module, selective: bool, offload: Optional[Offloader],
-                 name: str = "?") -> None:
+    def __init__(self, module: torch.nn.Module, selective: bool, offload: Optional[Offloader], name: str = "?") -> None:
         self._module = weakref.ref(module)
         self.previous = module.__dict__.get("forward")  # an instance forward set before us, if any
         self.selective = selective
@@ -59,8 +58,9 @@ class CheckpointedForward:
     def module(self) -> torch.nn.Module:
         module = self._module()
         if module is None:
-            raise RuntimeError(f"dtcore bug: the checkpointed block '{self.name}' no longer exists but its forward "
-                               "was called")
+            raise RuntimeError(
+                f"dtcore bug: the checkpointed block '{self.name}' no longer exists but its forward was called"
+            )
         return module
 
     def __getstate__(self) -> dict:
@@ -100,8 +100,9 @@ class CheckpointedForward:
         # calls a partial's function without its arguments; compiled, the in-place check is skipped.
         options = {}
         if self.selective:
-            options["context_fn"] = (selective_context if torch.compiler.is_compiling() else
-                                     functools.partial(selective_context, self.name))
+            options["context_fn"] = (
+                selective_context if torch.compiler.is_compiling() else functools.partial(selective_context, self.name)
+            )
         if self.offload is None:
             return checkpoint(run, *tensors, use_reentrant=False, preserve_rng_state=True, **options)
         with self.offload.hooks():  # sees only the inputs the checkpoint keeps; see offload.py
@@ -145,27 +146,39 @@ class CheckpointSummary:
 
     def __str__(self) -> str:
         n = len(self.checkpointed)
-        lines = [f"checkpoint_activations: policy {self.policy}, {n} of {len(self.blocks)} {self.block_class} "
-                 f"block(s) checkpointed, offload {self.offload}"]
+        lines = [
+            f"checkpoint_activations: policy {self.policy}, {n} of {len(self.blocks)} {self.block_class} "
+            f"block(s) checkpointed, offload {self.offload}"
+        ]
         profiled = any(b.activation_bytes is not None for b in self.blocks)
-        lines.append("| block | checkpoint |" + (" held if kept | if full | if selective | recompute full (ms) | "
-                                                 "recompute selective (ms) |" if profiled else ""))
+        lines.append(
+            "| block | checkpoint |"
+            + (
+                " held if kept | if full | if selective | recompute full (ms) | recompute selective (ms) |"
+                if profiled
+                else ""
+            )
+        )
         lines.append("| --- | --- |" + (" --- | --- | --- | --- | --- |" if profiled else ""))
         for b in self.blocks:
             row = f"| {b.name} | {b.mode} |"
             if b.activation_bytes is not None:
                 no_selective = b.selective_bytes is None  # an in-place change of a kept output
-                row += (f" {format_bytes(b.activation_bytes)} | {format_bytes(b.input_bytes or 0)} | "
-                        f"{'n/a' if no_selective else format_bytes(b.selective_bytes)} | "
-                        f"{1000 * (b.forward_seconds or 0.0):.2f} | "
-                        f"{'n/a' if no_selective else f'{1000 * (b.selective_seconds or 0.0):.2f}'} |")
+                row += (
+                    f" {format_bytes(b.activation_bytes)} | {format_bytes(b.input_bytes or 0)} | "
+                    f"{'n/a' if no_selective else format_bytes(b.selective_bytes)} | "
+                    f"{1000 * (b.forward_seconds or 0.0):.2f} | "
+                    f"{'n/a' if no_selective else f'{1000 * (b.selective_seconds or 0.0):.2f}'} |"
+                )
             lines.append(row)
         if self.predicted_peak_bytes is not None:
-            text = (f"activation peak (estimated): {format_bytes(self.predicted_peak_bytes)}, without checkpointing "
-                    f"{format_bytes(self.baseline_peak_bytes or 0)}; outside the blocks {format_bytes(self.fixed_bytes or 0)}"
-                    f"; recompute {1000 * (self.recompute_seconds or 0.0):.1f} ms per step")
+            text = (
+                f"activation peak (estimated): {format_bytes(self.predicted_peak_bytes)}, without checkpointing "
+                f"{format_bytes(self.baseline_peak_bytes or 0)}; outside the blocks {format_bytes(self.fixed_bytes or 0)}"
+                f"; recompute {1000 * (self.recompute_seconds or 0.0):.1f} ms per step"
+            )
             if self.budget_bytes is not None:
-                text = f"budget {self.policy[len('budget:'):].strip()} ({format_bytes(self.budget_bytes)}); " + text
+                text = f"budget {self.policy[len('budget:') :].strip()} ({format_bytes(self.budget_bytes)}); " + text
             lines.append(text)
         return "\n".join(lines)
 
@@ -183,13 +196,15 @@ def _parse_policy(policy: Optional[str]) -> tuple[str, Optional[int]]:
     if p in ("all", "auto", "selective"):
         return ("all" if p == "auto" else p), None
     if p.startswith("every:"):
-        k = p[len("every:"):].strip()
+        k = p[len("every:") :].strip()
         if k.isdigit() and int(k) >= 1:
             return "every", int(k)
-        raise _C.ConfigError(f"policy='{policy}': '{k}' is not a positive whole number of blocks. Fix: pass e.g. "
-                             "'every:2' to checkpoint one block in two.")
+        raise _C.ConfigError(
+            f"policy='{policy}': '{k}' is not a positive whole number of blocks. Fix: pass e.g. "
+            "'every:2' to checkpoint one block in two."
+        )
     if p.startswith("budget:"):
-        return "budget", parse_bytes(p[len("budget:"):], f"policy='{policy}': the budget")
+        return "budget", parse_bytes(p[len("budget:") :], f"policy='{policy}': the budget")
     raise _C.ConfigError(f"policy='{policy}' is not a checkpoint policy. Fix: pass one of {_POLICIES}.")
 
 
@@ -231,19 +246,35 @@ def _same_on_every_rank(profile: StepProfile) -> StepProfile:
 
     if not is_initialized() or get_context().world_size < 2:
         return profile
-    agree.check_same([p.name for p in profile.blocks], what="checkpoint_activations: the blocks", item="block",
-                     fix="build the same model on every rank.")
-    rows = [[p.activation_bytes, p.input_bytes, p.forward_seconds, p.selective_bytes, p.selective_seconds,
-             p.selective_shared_bytes, float(m)] for p, m in zip(profile.blocks, profile.selective_mutated)]
-    values = agree.maximum([x for row in rows for x in row] + [profile.fixed_bytes, profile.saved_outside_bytes,
-                                                               profile.measured_peak_bytes])
+    agree.check_same(
+        [p.name for p in profile.blocks],
+        what="checkpoint_activations: the blocks",
+        item="block",
+        fix="build the same model on every rank.",
+    )
+    rows = [
+        [
+            p.activation_bytes,
+            p.input_bytes,
+            p.forward_seconds,
+            p.selective_bytes,
+            p.selective_seconds,
+            p.selective_shared_bytes,
+            float(m),
+        ]
+        for p, m in zip(profile.blocks, profile.selective_mutated)
+    ]
+    values = agree.maximum(
+        [x for row in rows for x in row]
+        + [profile.fixed_bytes, profile.saved_outside_bytes, profile.measured_peak_bytes]
+    )
     blocks, mutated = [], []
     n = len(profile.blocks)
     for i, p in enumerate(profile.blocks):
-        a, x, fs, h, ss, o, m = values[7 * i:7 * i + 7]
+        a, x, fs, h, ss, o, m = values[7 * i : 7 * i + 7]
         mutated.append(m > 0)
         blocks.append(_C.BlockProfile(p.name, int(a), int(x), fs, -1 if m > 0 else int(h), ss, -1 if m > 0 else int(o)))
-    fixed, outside, measured = (int(v) for v in values[7 * n:])
+    fixed, outside, measured = (int(v) for v in values[7 * n :])
     return StepProfile(blocks, fixed, outside, measured, mutated)
 
 
@@ -300,8 +331,10 @@ def checkpoint_activations(
     """
     kind, arg = _parse_policy(policy)
     if not isinstance(profile_repeats, int) or profile_repeats < 1:
-        raise _C.ConfigError(f"profile_repeats={profile_repeats!r} must be a whole number >= 1 (forward passes "
-                             "timed per block). Fix: leave the default, 3.")
+        raise _C.ConfigError(
+            f"profile_repeats={profile_repeats!r} must be a whole number >= 1 (forward passes "
+            "timed per block). Fix: leave the default, 3."
+        )
     root = _unwrap(model)
     removed = _remove(root)  # the profile measures the model without them; put back if this call fails
     if kind == "none":
@@ -314,15 +347,28 @@ def checkpoint_activations(
         raise
 
 
-def _apply(root: torch.nn.Module, policy: str, kind: str, arg: Optional[int], blocks: Any, example_inputs: Any,
-           offload: bool, profile_repeats: int) -> CheckpointSummary:
+def _apply(
+    root: torch.nn.Module,
+    policy: str,
+    kind: str,
+    arg: Optional[int],
+    blocks: Any,
+    example_inputs: Any,
+    offload: bool,
+    profile_repeats: int,
+) -> CheckpointSummary:
     found = find_blocks(root, blocks)
     names = [n for n, _ in found]
     block_class = type(found[0][1]).__name__ if len({type(m) for _, m in found}) == 1 else "mixed"
     device = _model_device(root)
     offloading = offload and device.type == "cuda"
-    offload_text = ("on (pinned CPU memory, side stream)" if offloading else
-                    "requested, a no-op: the model is on the CPU, there is nothing to move" if offload else "off")
+    offload_text = (
+        "on (pinned CPU memory, side stream)"
+        if offloading
+        else "requested, a no-op: the model is on the CPU, there is nothing to move"
+        if offload
+        else "off"
+    )
     if kind == "budget" and example_inputs is None:
         raise _C.ConfigError(
             f"policy='{policy}' needs one step's input to measure the blocks. Fix: pass example_inputs= the "
@@ -339,11 +385,18 @@ def _apply(root: torch.nn.Module, policy: str, kind: str, arg: Optional[int], bl
         raise mutation_error(bad, "an in-place operator (seen in the profile)")
     profiles = list(profile.blocks) if profile else []
     if offloading:  # inputs kept by checkpointed blocks live on the host: not held on the device
-        profiles = [_C.BlockProfile(p.name, p.activation_bytes, 0, p.forward_seconds,
-                                    p.selective_bytes - p.input_bytes if p.selective_bytes >= 0 else -1,
-                                    p.selective_seconds,
-                                    p.selective_shared_bytes - p.input_bytes if p.selective_bytes >= 0 else -1)
-                    for p in profiles]
+        profiles = [
+            _C.BlockProfile(
+                p.name,
+                p.activation_bytes,
+                0,
+                p.forward_seconds,
+                p.selective_bytes - p.input_bytes if p.selective_bytes >= 0 else -1,
+                p.selective_seconds,
+                p.selective_shared_bytes - p.input_bytes if p.selective_bytes >= 0 else -1,
+            )
+            for p in profiles
+        ]
 
     keep, full, sel = _C.CheckpointMode.keep, _C.CheckpointMode.full, _C.CheckpointMode.selective
     if kind == "all":
@@ -355,14 +408,15 @@ def _apply(root: torch.nn.Module, policy: str, kind: str, arg: Optional[int], bl
     else:
         plan = _C.plan_checkpoints(profiles, profile.fixed_bytes, arg)
         if not plan.feasible:
-            budget_text = str(policy).strip()[len("budget:"):].strip()
+            budget_text = str(policy).strip()[len("budget:") :].strip()
             raise _C.ConfigError(
                 f"policy='{policy}' cannot be met: the smallest activation peak that checkpointing blocks of "
                 f"{type(root).__name__} reaches is {format_bytes(plan.min_peak_bytes)} ({plan.min_peak_bytes} bytes), "
                 f"above the budget of {budget_text} ({format_bytes(arg)}, {arg} bytes); without checkpointing it is "
                 f"{format_bytes(plan.baseline_peak_bytes)}, and {format_bytes(profile.fixed_bytes)} of it is outside "
                 f"the {len(found)} blocks. Fix: raise the budget to at least {format_bytes(plan.min_peak_bytes)}, or "
-                "lower the batch size or sequence length" + (", or pass offload=True." if device.type == "cuda" and not offload else ".")
+                "lower the batch size or sequence length"
+                + (", or pass offload=True." if device.type == "cuda" and not offload else ".")
             )
         modes = list(plan.modes)
 
@@ -372,12 +426,20 @@ def _apply(root: torch.nn.Module, policy: str, kind: str, arg: Optional[int], bl
             module.forward = CheckpointedForward(module, mode == sel, offloader, name)
 
     resolved = {"every": f"every:{arg}", "budget": str(policy).strip()}.get(kind, kind)
-    summary = CheckpointSummary(resolved, block_class, [BlockReport(n, m.name) for n, m in zip(names, modes)],
-                                offload_text, budget_bytes=arg if kind == "budget" else None)
+    summary = CheckpointSummary(
+        resolved,
+        block_class,
+        [BlockReport(n, m.name) for n, m in zip(names, modes)],
+        offload_text,
+        budget_bytes=arg if kind == "budget" else None,
+    )
     if profile is not None:
         for report, p in zip(summary.blocks, profile.blocks):
             report.activation_bytes, report.input_bytes, report.forward_seconds = (
-                p.activation_bytes, p.input_bytes, p.forward_seconds)
+                p.activation_bytes,
+                p.input_bytes,
+                p.forward_seconds,
+            )
             if p.selective_bytes >= 0:  # otherwise no option: an in-place change of a kept output
                 report.selective_bytes, report.selective_seconds = p.selective_bytes, p.selective_seconds
         summary.predicted_peak_bytes = _C.predicted_peak(profiles, profile.fixed_bytes, modes)

@@ -71,18 +71,22 @@ def find_blocks(root: torch.nn.Module, blocks: Any = None) -> list[tuple[str, to
     elif isinstance(blocks, str) and any(type(m).__name__ == blocks for _, m in named):
         found = [(n, m) for n, m in named if type(m).__name__ == blocks]
         what = f"blocks='{blocks}'"
-    elif isinstance(blocks, (str, list, tuple)) and all(isinstance(b, str) for b in (
-            [blocks] if isinstance(blocks, str) else blocks)):
+    elif isinstance(blocks, (str, list, tuple)) and all(
+        isinstance(b, str) for b in ([blocks] if isinstance(blocks, str) else blocks)
+    ):
         patterns = [blocks] if isinstance(blocks, str) else list(blocks)
         found = [(n, m) for n, m in named if any(n == p or fnmatch.fnmatchcase(n, p) for p in patterns)]
         what = f"blocks={blocks!r}"
         missing = [p for p in patterns if not any(n == p or fnmatch.fnmatchcase(n, p) for n, _ in named)]
         if found and missing:
-            raise _C.ConfigError(f"{what}: {missing!r} match no module of {model}. Fix: check the names against "
-                                 "model.named_modules().")
+            raise _C.ConfigError(
+                f"{what}: {missing!r} match no module of {model}. Fix: check the names against model.named_modules()."
+            )
     else:
-        raise _C.ConfigError(f"blocks={blocks!r} is not a way to name blocks. Fix: pass a module class, a class "
-                             "name, or a list of qualified module names or patterns such as 'layers.*'.")
+        raise _C.ConfigError(
+            f"blocks={blocks!r} is not a way to name blocks. Fix: pass a module class, a class "
+            "name, or a list of qualified module names or patterns such as 'layers.*'."
+        )
     found = _outermost(found)
     if not found:
         raise _C.ConfigError(

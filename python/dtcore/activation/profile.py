@@ -212,8 +212,9 @@ class _BlockHooks:
             h.remove()
 
 
-def profile_blocks(root: torch.nn.Module, blocks: list[tuple[str, torch.nn.Module]], example_inputs: Any,
-                   repeats: int = 3) -> StepProfile:
+def profile_blocks(
+    root: torch.nn.Module, blocks: list[tuple[str, torch.nn.Module]], example_inputs: Any, repeats: int = 3
+) -> StepProfile:
     """One measured step of `root` on `example_inputs`; see the module docstring."""
     held = {_storage_key(t) for t in list(root.parameters()) + list(root.buffers())}
     sizes: dict[int, int] = {}  # storage key -> bytes, of every input and saved storage
@@ -300,9 +301,17 @@ def profile_blocks(root: torch.nn.Module, blocks: list[tuple[str, torch.nn.Modul
         seconds = statistics.median(hooks.seconds[i][:repeats]) if hooks.seconds[i] else 0.0
         share = 1.0 - op_clock.kept_seconds[i] / op_clock.all_seconds[i] if op_clock.all_seconds[i] > 0 else 1.0
         mutated = kept_ops.mutated[i]  # selective is no option: -1
-        profiles.append(_C.BlockProfile(name, activation[i], input_bytes[i], seconds,
-                                        -1 if mutated else input_bytes[i] + kept_ops.kept_bytes[i], seconds * share,
-                                        -1 if mutated else input_bytes[i] + kept_ops.shared_bytes[i]))
+        profiles.append(
+            _C.BlockProfile(
+                name,
+                activation[i],
+                input_bytes[i],
+                seconds,
+                -1 if mutated else input_bytes[i] + kept_ops.kept_bytes[i],
+                seconds * share,
+                -1 if mutated else input_bytes[i] + kept_ops.shared_bytes[i],
+            )
+        )
     saved = sum(sizes.values())  # every input and saved storage once
     temporaries = max(0, measured - saved)
     return StepProfile(profiles, outside_bytes + temporaries, outside_bytes, measured, list(kept_ops.mutated))

@@ -28,10 +28,20 @@ from .. import _C
 # ConfigError in forward when it sees one; see mutated_by().
 SAVED_OPS = frozenset(
     getattr(torch.ops.aten, name).default
-    for name in ("mm", "addmm", "bmm", "baddbmm", "convolution", "_scaled_mm",
-                 "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
-                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-                 "_flash_attention_forward", "_efficient_attention_forward")
+    for name in (
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "convolution",
+        "_scaled_mm",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_flash_attention_forward",
+        "_efficient_attention_forward",
+    )
     if hasattr(torch.ops.aten, name)
 )
 
@@ -43,8 +53,15 @@ def mutated_by(op: Any, args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
     written = _written_args.get(op)
     if written is None:
         schema = getattr(op, "_schema", None)
-        written = tuple((i, a.name) for i, a in enumerate(schema.arguments)
-                        if a.alias_info is not None and a.alias_info.is_write) if schema is not None else ()
+        written = (
+            tuple(
+                (i, a.name)
+                for i, a in enumerate(schema.arguments)
+                if a.alias_info is not None and a.alias_info.is_write
+            )
+            if schema is not None
+            else ()
+        )
         _written_args[op] = written
     for i, name in written:
         value = args[i] if i < len(args) else kwargs.get(name)

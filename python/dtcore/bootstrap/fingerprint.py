@@ -81,8 +81,12 @@ def for_rendezvous(backend: str, spec: _C.WorldSpec, *, purpose: str, versions: 
     training job meeting a check, must not join.
     """
     facts = local_facts()
-    out = {"purpose": purpose, "backend": backend, "world_size": str(spec.world_size),
-           "job": f"{spec.job_id_source}={spec.job_id}" if spec.job_id != "none" else "none"}
+    out = {
+        "purpose": purpose,
+        "backend": backend,
+        "world_size": str(spec.world_size),
+        "job": f"{spec.job_id_source}={spec.job_id}" if spec.job_id != "none" else "none",
+    }
     if versions:
         for fact in FACTS:
             if fact.refused == "always" or (fact.refused == "nccl" and backend == "nccl"):

@@ -82,8 +82,9 @@ def init(
     A repeated call returns the same context; it refuses any argument that differs from what the
     context was made with (call dtcore.shutdown() first), and runs the preflight again if asked.
     """
-    request = _Request({"timeout": timeout, "backend": backend, "log_dir": log_dir}, overrides, seed,
-                       torch_distributed, preflight)
+    request = _Request(
+        {"timeout": timeout, "backend": backend, "log_dir": log_dir}, overrides, seed, torch_distributed, preflight
+    )
     with context.lock:
         ctx = context.current()
         if ctx is None:
@@ -106,8 +107,9 @@ def joined_for_check(backend: str, timeout: float) -> Iterator[Context]:
         ctx = context.current()
         created = ctx is None
         if created:
-            request = _Request({"timeout": timeout, "backend": backend, "log_dir": None}, {},
-                               purpose="dtcore.check", versions=False)
+            request = _Request(
+                {"timeout": timeout, "backend": backend, "log_dir": None}, {}, purpose="dtcore.check", versions=False
+            )
             ctx = context.install(_join(request))
     try:
         yield ctx
@@ -153,19 +155,39 @@ def _join(r: _Request) -> Context:
     except BaseException:
         rdzv.close()
         raise
-    ctx = Context(rdzv.spec, backend=backend, device=device, settings=settings, seed=r.seed, log_file=log_file,
-                  communicator=comm, rendezvous=rdzv, health=health, torch_distributed=r.torch_distributed,
-                  owns_torch_process_group=owns_pg)
-    log.info("dtcore %s ready in %.2f s: %d rank(s) on %d node(s), backend %s, launcher %s, store %s:%d",
-             _C.__version__, time.perf_counter() - started, ctx.world_size, ctx.num_nodes, backend, ctx.launcher,
-             ctx.master_addr, ctx.master_port)
+    ctx = Context(
+        rdzv.spec,
+        backend=backend,
+        device=device,
+        settings=settings,
+        seed=r.seed,
+        log_file=log_file,
+        communicator=comm,
+        rendezvous=rdzv,
+        health=health,
+        torch_distributed=r.torch_distributed,
+        owns_torch_process_group=owns_pg,
+    )
+    log.info(
+        "dtcore %s ready in %.2f s: %d rank(s) on %d node(s), backend %s, launcher %s, store %s:%d",
+        _C.__version__,
+        time.perf_counter() - started,
+        ctx.world_size,
+        ctx.num_nodes,
+        backend,
+        ctx.launcher,
+        ctx.master_addr,
+        ctx.master_port,
+    )
     return ctx
 
 
 def _run_preflight(r: _Request) -> None:
     if _preflight is None:
-        raise _C.ConfigError("init(preflight=True) needs the resource checker, which is not loaded. "
-                             "Fix: import dtcore (the package), not only dtcore.bootstrap.")
+        raise _C.ConfigError(
+            "init(preflight=True) needs the resource checker, which is not loaded. "
+            "Fix: import dtcore (the package), not only dtcore.bootstrap."
+        )
     _preflight(r.overrides, r.settings_args)
 
 
@@ -173,8 +195,10 @@ def _check_same(ctx: Context, r: _Request) -> None:
     """A repeated init() returns the same context, unless it asks for something different."""
 
     def refuse(asked: str, have: str) -> None:
-        raise _C.ConfigError(f"dtcore is already initialized with {have}; init({asked}) cannot change it. "
-                             "Fix: call dtcore.shutdown() first.")
+        raise _C.ConfigError(
+            f"dtcore is already initialized with {have}; init({asked}) cannot change it. "
+            "Fix: call dtcore.shutdown() first."
+        )
 
     _C.validate_overrides(r.overrides)  # an unknown name or a wrong type, as the first init() would say
     backend = r.settings_args["backend"]

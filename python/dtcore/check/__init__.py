@@ -22,8 +22,18 @@ from ..units import parse_bytes
 from ._options import DEFAULT_SIZES, Options, default_iters, size_range
 from ._report import SCHEMA, Item, Report
 
-__all__ = ["run", "Options", "Report", "Item", "SCHEMA", "parse_size", "size_range", "DEFAULT_SIZES",
-           "allreduce_sweep", "default_iters"]
+__all__ = [
+    "run",
+    "Options",
+    "Report",
+    "Item",
+    "SCHEMA",
+    "parse_size",
+    "size_range",
+    "DEFAULT_SIZES",
+    "allreduce_sweep",
+    "default_iters",
+]
 
 parse_size = parse_bytes  # sizes are read one way everywhere (dtcore.units)
 
@@ -42,8 +52,10 @@ def run(**options: Any) -> Report:
 
         close = {name: difflib.get_close_matches(name, known, n=1) for name in unknown}
         hints = "; ".join(f"'{n}'" + (f" (did you mean '{m[0]}'?)" if m else "") for n, m in close.items())
-        raise _C.ConfigError(f"dtcore.check.run() got unknown option(s) {hints}. Fix: use the fields of "
-                             f"dtcore.check.Options: {', '.join(known)}.")
+        raise _C.ConfigError(
+            f"dtcore.check.run() got unknown option(s) {hints}. Fix: use the fields of "
+            f"dtcore.check.Options: {', '.join(known)}."
+        )
     o = Options(**options)
     env = dict(os.environ if o.env is None else o.env)
     distributed = o.distributed
@@ -66,7 +78,8 @@ def run(**options: Any) -> Report:
 # help(dtcore.check.run) and editors show the options, declared once in Options.
 run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
     [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in inspect.signature(Options).parameters.values()],
-    return_annotation=Report)
+    return_annotation=Report,
+)
 
 
 def _launched_world(env: dict[str, str], o: Options) -> int:
@@ -81,8 +94,14 @@ def _preflight(overrides: dict[str, Any], settings_args: dict[str, Any]) -> None
     import logging
 
     log = logging.getLogger("dtcore")
-    report = run(distributed=False, preflight=True, overrides=overrides, backend=settings_args["backend"],
-                 timeout=settings_args["timeout"], log_dir=settings_args["log_dir"])
+    report = run(
+        distributed=False,
+        preflight=True,
+        overrides=overrides,
+        backend=settings_args["backend"],
+        timeout=settings_args["timeout"],
+        log_dir=settings_args["log_dir"],
+    )
     for item in report.warnings:
         log.warning("preflight: %s: %s %s Fix: %s", item.title, item.value, item.message, item.fix)
     if report.failures:

@@ -22,31 +22,70 @@ def _parser() -> argparse.ArgumentParser:
         "Items and the JSON schema: docs/check.md.",
     )
     p.add_argument("--json", action="store_true", help=f"print the report as one JSON document (schema {SCHEMA})")
-    p.add_argument("--checkpoint-dir", metavar="DIR", help="where checkpoints go: free disk is checked there "
-                   "(default: the working directory)")
+    p.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="where checkpoints go: free disk is checked there (default: the working directory)",
+    )
     p.add_argument("--log-dir", metavar="DIR", help="where logs go (default: DTCORE_LOG_DIR, when set)")
-    p.add_argument("--min-free-gb", dest="min_free_disk_gb", type=float, default=10.0, metavar="GB",
-                   help="warn when a checkpoint or log directory has less free disk, in GB of 10^9 bytes (default: 10)")
+    p.add_argument(
+        "--min-free-gb",
+        dest="min_free_disk_gb",
+        type=float,
+        default=10.0,
+        metavar="GB",
+        help="warn when a checkpoint or log directory has less free disk, in GB of 10^9 bytes (default: 10)",
+    )
     p.add_argument("--shm-path", default="/dev/shm", metavar="PATH", help="the shared-memory mount (default: /dev/shm)")
-    p.add_argument("--accelerate-config", metavar="FILE", help="an accelerate config to judge (default: accelerate's "
-                   "default_config.yaml, when present)")
+    p.add_argument(
+        "--accelerate-config",
+        metavar="FILE",
+        help="an accelerate config to judge (default: accelerate's default_config.yaml, when present)",
+    )
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--distributed", dest="distributed", action="store_true", default=None,
-                      help="join the other ranks, compare and measure (default: when launched with several ranks)")
-    mode.add_argument("--local", dest="distributed", action="store_false",
-                      help="check this process only, even under a launcher")
-    p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
-                   help="collective backend of the distributed mode (default: auto, as dtcore.init)")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
-                   help="seconds to wait for the other ranks and for each collective (default: 60)")
-    p.add_argument("--no-bandwidth", dest="bandwidth", action="store_false",
-                   help="skip the allreduce sweep and the link test of the distributed mode")
-    p.add_argument("--sizes", default="8B:64MiB", metavar="MIN:MAX",
-                   help="allreduce sizes of the sweep, doubling from MIN to MAX, with units B, KB/MB/GB (powers of "
-                   "1000) or KiB/MiB/GiB (powers of 1024) (default: 8B:64MiB)")
+    mode.add_argument(
+        "--distributed",
+        dest="distributed",
+        action="store_true",
+        default=None,
+        help="join the other ranks, compare and measure (default: when launched with several ranks)",
+    )
+    mode.add_argument(
+        "--local", dest="distributed", action="store_false", help="check this process only, even under a launcher"
+    )
+    p.add_argument(
+        "--backend",
+        choices=("auto", "nccl", "gloo"),
+        default="auto",
+        help="collective backend of the distributed mode (default: auto, as dtcore.init)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds to wait for the other ranks and for each collective (default: 60)",
+    )
+    p.add_argument(
+        "--no-bandwidth",
+        dest="bandwidth",
+        action="store_false",
+        help="skip the allreduce sweep and the link test of the distributed mode",
+    )
+    p.add_argument(
+        "--sizes",
+        default="8B:64MiB",
+        metavar="MIN:MAX",
+        help="allreduce sizes of the sweep, doubling from MIN to MAX, with units B, KB/MB/GB (powers of "
+        "1000) or KiB/MiB/GiB (powers of 1024) (default: 8B:64MiB)",
+    )
     p.add_argument("--factor", type=int, default=2, metavar="F", help="size multiplier between steps (default: 2)")
-    p.add_argument("--iters", type=int, metavar="N",
-                   help="timed allreduces per size (default: 20 up to 64 KiB, 10 up to 4 MiB, 5 above)")
+    p.add_argument(
+        "--iters",
+        type=int,
+        metavar="N",
+        help="timed allreduces per size (default: 20 up to 64 KiB, 10 up to 4 MiB, 5 above)",
+    )
     return p
 
 
@@ -55,8 +94,10 @@ def _torch_mismatch_report(error: str) -> Report:
     import socket
 
     message, _, fix = error.partition(" Fix: ")
-    return Report(items=[Item.make("version.dtcore", "dtcore build", "FAIL", "cannot load", message, fix)],
-                  host=socket.gethostname())
+    return Report(
+        items=[Item.make("version.dtcore", "dtcore build", "FAIL", "cannot load", message, fix)],
+        host=socket.gethostname(),
+    )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -27,6 +27,7 @@ from ..comm import agree
 from ._options import Options, default_iters
 from ._report import Item, Report, worst
 
+
 def _split_fix(error: BaseException) -> tuple[str, str]:
     text = str(error) if isinstance(error, _C.DtcoreError) else f"{type(error).__name__}: {str(error).splitlines()[0]}"
     message, _, fix = text.partition(" Fix: ")
@@ -59,14 +60,22 @@ def _consistency(reports: list[dict]) -> list[Item]:
             continue
         majority = max(by_value, key=lambda v: len(by_value[v]))
         hosts = {r["world"]["rank"]: r["host"] for r in reports}
-        odd = [f"rank(s) {_ranges(ranks)} ({', '.join(sorted({hosts[x] for x in ranks}))}) have '{v or 'none'}'"
-               for v, ranks in by_value.items() if v != majority]
+        odd = [
+            f"rank(s) {_ranges(ranks)} ({', '.join(sorted({hosts[x] for x in ranks}))}) have '{v or 'none'}'"
+            for v, ranks in by_value.items()
+            if v != majority
+        ]
         status = fact.severity
-        items.append(Item.make(
-            f"consistency.{key}", title, status, " vs ".join(sorted(v or "none" for v in by_value)),
-            f"{'; '.join(odd)}; the other {len(by_value[majority])} rank(s) have '{majority or 'none'}'.",
-            fix.format(value=majority),
-        ))
+        items.append(
+            Item.make(
+                f"consistency.{key}",
+                title,
+                status,
+                " vs ".join(sorted(v or "none" for v in by_value)),
+                f"{'; '.join(odd)}; the other {len(by_value[majority])} rank(s) have '{majority or 'none'}'.",
+                fix.format(value=majority),
+            )
+        )
     return items
 
 
@@ -78,8 +87,16 @@ def _other_ranks(reports: list[dict]) -> list[Item]:
         rank = r["world"]["rank"]
         for i in r["items"]:
             if i["status"] != "PASS" and (i["id"], i["status"], i["value"]) not in seen:
-                out.append(Item.make(f"ranks.{rank}.{i['id']}", f"rank {rank} ({r['host']}): {i['title']}",
-                                     i["status"], i["value"], i["message"], i["fix"]))
+                out.append(
+                    Item.make(
+                        f"ranks.{rank}.{i['id']}",
+                        f"rank {rank} ({r['host']}): {i['title']}",
+                        i["status"],
+                        i["value"],
+                        i["message"],
+                        i["fix"],
+                    )
+                )
     return out
 
 
@@ -98,15 +115,28 @@ def _nodes(reports: list[dict]) -> tuple[list[dict], list[Item]]:
         summaries.append({"host": host, "ranks": ranks, "gpus": gpus, "status": status, **counts})
         message = "" if status == "PASS" else "see the items of these ranks above"
         fix = "" if status == "PASS" else "fix the failures and warnings listed for this node's ranks."
-        items.append(Item.make(f"nodes.{host}", host, status,
-                               f"ranks {_ranges(ranks)}, {gpus}, {counts['FAIL']} failure(s), {counts['WARN']} "
-                               "warning(s)", message, fix))
+        items.append(
+            Item.make(
+                f"nodes.{host}",
+                host,
+                status,
+                f"ranks {_ranges(ranks)}, {gpus}, {counts['FAIL']} failure(s), {counts['WARN']} warning(s)",
+                message,
+                fix,
+            )
+        )
     sizes = {len(v) for v in nodes.values()}
     if len(sizes) > 1:
-        items.append(Item.make("nodes.balance", "ranks per node", "WARN",
-                               ", ".join(f"{h}: {len(v)}" for h, v in nodes.items()),
-                               "nodes run different numbers of ranks; the job's pace is set by the busiest node.",
-                               "start the same number of processes on every node."))
+        items.append(
+            Item.make(
+                "nodes.balance",
+                "ranks per node",
+                "WARN",
+                ", ".join(f"{h}: {len(v)}" for h, v in nodes.items()),
+                "nodes run different numbers of ranks; the job's pace is set by the busiest node.",
+                "start the same number of processes on every node.",
+            )
+        )
     return summaries, items
 
 
@@ -153,11 +183,17 @@ def sweep(sizes: Sequence[int], iters: Optional[int]) -> tuple[list[dict], list[
     results = []
     for nbytes, count, seconds in zip(sizes, counts, merged[: len(sizes)]):
         algbw = count * 4 / seconds / 1e9
-        results.append({
-            "bytes": count * 4, "count": count, "iters": iters or default_iters(nbytes), "time_us": seconds * 1e6,
-            "algbw_gbps": algbw, "busbw_gbps": algbw * 2 * (n - 1) / n,
-        })
-    return results, [b for b, w in zip(sizes, merged[len(sizes):]) if w > 0]
+        results.append(
+            {
+                "bytes": count * 4,
+                "count": count,
+                "iters": iters or default_iters(nbytes),
+                "time_us": seconds * 1e6,
+                "algbw_gbps": algbw,
+                "busbw_gbps": algbw * 2 * (n - 1) / n,
+            }
+        )
+    return results, [b for b, w in zip(sizes, merged[len(sizes) :]) if w > 0]
 
 
 def ring_rounds(n: int) -> list[list[tuple[int, int]]]:
@@ -180,8 +216,10 @@ def _wait_all(ctx: Context, works: list, what: str) -> None:
             continue
         while not w.is_completed():
             if time.monotonic() > deadline:
-                raise _C.CommError(f"{what} did not complete within {ctx.timeout:.0f} s on rank {ctx.rank}. Fix: a "
-                                   "peer has probably stalled or died; look at the lowest failing rank first.")
+                raise _C.CommError(
+                    f"{what} did not complete within {ctx.timeout:.0f} s on rank {ctx.rank}. Fix: a "
+                    "peer has probably stalled or died; look at the lowest failing rank first."
+                )
             time.sleep(0)
 
 
@@ -221,14 +259,21 @@ def _link_items(links: list[dict]) -> list[Item]:
         if not slow:
             items.append(Item.make(f"bandwidth.{kind}", f"{kind} links", "PASS", value))
             continue
-        named = "; ".join(f"rank {x['src']} ({x['src_host']}) <-> rank {x['dst']} ({x['dst_host']}): "
-                          f"{x['gbps']:.2f} GB/s" for x in slow)
-        items.append(Item.make(
-            f"bandwidth.{kind}", f"{kind} links", "WARN", value,
-            f"under half the median of {kind} links: {named}.",
-            "check those hosts' network (link speed, NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME picking a slow "
-            "interface, a busy or throttled node) before a long job runs at their pace.",
-        ))
+        named = "; ".join(
+            f"rank {x['src']} ({x['src_host']}) <-> rank {x['dst']} ({x['dst_host']}): {x['gbps']:.2f} GB/s"
+            for x in slow
+        )
+        items.append(
+            Item.make(
+                f"bandwidth.{kind}",
+                f"{kind} links",
+                "WARN",
+                value,
+                f"under half the median of {kind} links: {named}.",
+                "check those hosts' network (link speed, NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME picking a slow "
+                "interface, a busy or throttled node) before a long job runs at their pace.",
+            )
+        )
     return items
 
 
@@ -261,8 +306,9 @@ def _joined(local: Report, o: Options, ctx: Context, started: float) -> Report:
     local.world = dict(local.world or {}, rank=ctx.rank, world_size=ctx.world_size)
     reports = agree.gather(local.to_dict())
     items = list(local.items)
-    items.append(Item.make("distributed.join", "joining the job", "PASS",
-                           f"{ctx.world_size} rank(s), backend {ctx.backend}"))
+    items.append(
+        Item.make("distributed.join", "joining the job", "PASS", f"{ctx.world_size} rank(s), backend {ctx.backend}")
+    )
     items += _consistency(reports)
     items += _other_ranks(reports)
     nodes, node_items = _nodes(reports)
@@ -276,21 +322,48 @@ def _joined(local: Report, o: Options, ctx: Context, started: float) -> Report:
         links = []
         for a, b in (pair for pairs in ring_rounds(ctx.world_size) for pair in pairs):
             gbps = min(seen[a][b], seen[b][a])  # the slower end's view of the pair
-            links.append({"src": a, "dst": b, "src_host": hosts[a], "dst_host": hosts[b], "gbps": gbps,
-                          "kind": "intra-node" if hosts[a] == hosts[b] else "inter-node"})
-        bw = {"op": "allreduce", "dtype": "float32", "backend": ctx.backend, "world_size": ctx.world_size,
-              "results": results, "ring_bytes": ring_bytes, "links": links}
+            links.append(
+                {
+                    "src": a,
+                    "dst": b,
+                    "src_host": hosts[a],
+                    "dst_host": hosts[b],
+                    "gbps": gbps,
+                    "kind": "intra-node" if hosts[a] == hosts[b] else "inter-node",
+                }
+            )
+        bw = {
+            "op": "allreduce",
+            "dtype": "float32",
+            "backend": ctx.backend,
+            "world_size": ctx.world_size,
+            "results": results,
+            "ring_bytes": ring_bytes,
+            "links": links,
+        }
         peak = max(results, key=lambda x: x["busbw_gbps"])
         if wrong:
-            items.append(Item.make("bandwidth.allreduce", "allreduce", "FAIL",
-                                   f"wrong at {', '.join(map(str, wrong))} B",
-                                   "the allreduce returned wrong values: data is corrupted in transit.",
-                                   "run the check again; if it repeats, test the hosts' network and memory."))
+            items.append(
+                Item.make(
+                    "bandwidth.allreduce",
+                    "allreduce",
+                    "FAIL",
+                    f"wrong at {', '.join(map(str, wrong))} B",
+                    "the allreduce returned wrong values: data is corrupted in transit.",
+                    "run the check again; if it repeats, test the hosts' network and memory.",
+                )
+            )
         else:
-            items.append(Item.make("bandwidth.allreduce", "allreduce", "PASS",
-                                   f"busbw {peak['busbw_gbps']:.3f} GB/s at {peak['bytes']} B, "
-                                   f"{results[0]['time_us']:.1f} us at {results[0]['bytes']} B",
-                                   "results verified"))
+            items.append(
+                Item.make(
+                    "bandwidth.allreduce",
+                    "allreduce",
+                    "PASS",
+                    f"busbw {peak['busbw_gbps']:.3f} GB/s at {peak['bytes']} B, "
+                    f"{results[0]['time_us']:.1f} us at {results[0]['bytes']} B",
+                    "results verified",
+                )
+            )
         items += _link_items(links)
     return Report(
         items=items,
@@ -301,8 +374,16 @@ def _joined(local: Report, o: Options, ctx: Context, started: float) -> Report:
         backend=ctx.backend,
         facts=local.facts,
         gpus=local.gpus,
-        ranks=[{"rank": r["world"]["rank"], "host": r["host"], "local_rank": r["world"].get("local_rank"),
-                "status": r["status"], "counts": r["counts"]} for r in reports],
+        ranks=[
+            {
+                "rank": r["world"]["rank"],
+                "host": r["host"],
+                "local_rank": r["world"].get("local_rank"),
+                "status": r["status"],
+                "counts": r["counts"],
+            }
+            for r in reports
+        ],
         nodes=nodes,
         bandwidth=bw,
     )

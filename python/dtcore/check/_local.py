@@ -34,8 +34,9 @@ def _nccl_dirs() -> list[str]:
 
 def _accelerate_config(env: Mapping[str, str], path: Optional[str]) -> tuple[str, str]:
     if path is None:
-        home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
-                                                  "huggingface")
+        home = env.get("HF_HOME") or os.path.join(
+            env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+        )
         path = os.path.join(home, "accelerate", "default_config.yaml")
         if not os.path.isfile(path):
             return "", ""
@@ -43,8 +44,10 @@ def _accelerate_config(env: Mapping[str, str], path: Optional[str]) -> tuple[str
         with open(path, encoding="utf-8") as f:
             return path, f.read()
     except OSError as e:
-        raise _C.ConfigError(f"cannot read the accelerate config '{path}': {e.strerror}. Fix: pass an existing "
-                             "file to --accelerate-config, or leave it out.") from e
+        raise _C.ConfigError(
+            f"cannot read the accelerate config '{path}': {e.strerror}. Fix: pass an existing "
+            "file to --accelerate-config, or leave it out."
+        ) from e
 
 
 def _wandb_credentials(env: Mapping[str, str]) -> bool:
@@ -88,9 +91,18 @@ def _gpus(g: _C.GpuFacts) -> dict:
         "driver": g.driver_version if g.driver_loaded else "",
         "cuda_driver": f"{version // 1000}.{version % 1000 // 10}" if version else "",
         "cuda_driver_version": version,
-        "devices": [{"index": d.index, "name": d.name, "uuid": d.uuid, "memory_total": d.memory_total,
-                     "memory_free": d.memory_free, "compute_capability": f"{d.cc_major}.{d.cc_minor}",
-                     "mig": d.mig_enabled} for d in g.devices],
+        "devices": [
+            {
+                "index": d.index,
+                "name": d.name,
+                "uuid": d.uuid,
+                "memory_total": d.memory_total,
+                "memory_free": d.memory_free,
+                "compute_capability": f"{d.cc_major}.{d.cc_minor}",
+                "mig": d.mig_enabled,
+            }
+            for d in g.devices
+        ],
     }
 
 

@@ -61,8 +61,11 @@ def check_same(lines: Sequence[str], *, what: str, item: str, fix: str) -> None:
         return
     length = torch.tensor([len(text.encode()) if ctx.rank == 0 else 0], dtype=torch.int64, device=ctx.device)
     ctx.communicator.broadcast(length, 0).wait()
-    buffer = (_bytes(text.encode(), ctx.device) if ctx.rank == 0 else
-              torch.empty(int(length.item()), dtype=torch.uint8, device=ctx.device))
+    buffer = (
+        _bytes(text.encode(), ctx.device)
+        if ctx.rank == 0
+        else torch.empty(int(length.item()), dtype=torch.uint8, device=ctx.device)
+    )
     if buffer.numel():
         ctx.communicator.broadcast(buffer, 0).wait()
     reference = bytes(buffer.cpu().tolist()).decode().split("\n") if buffer.numel() else []

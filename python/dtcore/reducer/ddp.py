@@ -57,8 +57,10 @@ class DistributedDataParallel(DistributedModel):
         ctx = get_context()
         for name, value in unsupported.items():
             if name not in _UNSUPPORTED_DDP and name not in _HARMLESS_DDP:
-                raise _C.ConfigError(f"DistributedDataParallel got an unknown argument '{name}' (torch's has none "
-                                     "of that name either). Fix: check its spelling.")
+                raise _C.ConfigError(
+                    f"DistributedDataParallel got an unknown argument '{name}' (torch's has none "
+                    "of that name either). Fix: check its spelling."
+                )
             if value is not None and value is not False:  # torch's defaults are None or False
                 why = _UNSUPPORTED_DDP.get(name) or _HARMLESS_DDP[name]
                 raise _C.ConfigError(f"DistributedDataParallel({name}={value!r}) is not supported: {why}.")
@@ -72,11 +74,15 @@ class DistributedDataParallel(DistributedModel):
                 )
         out_dev = torch.device("cuda", output_device) if isinstance(output_device, int) else output_device
         if out_dev is not None and torch.device(out_dev) != ctx.device:
-            raise _C.ConfigError(f"DistributedDataParallel(output_device={output_device}): outputs stay on "
-                                 f"{ctx.device}, this rank's device. Fix: leave output_device=None.")
+            raise _C.ConfigError(
+                f"DistributedDataParallel(output_device={output_device}): outputs stay on "
+                f"{ctx.device}, this rank's device. Fix: leave output_device=None."
+            )
         if dim != 0:
-            raise _C.ConfigError(f"DistributedDataParallel(dim={dim}): one device per process needs no scatter "
-                                 "dimension. Fix: leave dim=0.")
+            raise _C.ConfigError(
+                f"DistributedDataParallel(dim={dim}): one device per process needs no scatter "
+                "dimension. Fix: leave dim=0."
+            )
         if process_group is not None:
             import torch.distributed as dist
 
@@ -92,8 +98,12 @@ class DistributedDataParallel(DistributedModel):
             )
         del check_reduction, gradient_as_bucket_view, static_graph  # honoured as they are (see docstring)
         options: dict[str, Any] = {} if bucket_cap_mb is None else {"bucket_mb": float(bucket_cap_mb)}
-        super().__init__(module, find_unused_parameters=find_unused_parameters,
-                         broadcast_buffers=True if broadcast_buffers is None else broadcast_buffers, **options)
+        super().__init__(
+            module,
+            find_unused_parameters=find_unused_parameters,
+            broadcast_buffers=True if broadcast_buffers is None else broadcast_buffers,
+            **options,
+        )
 
     def register_comm_hook(self, state: Any, hook: Any) -> None:
         raise _C.ConfigError(

@@ -25,8 +25,10 @@ _DEFAULTS = _C.ReducerOptions()
 
 def _signature(module: torch.nn.Module) -> list[str]:
     # requires_grad too: ranks that freeze differently would plan different buckets
-    return [f"{name} {tuple(p.shape)} {p.dtype}{'' if p.requires_grad else ' frozen'}"
-            for name, p in module.named_parameters()]
+    return [
+        f"{name} {tuple(p.shape)} {p.dtype}{'' if p.requires_grad else ' frozen'}"
+        for name, p in module.named_parameters()
+    ]
 
 
 @torch.no_grad()
@@ -79,9 +81,12 @@ class DistributedModel(torch.nn.Module):
         super().__init__()
         ctx = get_context()
         self.module = module
-        agree.check_same(_signature(module), what="the model (parameter names, shapes, dtypes and requires_grad)",
-                         item="parameter", fix="build the same model on every rank (same code, same configuration) "
-                         "before wrapping it.")
+        agree.check_same(
+            _signature(module),
+            what="the model (parameter names, shapes, dtypes and requires_grad)",
+            item="parameter",
+            fix="build the same model on every rank (same code, same configuration) before wrapping it.",
+        )
         if ctx.world_size > 1:
             _broadcast_tensors([p.detach() for p in module.parameters()] + list(module.buffers()))
         named = [(n, p) for n, p in module.named_parameters()]  # tied parameters appear once
@@ -131,4 +136,5 @@ def wrap(model: torch.nn.Module, **options: Any) -> DistributedModel:
 
 # help(dtcore.wrap) and editors show DistributedModel's keywords, declared there once.
 wrap.__signature__ = inspect.signature(DistributedModel).replace(  # type: ignore[attr-defined]
-    return_annotation=DistributedModel)
+    return_annotation=DistributedModel
+)

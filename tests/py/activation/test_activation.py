@@ -99,14 +99,22 @@ def test_blocks_are_found_by_run_class_name_and_pattern():
     assert dtcore.checkpoint_activations(model, blocks=Block).checkpointed == names
     assert dtcore.checkpoint_activations(model, blocks="Block").checkpointed == names
     assert dtcore.checkpoint_activations(model, blocks="blocks.*").checkpointed == names  # outermost only
-    assert dtcore.checkpoint_activations(model, blocks=["blocks.0", "blocks.2"]).checkpointed == ["blocks.0", "blocks.2"]
-    with pytest.raises(dtcore.ConfigError, match=r"blocks='Nope' matches no module of GPT\. Repeated blocks found: "
-                                                 r"4 x Block \(blocks\.0 \.\. blocks\.3\).*Fix:"):
+    assert dtcore.checkpoint_activations(model, blocks=["blocks.0", "blocks.2"]).checkpointed == [
+        "blocks.0",
+        "blocks.2",
+    ]
+    with pytest.raises(
+        dtcore.ConfigError,
+        match=r"blocks='Nope' matches no module of GPT\. Repeated blocks found: "
+        r"4 x Block \(blocks\.0 \.\. blocks\.3\).*Fix:",
+    ):
         dtcore.checkpoint_activations(model, blocks="Nope")
     with pytest.raises(dtcore.ConfigError, match=r"\['blocks\.9'\] match no module of GPT"):
         dtcore.checkpoint_activations(model, blocks=["blocks.0", "blocks.9"])
     with pytest.raises(dtcore.ConfigError, match="found no repeated blocks in Sequential.*Fix: name the blocks"):
-        dtcore.checkpoint_activations(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)))
+        dtcore.checkpoint_activations(
+            torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        )
 
 
 def test_removal_restores_the_model_and_a_new_policy_replaces_the_old():
@@ -144,15 +152,21 @@ def test_the_summary_prints_blocks_modes_sizes_and_estimates():
     assert "CheckpointSummary(policy='selective'" in repr(summary)
 
 
-@pytest.mark.parametrize("policy,message", [
-    ("sometimes", "policy='sometimes' is not a checkpoint policy. Fix: pass one of 'all', 'every:<k>'"),
-    ("every:0", "'0' is not a positive whole number of blocks. Fix: pass e.g. 'every:2'"),
-    ("every:two", "'two' is not a positive whole number"),
-    ("budget:2XB", "the budget '2XB' is not a size in bytes. Fix: pass a positive number of bytes or a number "
-                   "with a unit, e.g. 2GB"),
-    ("budget:-1GB", "is not a size in bytes"),
-    (42, "policy=42 is not a policy"),
-])
+@pytest.mark.parametrize(
+    "policy,message",
+    [
+        ("sometimes", "policy='sometimes' is not a checkpoint policy. Fix: pass one of 'all', 'every:<k>'"),
+        ("every:0", "'0' is not a positive whole number of blocks. Fix: pass e.g. 'every:2'"),
+        ("every:two", "'two' is not a positive whole number"),
+        (
+            "budget:2XB",
+            "the budget '2XB' is not a size in bytes. Fix: pass a positive number of bytes or a number "
+            "with a unit, e.g. 2GB",
+        ),
+        ("budget:-1GB", "is not a size in bytes"),
+        (42, "policy=42 is not a policy"),
+    ],
+)
 def test_bad_policies_are_config_errors_with_the_fix(policy, message):
     with pytest.raises(dtcore.ConfigError) as e:
         dtcore.checkpoint_activations(_model(), policy)
@@ -185,9 +199,12 @@ def test_a_budget_needs_inputs_and_an_infeasible_one_names_the_smallest_peak():
         dtcore.checkpoint_activations(model, "budget:10KB", example_inputs=(x, y))
     assert _wrapped(model) == ["blocks.0", "blocks.2"]
     text = str(e.value)
-    assert "policy='budget:10KB' cannot be met: the smallest activation peak that checkpointing blocks of GPT " \
-           "reaches is" in text and "above the budget of 10KB (9.8 KiB, 10000 bytes)" in text \
-           and "Fix: raise the budget to at least" in text
+    assert (
+        "policy='budget:10KB' cannot be met: the smallest activation peak that checkpointing blocks of GPT reaches is"
+        in text
+        and "above the budget of 10KB (9.8 KiB, 10000 bytes)" in text
+        and "Fix: raise the budget to at least" in text
+    )
     with pytest.raises(dtcore.ConfigError, match="blocks='Nope' matches no module"):
         dtcore.checkpoint_activations(model, "all", blocks="Nope")
     assert _wrapped(model) == ["blocks.0", "blocks.2"]
@@ -199,8 +216,9 @@ def test_a_budget_needs_inputs_and_an_infeasible_one_names_the_smallest_peak():
 
 def test_the_profile_leaves_the_model_and_random_state_as_they_were():
     x, y = _batch()
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 8),
-                                torch.nn.Linear(8, 8))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+    )
     before = copy.deepcopy(model.state_dict())
     torch.manual_seed(5)
     inputs = torch.randn(4, 8)
@@ -214,8 +232,12 @@ def test_the_profile_leaves_the_model_and_random_state_as_they_were():
 
 def test_the_planner_from_python_on_a_synthetic_profile():
     # Greedy by bytes per second takes A then B (9.5 s); B and C shed the same 10 bytes in 9 s.
-    blocks = [_C.BlockProfile("A", 6, 0, 5.0), _C.BlockProfile("B", 5, 0, 4.5), _C.BlockProfile("C", 5, 0, 4.5),
-              _C.BlockProfile("D", 14, 14, 100.0)]
+    blocks = [
+        _C.BlockProfile("A", 6, 0, 5.0),
+        _C.BlockProfile("B", 5, 0, 4.5),
+        _C.BlockProfile("C", 5, 0, 4.5),
+        _C.BlockProfile("D", 14, 14, 100.0),
+    ]
     plan = _C.plan_checkpoints(blocks, 0, 20)
     assert plan.feasible and [m.name for m in plan.modes] == ["keep", "full", "full", "keep"]
     assert plan.recompute_seconds == 9.0 and plan.peak_bytes == 20 and plan.baseline_peak_bytes == 30
@@ -349,8 +371,11 @@ def test_selective_refuses_in_place_changes_of_kept_outputs_and_budget_plans_avo
     reference = copy.deepcopy(model)
     reference(x).sum().backward()
     dtcore.checkpoint_activations(model, "selective")  # no profile: found in the first forward
-    with pytest.raises(dtcore.ConfigError, match=r"block '0': the in-place operator aten\.relu_\.default changes "
-                                                 r"the output of a matrix multiplication.*Fix: use policy 'all'"):
+    with pytest.raises(
+        dtcore.ConfigError,
+        match=r"block '0': the in-place operator aten\.relu_\.default changes "
+        r"the output of a matrix multiplication.*Fix: use policy 'all'",
+    ):
         model(x)
     dtcore.checkpoint_activations(model, "all")
     with pytest.raises(dtcore.ConfigError, match=r"blocks '0', '1', '2': an in-place operator .*Fix: use policy"):
@@ -360,8 +385,9 @@ def test_selective_refuses_in_place_changes_of_kept_outputs_and_budget_plans_avo
     profile = dtcore.checkpoint_activations(model, "all", example_inputs=x)
     assert all(b.selective_bytes is None for b in profile.blocks) and "n/a" in str(profile)
     for fraction in (0.8, 0.9, 1.0):
-        summary = dtcore.checkpoint_activations(model, f"budget:{int(profile.baseline_peak_bytes * fraction)}",
-                                                example_inputs=x)
+        summary = dtcore.checkpoint_activations(
+            model, f"budget:{int(profile.baseline_peak_bytes * fraction)}", example_inputs=x
+        )
         assert "selective" not in [b.mode for b in summary.blocks]
         model.zero_grad(set_to_none=True)
         model(x).sum().backward()
@@ -452,8 +478,11 @@ class _Greedy(torch.nn.Linear):
 def test_a_profile_that_runs_out_of_memory_asks_for_smaller_inputs():
     model = torch.nn.Sequential(_Greedy(8, 8), _Greedy(8, 8))
     dtcore.checkpoint_activations(model, "all")
-    with pytest.raises(dtcore.ConfigError, match=r"the profile step .* ran out of memory on cpu: .*Fix: pass smaller "
-                                                 r"example_inputs .* with the budget scaled down"):
+    with pytest.raises(
+        dtcore.ConfigError,
+        match=r"the profile step .* ran out of memory on cpu: .*Fix: pass smaller "
+        r"example_inputs .* with the budget scaled down",
+    ):
         dtcore.checkpoint_activations(model, "budget:1MB", example_inputs=torch.randn(64, 8))
     assert _wrapped(model) == ["0", "1"]
     summary = dtcore.checkpoint_activations(model, "budget:1MB", example_inputs=torch.randn(16, 8))

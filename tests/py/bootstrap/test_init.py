@@ -40,9 +40,12 @@ def test_repeated_init_with_different_arguments_is_refused(fresh_dtcore):
 
 def test_repeated_init_refuses_other_settings_instead_of_ignoring_them(fresh_dtcore, tmp_path):
     ctx = dtcore.init(timeout=30, seed=7)
-    for kwargs, have in [({"timeout": 60}, "timeout=30 (init(timeout=))"), ({"seed": 8}, "seed=7"),
-                         ({"log_dir": str(tmp_path)}, "log_dir=''"),
-                         ({"torch_distributed": False}, "torch.distributed set up")]:
+    for kwargs, have in [
+        ({"timeout": 60}, "timeout=30 (init(timeout=))"),
+        ({"seed": 8}, "seed=7"),
+        ({"log_dir": str(tmp_path)}, "log_dir=''"),
+        ({"torch_distributed": False}, "torch.distributed set up"),
+    ]:
         with pytest.raises(dtcore.ConfigError, match="already initialized with") as e:
             dtcore.init(**kwargs)
         assert have in str(e.value) and "dtcore.shutdown() first" in str(e.value), str(e.value)
@@ -56,8 +59,16 @@ def test_repeated_init_refuses_other_settings_instead_of_ignoring_them(fresh_dtc
 def test_the_context_is_the_joined_world_and_read_only(fresh_dtcore):
     ctx = dtcore.init(timeout=30)
     assert isinstance(ctx, dtcore._C.WorldSpec)
-    assert tuple(ctx.FIELDS) == ("rank", "world_size", "local_rank", "local_world_size", "node_rank", "num_nodes",
-                                 "master_addr", "master_port")
+    assert tuple(ctx.FIELDS) == (
+        "rank",
+        "world_size",
+        "local_rank",
+        "local_world_size",
+        "node_rank",
+        "num_nodes",
+        "master_addr",
+        "master_port",
+    )
     assert ctx.sources["master_port"].startswith("chosen: a free port")  # the port really used, and why
     assert ctx.sources["rank"].startswith("default")
     with pytest.raises(AttributeError, match="read-only"):

@@ -38,8 +38,14 @@ def _check_allreduce(results, world, launcher):
 
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_torchrun(world):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
-           str(WORKERS / "allreduce_worker.py")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={world}",
+        str(WORKERS / "allreduce_worker.py"),
+    ]
     results, sessions = run_processes([cmd], [clean_env()], timeout=180)
     assert results[0].returncode == 0, describe(results)
     reports = sorted(results[0].json_lines(), key=lambda j: j["rank"])
@@ -112,10 +118,19 @@ def test_taken_master_port_names_host_port_and_fix():
         ({"RANK": "zero", "WORLD_SIZE": "2", "MASTER_PORT": "29500"}, "RANK='zero' is not an integer"),
         ({"RANK": "2", "WORLD_SIZE": "2", "MASTER_PORT": "29500"}, "RANK=2 is outside 0..1"),
         ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "70000"}, "MASTER_PORT=70000 is not a usable TCP port"),
-        ({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "no-such-host.invalid", "MASTER_PORT": "29500"},
-         "MASTER_ADDR=no-such-host.invalid does not resolve"),
-        ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
-          "OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, "mpirun -x MASTER_ADDR"),
+        (
+            {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "no-such-host.invalid", "MASTER_PORT": "29500"},
+            "MASTER_ADDR=no-such-host.invalid does not resolve",
+        ),
+        (
+            {
+                "OMPI_COMM_WORLD_RANK": "0",
+                "OMPI_COMM_WORLD_SIZE": "8",
+                "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+                "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+            },
+            "mpirun -x MASTER_ADDR",
+        ),
         ({"DTCORE_LOG_LEVEL": "loud"}, "DTCORE_LOG_LEVEL"),
         ({"DTCORE_STORE_LIBUV": "true"}, "DTCORE_STORE_LIBUV='true' is not auto, 1 or 0"),
     ],

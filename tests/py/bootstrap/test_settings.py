@@ -25,8 +25,10 @@ def test_each_setting_knows_its_source():
     s = _C.read_settings({}, {})
     assert (s.timeout_s, s.backend, s.log_level, s.log_ranks, s.log_dir) == (300.0, "auto", "info", "0", "")
     assert set(s.sources.values()) == {"default"}
-    s = _C.read_settings({"timeout": 7, "backend": "auto", "log_dir": None},
-                         {"DTCORE_TIMEOUT": "9", "DTCORE_BACKEND": "GLOO", "DTCORE_LOG_RANKS": "0, 3"})
+    s = _C.read_settings(
+        {"timeout": 7, "backend": "auto", "log_dir": None},
+        {"DTCORE_TIMEOUT": "9", "DTCORE_BACKEND": "GLOO", "DTCORE_LOG_RANKS": "0, 3"},
+    )
     assert (s.timeout_s, s.sources["timeout_s"]) == (7.0, "init(timeout=)")  # the argument beats the variable
     assert (s.backend, s.sources["backend"]) == ("gloo", "DTCORE_BACKEND")  # "auto" defers; one spelling
     assert s.log_ranks == "0,3" and s.console_level(3) == "info" and s.console_level(1) == "warn"
@@ -34,8 +36,9 @@ def test_each_setting_knows_its_source():
 
 def test_every_bad_value_is_listed_with_its_source_and_fix():
     with pytest.raises(dtcore.ConfigError) as e:
-        _C.read_settings({"timeout": -1}, {"DTCORE_LOG_RANKS": "-1", "DTCORE_STORE_LIBUV": "yes",
-                                           "DTCORE_HEARTBEAT_INTERVAL": "0"})
+        _C.read_settings(
+            {"timeout": -1}, {"DTCORE_LOG_RANKS": "-1", "DTCORE_STORE_LIBUV": "yes", "DTCORE_HEARTBEAT_INTERVAL": "0"}
+        )
     text = str(e.value)
     assert "init(timeout=-1) is not a positive number of seconds" in text
     assert "DTCORE_LOG_RANKS='-1' is not a list of ranks" in text
@@ -86,8 +89,17 @@ def test_nccl_without_a_gpu_is_named_in_words_init_and_checker_agree(fresh_dtcor
 def test_what_ranks_must_agree_on_is_one_vocabulary():
     from dtcore.bootstrap import fingerprint
 
-    spec = _C.read_world({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
-                          "TORCHELASTIC_RUN_ID": "r7", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"})
+    spec = _C.read_world(
+        {
+            "RANK": "0",
+            "WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500",
+            "TORCHELASTIC_RUN_ID": "r7",
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "2",
+        }
+    )
     keys = {f.key for f in fingerprint.FACTS}
     for backend in ("gloo", "nccl"):
         refused = fingerprint.for_rendezvous(backend, spec, purpose="init")
@@ -95,6 +107,10 @@ def test_what_ranks_must_agree_on_is_one_vocabulary():
         assert refused["job"] == "TORCHELASTIC_RUN_ID=r7" and refused["world_size"] == "2"
     assert "torch_nccl" in fingerprint.for_rendezvous("nccl", spec, purpose="init")
     assert "torch_nccl" not in fingerprint.for_rendezvous("gloo", spec, purpose="init")
-    assert set(fingerprint.for_rendezvous("gloo", spec, purpose="dtcore.check", versions=False)) == \
-        {"purpose", "backend", "world_size", "job"}
+    assert set(fingerprint.for_rendezvous("gloo", spec, purpose="dtcore.check", versions=False)) == {
+        "purpose",
+        "backend",
+        "world_size",
+        "job",
+    }
     assert keys <= set(fingerprint.local_facts()) | {"driver", "cuda_driver"}  # each fact is looked up

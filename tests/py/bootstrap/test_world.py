@@ -11,7 +11,13 @@ def test_sources_name_where_each_value_came_from():
         {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "gpu[07-08]", "MASTER_PORT": "29999"},
         {"local_rank": 0, "local_world_size": 1},
     )
-    assert (spec.launcher, spec.rank, spec.world_size, spec.master_addr, spec.master_port) == ("slurm", 3, 4, "gpu07", 29999)
+    assert (spec.launcher, spec.rank, spec.world_size, spec.master_addr, spec.master_port) == (
+        "slurm",
+        3,
+        4,
+        "gpu07",
+        29999,
+    )
     assert spec.sources["rank"] == "SLURM_PROCID"
     assert spec.sources["local_rank"] == "init(local_rank=)"
     assert spec.sources["master_addr"] == "first host of SLURM_JOB_NODELIST"
@@ -35,8 +41,17 @@ def test_error_classes_form_one_hierarchy():
 
 
 def test_check_world_returns_items_for_the_checker():
-    spec = _C.read_world({"RANK": "0", "WORLD_SIZE": "16", "LOCAL_RANK": "9", "LOCAL_WORLD_SIZE": "16",
-                          "TORCHELASTIC_RUN_ID": "r", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"})
+    spec = _C.read_world(
+        {
+            "RANK": "0",
+            "WORLD_SIZE": "16",
+            "LOCAL_RANK": "9",
+            "LOCAL_WORLD_SIZE": "16",
+            "TORCHELASTIC_RUN_ID": "r",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "1",
+        }
+    )
     problems = _C.check_world(spec, "nccl", visible_gpus=8, host="h")
     assert [p.variable for p in problems] == ["LOCAL_RANK"]
     assert "invalid device ordinal" in problems[0].message

@@ -29,8 +29,22 @@ import dtcore.check
 from dtcore.check import Options, Report
 
 ITEM_KEYS = {"id", "group", "title", "status", "value", "message", "fix"}
-TOP_KEYS = {"schema", "mode", "status", "counts", "host", "elapsed_s", "world", "backend", "facts", "gpus", "items",
-            "ranks", "nodes", "bandwidth"}
+TOP_KEYS = {
+    "schema",
+    "mode",
+    "status",
+    "counts",
+    "host",
+    "elapsed_s",
+    "world",
+    "backend",
+    "facts",
+    "gpus",
+    "items",
+    "ranks",
+    "nodes",
+    "bandwidth",
+}
 
 
 def check(**env: str) -> Report:
@@ -38,8 +52,13 @@ def check(**env: str) -> Report:
 
 
 def cli(*args: str, env: dict | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dtcore.check", *args], env=env or clean_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "dtcore.check", *args],
+        env=env or clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def assert_schema(doc: dict) -> None:
@@ -115,18 +134,26 @@ def test_torchrun_environment_with_contradictions():
 
 
 def test_slurm_allocation_smaller_than_the_torchrun_job():
-    env = dict(torchrun_style(0, 4, free_port()), TORCHELASTIC_RUN_ID="x", LOCAL_WORLD_SIZE="2", GROUP_WORLD_SIZE="2",
-               SLURM_JOB_ID="99", SLURM_JOB_NUM_NODES="1")
+    env = dict(
+        torchrun_style(0, 4, free_port()),
+        TORCHELASTIC_RUN_ID="x",
+        LOCAL_WORLD_SIZE="2",
+        GROUP_WORLD_SIZE="2",
+        SLURM_JOB_ID="99",
+        SLURM_JOB_NUM_NODES="1",
+    )
     item = check(**env).item("launch.slurm_nodes")
     assert item.status == "FAIL" and "sbatch -N 2" in item.fix
 
 
 def test_accelerate_config_for_gpus_on_a_machine_without(tmp_path):
     config = tmp_path / "default_config.yaml"
-    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_processes: 8\n"
-                      "num_machines: 1\n")
-    report = dtcore.check.run(env=clean_env(HF_HOME=str(tmp_path.parent)), accelerate_config=str(config),
-                              distributed=False)
+    config.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_processes: 8\nnum_machines: 1\n"
+    )
+    report = dtcore.check.run(
+        env=clean_env(HF_HOME=str(tmp_path.parent)), accelerate_config=str(config), distributed=False
+    )
     item = report.item("launch.accelerate")
     assert item.status == "FAIL" and "MULTI_GPU" in item.message
     assert cli("--accelerate-config", str(tmp_path / "missing.yaml")).returncode == 2
@@ -146,8 +173,13 @@ def test_environment_traps():
 
 
 def test_disk_of_the_checkpoint_and_log_directories(tmp_path):
-    report = dtcore.check.run(env=clean_env(), checkpoint_dir=str(tmp_path / "ckpt"), log_dir=str(tmp_path),
-                              min_free_disk_gb=1e9, distributed=False)
+    report = dtcore.check.run(
+        env=clean_env(),
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        log_dir=str(tmp_path),
+        min_free_disk_gb=1e9,
+        distributed=False,
+    )
     assert report.item("host.disk.checkpoint").status == "WARN"  # under the (absurd) threshold
     assert str(tmp_path) in report.item("host.disk.log").value
 
@@ -158,9 +190,23 @@ def test_exit_codes_and_help():
     assert cli("--no-such-option").returncode == 2
     out = cli("--help")
     assert out.returncode == 0
-    for option in ("--json", "--checkpoint-dir", "--log-dir", "--min-free-gb", "--shm-path", "--accelerate-config",
-                   "--distributed", "--local", "--backend", "--timeout", "--no-bandwidth", "--sizes", "--factor",
-                   "--iters", "Exit status"):
+    for option in (
+        "--json",
+        "--checkpoint-dir",
+        "--log-dir",
+        "--min-free-gb",
+        "--shm-path",
+        "--accelerate-config",
+        "--distributed",
+        "--local",
+        "--backend",
+        "--timeout",
+        "--no-bandwidth",
+        "--sizes",
+        "--factor",
+        "--iters",
+        "Exit status",
+    ):
         assert option in out.stdout, option
 
 
@@ -208,8 +254,22 @@ def test_init_preflight_raises_the_failures_with_their_fixes(fresh_dtcore, monke
 
 @pytest.mark.multirank
 def test_distributed_mode_under_torchrun_reports_bandwidth():
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dtcore.check",
-           "--json", "--sizes", "8B:1MiB", "--factor", "8", "--timeout", "30"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "dtcore.check",
+        "--json",
+        "--sizes",
+        "8B:1MiB",
+        "--factor",
+        "8",
+        "--timeout",
+        "30",
+    ]
     results, sessions = run_processes([cmd], [clean_env()], timeout=120)
     r = results[0]
     assert r.returncode == 0, describe(results)
@@ -233,8 +293,9 @@ def test_distributed_mode_with_four_ranks_names_a_version_mismatch():
     port = free_port()
     envs = [clean_env(**torchrun_style(rank, 4, port)) for rank in range(4)]
     envs[1]["CHECK_FAKE_TORCH"] = "2.12.0+cpu"
-    results, sessions = run_ranks("check_worker.py", envs, ("--json", "--sizes", "8B:4KiB", "--factor", "16",
-                                                           "--timeout", "30"), timeout=120)
+    results, sessions = run_ranks(
+        "check_worker.py", envs, ("--json", "--sizes", "8B:4KiB", "--factor", "16", "--timeout", "30"), timeout=120
+    )
     assert [r.returncode for r in results] == [1, 1, 1, 1], describe(results)  # every rank exits with the verdict
     doc = json.loads(results[0].stdout)
     assert all(r.stdout == "" for r in results[1:]), "only rank 0 prints"
@@ -277,8 +338,15 @@ def test_a_rank_whose_rank_zero_never_comes_still_reports():
 
 @pytest.mark.multirank
 def test_the_checker_inside_a_running_job_leaves_its_context_alone(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(WORKERS / "check_in_job_worker.py"), str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(WORKERS / "check_in_job_worker.py"),
+        str(tmp_path),
+    ]
     results, sessions = run_processes([cmd], [clean_env()], timeout=120)
     assert results[0].returncode == 0, describe(results)
     lines = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
@@ -303,8 +371,9 @@ def test_preflight_judges_init_arguments_not_made_up_variables(fresh_dtcore, tmp
     # init()'s own arguments reach the probes as arguments (no DTCORE_* variable is made up for them).
     with pytest.raises(dtcore.ConfigError, match=r"(?s)init\(preflight=True\).*disk: log directory.*/proc/dtcore"):
         dtcore.init(preflight=True, timeout=20, log_dir="/proc/dtcore-logs")
-    report = dtcore.check.run(env=clean_env(), distributed=False, overrides={"rank": 0, "world_size": 1,
-                                                                              "local_rank": 3})
+    report = dtcore.check.run(
+        env=clean_env(), distributed=False, overrides={"rank": 0, "world_size": 1, "local_rank": 3}
+    )
     item = report.item("launch.local_rank")
     assert item.status == "FAIL" and item.title == "init(local_rank=)" and "init(local_rank=)=3" in item.message
     # The log directory is the settings' (DTCORE_LOG_DIR or init(log_dir=)), judged by one reader.

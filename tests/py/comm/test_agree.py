@@ -26,8 +26,11 @@ def test_gather_and_maximum_and_agreement_on_three_ranks():
 def test_a_difference_is_an_error_on_every_rank_naming_rank_and_first_difference():
     results = _run(3, "differ")
     for j in results:
-        assert j["error"] is not None and "the test model differs across ranks: rank 1 has other parameters" in \
-            j["error"], j
+        assert (
+            j["error"] is not None and "the test model differs across ranks: rank 1 has other parameters" in j["error"]
+        ), j
         assert j["error"].endswith("Fix: build the same model."), j
-    assert "First difference, parameter #1: rank 0 has 'layer.1 (4, 4)', rank 1 has 'layer.1 (4, 8)'" in \
-        results[1]["error"]
+    assert (
+        "First difference, parameter #1: rank 0 has 'layer.1 (4, 4)', rank 1 has 'layer.1 (4, 8)'"
+        in results[1]["error"]
+    )

@@ -7,7 +7,16 @@ import torch
 
 import dtcore
 
-from launch_helpers import EXAMPLES, clean_env, describe, free_port, leftover_processes, run_processes, run_ranks, torchrun_style
+from launch_helpers import (
+    EXAMPLES,
+    clean_env,
+    describe,
+    free_port,
+    leftover_processes,
+    run_processes,
+    run_ranks,
+    torchrun_style,
+)
 
 
 def _run(world, *args):
@@ -68,8 +77,10 @@ def test_a_model_that_differs_across_ranks_is_named_by_rank_and_parameter():
     errors = [r.json()["error"] for r in results]
     for e in errors:
         assert e is not None and "rank 1 has other parameters" in e and "Fix:" in e, e
-    assert "First difference, parameter #0: rank 0 has '0.weight (64, 32) torch.float32', rank 1 has " \
-           "'0.weight (48, 32) torch.float32'" in errors[1], errors[1]
+    assert (
+        "First difference, parameter #0: rank 0 has '0.weight (64, 32) torch.float32', rank 1 has "
+        "'0.weight (48, 32) torch.float32'" in errors[1]
+    ), errors[1]
     assert not leftover_processes(sessions)
 
 
@@ -102,8 +113,22 @@ def test_ddp_drop_in_on_mlp_cnn_with_batchnorm_and_tied_transformer(world, bucke
 @pytest.mark.multirank
 def test_the_main_job_trains_under_torchrun():
     script = EXAMPLES / "train_gpt.py"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-           "--preset", "tiny", "--steps", "20", "--accum", "2", "--log-every", "10"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(script),
+        "--preset",
+        "tiny",
+        "--steps",
+        "20",
+        "--accum",
+        "2",
+        "--log-every",
+        "10",
+    ]
     results, sessions = run_processes([cmd], [clean_env()], timeout=240)
     assert results[0].returncode == 0, describe(results)
     assert "tokens/s" in results[0].stdout and ": OK" in results[0].stdout, results[0].stdout
@@ -124,9 +149,20 @@ def test_ddp_drop_in_refuses_what_it_cannot_honour(fresh_dtcore):
     with pytest.raises(dtcore.ConfigError, match="unknown argument 'bucket_size'"):
         dtcore.DistributedDataParallel(net, bucket_size=3)
     # torch's own defaults, passed explicitly, are accepted
-    model = dtcore.DistributedDataParallel(net, None, None, 0, None, True, None, bucket_cap_mb=1,
-                                           gradient_as_bucket_view=True, skip_all_reduce_unused_params=False,
-                                           batched_grad_copy=False, mixed_precision=None)
+    model = dtcore.DistributedDataParallel(
+        net,
+        None,
+        None,
+        0,
+        None,
+        True,
+        None,
+        bucket_cap_mb=1,
+        gradient_as_bucket_view=True,
+        skip_all_reduce_unused_params=False,
+        batched_grad_copy=False,
+        mixed_precision=None,
+    )
     with pytest.raises(dtcore.ConfigError, match="register_comm_hook is not supported"):
         model.register_comm_hook(None, None)
     with pytest.raises(dtcore.ConfigError, match="comm_dtype=torch.int8"):

@@ -39,13 +39,15 @@ def uneven_ranks(r: int) -> dict:
     x, y = torch.randint(0, 32, (2, 8, 16), generator=torch.Generator().manual_seed(11))
     rows = 2 if r == 0 else 8
     whole = dtcore.checkpoint_activations(probe, "all", example_inputs=(x, y))  # 8 rows, the same on every rank
-    plan = dtcore.checkpoint_activations(probe, f"budget:{int(whole.baseline_peak_bytes * 0.7)}",
-                                         example_inputs=(x[:rows], y[:rows]))
+    plan = dtcore.checkpoint_activations(
+        probe, f"budget:{int(whole.baseline_peak_bytes * 0.7)}", example_inputs=(x[:rows], y[:rows])
+    )
     out = {"uneven_modes": [b.mode for b in plan.blocks]}
     # Feasible with 2 rows, not with 8: every rank raises, none waits for the others.
     try:
-        dtcore.checkpoint_activations(probe, f"budget:{int(whole.predicted_peak_bytes * 0.9)}",
-                                      example_inputs=(x[:rows], y[:rows]))
+        dtcore.checkpoint_activations(
+            probe, f"budget:{int(whole.predicted_peak_bytes * 0.9)}", example_inputs=(x[:rows], y[:rows])
+        )
         out["infeasible"] = "planned"
     except dtcore.ConfigError as e:
         out["infeasible"] = "ConfigError" if "cannot be met" in str(e) else str(e)
@@ -63,9 +65,11 @@ def main() -> None:
     batches = [torch.randint(0, 32, (2, 8, 16), generator=data) for _ in range(3)]  # (x|y, B, T)
     shard = slice(r * 8 // n, (r + 1) * 8 // n)
     model = dtcore.wrap(copy.deepcopy(plain))
-    summary = dtcore.checkpoint_activations(model, policy_for(model.module, name, batches[0][0][shard],
-                                                              batches[0][1][shard]),
-                                            example_inputs=(batches[0][0][shard], batches[0][1][shard]))
+    summary = dtcore.checkpoint_activations(
+        model,
+        policy_for(model.module, name, batches[0][0][shard], batches[0][1][shard]),
+        example_inputs=(batches[0][0][shard], batches[0][1][shard]),
+    )
     bad = []
     for i, (x, y) in enumerate(batches):
         if i < 2:

@@ -77,8 +77,16 @@ def main() -> None:
         bad.append("dist.all_reduce")
     dtcore.barrier()
 
-    report = {"rank": r, "world_size": n, "launcher": ctx.launcher, "bad": bad, "init_s": init_s,
-              "local_rank": ctx.local_rank, "log_file": ctx.log_file, "seed_draw": draw}
+    report = {
+        "rank": r,
+        "world_size": n,
+        "launcher": ctx.launcher,
+        "bad": bad,
+        "init_s": init_s,
+        "local_rank": ctx.local_rank,
+        "log_file": ctx.log_file,
+        "seed_draw": draw,
+    }
     sys.stdout.write(json.dumps(report) + "\n")  # one write: atomic on a pipe shared by ranks
     sys.stdout.flush()
     dtcore.shutdown()

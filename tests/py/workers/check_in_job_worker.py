@@ -15,8 +15,13 @@ import dtcore
 
 ctx = dtcore.init(timeout=30)
 report = dtcore.check.run(bandwidth=False, timeout=30)
-result = {"rank": ctx.rank, "mode": report.mode, "status": report.status, "initialized": dtcore.is_initialized(),
-          "same_context": dtcore.is_initialized() and dtcore.get_context() is ctx}
+result = {
+    "rank": ctx.rank,
+    "mode": report.mode,
+    "status": report.status,
+    "initialized": dtcore.is_initialized(),
+    "same_context": dtcore.is_initialized() and dtcore.get_context() is ctx,
+}
 t = dtcore.all_reduce(torch.ones(2))  # raised "not initialized" before the fix
 result["sum"] = t.tolist()
 (Path(sys.argv[1]) / f"rank{ctx.rank}.json").write_text(json.dumps(result))

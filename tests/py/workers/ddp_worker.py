@@ -1,6 +1,6 @@
 """One rank: dtcore.DistributedDataParallel on three models against one process on the whole batch.
 
-    ddp_worker.py BUCKET_CAP_MB STEPS
+ddp_worker.py BUCKET_CAP_MB STEPS
 """
 
 import copy
@@ -35,16 +35,31 @@ def make(kind: str):
     """The model and a loss over one slice of a batch."""
     if kind == "mlp":
         model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
-        return model, lambda m, x, y: F.mse_loss(m(x), y), lambda g: (torch.randn(8, 16, generator=g),
-                                                                      torch.randn(8, 4, generator=g))
+        return (
+            model,
+            lambda m, x, y: F.mse_loss(m(x), y),
+            lambda g: (torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)),
+        )
     if kind == "cnn":
-        model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-                                    torch.nn.AdaptiveAvgPool2d(2), torch.nn.Flatten(), torch.nn.Linear(32, 5))
-        return model, lambda m, x, y: F.cross_entropy(m(x), y), lambda g: (torch.randn(8, 3, 8, 8, generator=g),
-                                                                           torch.randint(0, 5, (8,), generator=g))
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(2),
+            torch.nn.Flatten(),
+            torch.nn.Linear(32, 5),
+        )
+        return (
+            model,
+            lambda m, x, y: F.cross_entropy(m(x), y),
+            lambda g: (torch.randn(8, 3, 8, 8, generator=g), torch.randint(0, 5, (8,), generator=g)),
+        )
     model = TinyGPT()
-    return model, (lambda m, x, y: F.cross_entropy(m(x).flatten(0, 1), y.flatten())), (
-        lambda g: (torch.randint(0, 50, (8, 12), generator=g), torch.randint(0, 50, (8, 12), generator=g)))
+    return (
+        model,
+        (lambda m, x, y: F.cross_entropy(m(x).flatten(0, 1), y.flatten())),
+        (lambda g: (torch.randint(0, 50, (8, 12), generator=g), torch.randint(0, 50, (8, 12), generator=g))),
+    )
 
 
 def main() -> None:
@@ -72,8 +87,9 @@ def main() -> None:
             if step < 3:
                 for (name, p), q in zip(model.module.named_parameters(), reference.parameters()):
                     if not torch.allclose(p.grad, q.grad, rtol=1.3e-6, atol=5e-5):
-                        report["bad"].append(f"{kind} step {step}: {name} max diff "
-                                             f"{(p.grad - q.grad).abs().max().item():.3g}")
+                        report["bad"].append(
+                            f"{kind} step {step}: {name} max diff {(p.grad - q.grad).abs().max().item():.3g}"
+                        )
             opt.step()
             ref_opt.step()
             opt.zero_grad()

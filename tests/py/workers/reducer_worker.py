@@ -1,6 +1,6 @@
 """One rank: gradients through the C++ reducer against one process on the whole batch.
 
-    reducer_worker.py BUCKET_MB FIRST_BUCKET_MB [unused]
+reducer_worker.py BUCKET_MB FIRST_BUCKET_MB [unused]
 """
 
 import copy
@@ -62,8 +62,14 @@ def main() -> None:
     dtcore.broadcast(flat, src=0)
     if error is None and not torch.equal(flat, mine):
         bad.append("parameters differ across ranks")
-    report = {"rank": r, "bad": bad, "error": error, "reductions": reducer.reductions,
-              "buckets": reducer.bucket_params(), "steps": steps}
+    report = {
+        "rank": r,
+        "bad": bad,
+        "error": error,
+        "reductions": reducer.reductions,
+        "buckets": reducer.bucket_params(),
+        "steps": steps,
+    }
     sys.stdout.write(json.dumps(report) + "\n")
     sys.stdout.flush()
     dtcore.shutdown()

@@ -1,7 +1,7 @@
 """One rank: DistributedModel against one process on the whole batch.
 
-    wrap_worker.py parity BUCKET_MB   # rank-dependent init, no_sync over 4 micro-batches, BatchNorm buffers
-    wrap_worker.py mismatch           # rank 1 builds a different model
+wrap_worker.py parity BUCKET_MB   # rank-dependent init, no_sync over 4 micro-batches, BatchNorm buffers
+wrap_worker.py mismatch           # rank 1 builds a different model
 """
 
 import contextlib
