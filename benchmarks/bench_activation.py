@@ -34,10 +34,10 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from gpt import GPT, PRESETS, CharData, make_corpus, num_parameters  # noqa: E402
+import dtcore
+from dtcore.activation import LiveTensorMemory
 
-import dtcore  # noqa: E402
-from dtcore.activation import LiveTensorMemory  # noqa: E402
+from gpt import GPT, PRESETS, CharData, make_corpus, num_parameters
 
 MiB = 2**20
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from gpt import GPT, PRESETS, CharData, make_corpus, num_parameters  # noqa: E402
+from gpt import GPT, PRESETS, CharData, make_corpus, num_parameters
 
 
 def free_port() -> int:

@@ -15,6 +15,7 @@ import time
 import torch
 
 import dtcore
+
 from gpt import GPT, PRESETS, CharData, make_corpus, num_parameters, uniform_loss
 
 

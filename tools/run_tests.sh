@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Builds dtcore with its C++ tests, then runs them all: GoogleTest (ctest), then pytest.
+# Checks formatting and lint, builds dtcore with its C++ tests, then runs them all: GoogleTest
+# (ctest), then pytest.
 # Every multi-rank test has its own timeout; the limits below only stop a runaway suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+bash tools/lint.sh
 
 PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --disable-pip-version-check --no-build-isolation \
   -Cbuild-dir=build/py -Ccmake.define.DTCORE_BUILD_TESTS=ON .

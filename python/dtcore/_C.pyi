@@ -1,10 +1,10 @@
 # Type stub for dtcore._C, the C++ core (csrc/bindings/, one file per area).
 # tests/py/test_layout.py keeps it in step with the module: every name and member, no more.
-from typing import Any, Optional, Union
+from typing import Any
 
 import torch
 
-Argument = Union[bool, int, float, str]  # one init() argument; None means "not given"
+Argument = bool | int | float | str  # one init() argument; None means "not given"
 
 # common (csrc/bindings/common.cpp) --------------------------------------------------------------
 
@@ -35,7 +35,7 @@ class Settings:
     sources: dict[str, str]
     def console_level(self, rank: int) -> str: ...
 
-def read_settings(arguments: dict[str, Optional[Argument]] = ..., env: Optional[dict[str, str]] = None) -> Settings: ...
+def read_settings(arguments: dict[str, Argument | None] = ..., env: dict[str, str] | None = None) -> Settings: ...
 def configure_logging(rank: int, world_size: int, host: str, settings: Settings) -> str: ...
 def log(level: int, message: str) -> None: ...
 def log_enabled(level: int) -> bool: ...
@@ -65,8 +65,8 @@ class WorldSpec:
     def __init__(self, other: WorldSpec) -> None: ...
     def describe(self) -> str: ...
 
-def read_world(env: Optional[dict[str, str]] = None, overrides: dict[str, Optional[Argument]] = ...) -> WorldSpec: ...
-def validate_overrides(overrides: dict[str, Optional[Argument]]) -> None: ...
+def read_world(env: dict[str, str] | None = None, overrides: dict[str, Argument | None] = ...) -> WorldSpec: ...
+def validate_overrides(overrides: dict[str, Argument | None]) -> None: ...
 
 class Problem:
     field: str
@@ -112,7 +112,7 @@ has_nccl: bool
 def nccl_version() -> str: ...
 
 class Work:
-    def wait(self, timeout_s: Optional[float] = None) -> None: ...
+    def wait(self, timeout_s: float | None = None) -> None: ...
     def is_completed(self) -> bool: ...
 
 class Communicator:
@@ -147,13 +147,13 @@ class ReducerOptions:
     bucket_mb: float
     first_bucket_mb: float
     find_unused_parameters: bool
-    comm_dtype: Optional[torch.dtype]
+    comm_dtype: torch.dtype | None
     def __init__(
         self,
         bucket_mb: float = ...,
         first_bucket_mb: float = ...,
         find_unused_parameters: bool = ...,
-        comm_dtype: Optional[torch.dtype] = None,
+        comm_dtype: torch.dtype | None = None,
     ) -> None: ...
 
 class Reducer:
@@ -188,14 +188,14 @@ class VersionFacts:
 
 class CheckInputs:
     env: dict[str, str]
-    world_arguments: dict[str, Optional[Argument]]
-    settings_arguments: dict[str, Optional[Argument]]
+    world_arguments: dict[str, Argument | None]
+    settings_arguments: dict[str, Argument | None]
     versions: VersionFacts
     nccl_dirs: list[str]
     arch_list: list[str]
     host: str
     shm_path: str
-    checkpoint_dir: Optional[str]
+    checkpoint_dir: str | None
     min_free_disk_gb: float
     accelerate_config_path: str
     accelerate_config_text: str
@@ -234,7 +234,7 @@ class GpuFacts:
 
 class CheckResult:
     items: list[CheckItem]
-    spec: Optional[WorldSpec]
+    spec: WorldSpec | None
     settings: Settings
     backend: str
     visible_gpus: int

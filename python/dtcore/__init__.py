@@ -14,20 +14,13 @@ if _mismatch is not None and not _guard.running_checker():
     raise ImportError(_mismatch)  # before _C: a mismatched torch fails here, clearly
 
 try:
-    from . import _logging  # noqa: E402  (joins Python logging to the C++ sinks)
-    from ._C import (  # noqa: E402
-        CheckpointError,
-        CommError,
-        ConfigError,
-        DtcoreError,
-        RendezvousError,
-    )
-    from ._C import __version__  # noqa: E402
-    from .activation import CheckpointSummary, checkpoint_activations  # noqa: E402
-    from .bootstrap import Context, get_context, init, is_initialized, shutdown  # noqa: E402
-    from .comm import all_reduce, barrier, broadcast, is_main_process, main_process_first  # noqa: E402
-    from .reducer import DistributedDataParallel, DistributedModel, wrap  # noqa: E402
-    from . import check, units  # noqa: E402  (check also registers itself as init(preflight=True)'s probes)
+    # _logging joins Python's logging to the C++ sinks; check registers itself as init(preflight=True)'s probes.
+    from . import _logging, check, units  # noqa: F401
+    from ._C import CheckpointError, CommError, ConfigError, DtcoreError, RendezvousError, __version__
+    from .activation import CheckpointSummary, checkpoint_activations
+    from .bootstrap import Context, get_context, init, is_initialized, shutdown
+    from .comm import all_reduce, barrier, broadcast, is_main_process, main_process_first
+    from .reducer import DistributedDataParallel, DistributedModel, wrap
 except ImportError as e:  # only `python -m dtcore.check` gets here with a mismatch: it reports it
     if _mismatch is None:
         raise

@@ -10,15 +10,14 @@ the package loads as far as it can and records what stopped it in `load_error`.
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 REBUILD = "pip install --no-build-isolation --force-reinstall --no-deps ."
 
 # Set (instead of raising) when the checker runs and dtcore cannot load as built; see the module doc.
-load_error: Optional[str] = None
+load_error: str | None = None
 
 
-def torch_mismatch() -> Optional[str]:
+def torch_mismatch() -> str | None:
     """The error text when the running torch is not the one dtcore was built against, else None."""
     import torch
 

@@ -10,15 +10,13 @@ are MiB.
 
 from __future__ import annotations
 
-from typing import Union
-
 from . import _C
 from ._C import format_bytes
 
 __all__ = ["parse_bytes", "format_bytes"]
 
 
-def parse_bytes(size: Union[str, int], what: str = "size") -> int:
+def parse_bytes(size: str | int, what: str = "size") -> int:
     """Bytes from "2GB", "1.5GiB", "4096" or a positive int; ConfigError naming `what` otherwise."""
     if isinstance(size, int) and not isinstance(size, bool):
         if size < 1:

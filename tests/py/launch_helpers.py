@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Optional
 
 WORKERS = Path(__file__).parent / "workers"
 ROOT = Path(__file__).resolve().parents[2]  # the repository
@@ -103,7 +102,7 @@ def accelerate_style(rank: int, world: int, port: int) -> dict[str, str]:
 
 @dataclasses.dataclass
 class RankResult:
-    returncode: Optional[int]  # None: killed at the timeout
+    returncode: int | None  # None: killed at the timeout
     stdout: str
     stderr: str
     seconds: float  # from start to exit
@@ -122,7 +121,7 @@ class RankResult:
 
 
 def run_processes(
-    cmds: list[list[str]], envs: list[dict[str, str]], timeout: float, kill_after: Optional[dict[int, float]] = None
+    cmds: list[list[str]], envs: list[dict[str, str]], timeout: float, kill_after: dict[int, float] | None = None
 ) -> tuple[list[RankResult], list[int]]:
     """Starts every command at once; kills any still running after `timeout` seconds.
 
@@ -137,12 +136,12 @@ def run_processes(
         for cmd, env in zip(cmds, envs)
     ]
     sessions = [p.pid for p in procs]
-    results: list[Optional[RankResult]] = [None] * len(procs)
+    results: list[RankResult | None] = [None] * len(procs)
 
     def reap(i: int, p: subprocess.Popen) -> None:
         try:
             out, err = p.communicate(timeout=timeout)
-            code: Optional[int] = p.returncode
+            code: int | None = p.returncode
         except subprocess.TimeoutExpired:
             _kill_session(p.pid)
             out, err = p.communicate()
@@ -171,7 +170,7 @@ def run_ranks(
     envs: list[dict[str, str]],
     args: tuple[str, ...] = (),
     timeout: float = 120.0,
-    kill_after: Optional[dict[int, float]] = None,
+    kill_after: dict[int, float] | None = None,
 ):
     cmd = [sys.executable, str(WORKERS / worker), *args]
     return run_processes([cmd] * len(envs), envs, timeout, kill_after)
@@ -201,6 +200,7 @@ def leftover_processes(sessions: list[int]) -> list[str]:
 
 def describe(results: list[RankResult]) -> str:
     return "\n".join(
-        f"--- rank {i}: rc={r.returncode} after {r.seconds:.1f}s\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
+        f"--- rank {i}: rc={r.returncode} after {r.seconds:.1f}s\n"
+        f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
         for i, r in enumerate(results)
     )

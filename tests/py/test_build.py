@@ -25,7 +25,7 @@ def test_import_under_another_torch_names_both_versions_and_the_rebuild_command(
 def test_build_records_what_it_was_built_against():
     import torch
 
-    from dtcore import _build_info, _C
+    from dtcore import _C, _build_info
 
     assert _build_info.torch_version == torch.__version__ == _C.built_torch_version
     assert _build_info.with_nccl == _C.has_nccl

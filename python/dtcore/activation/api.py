@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import weakref
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -47,7 +47,7 @@ class CheckpointedForward:
     runs. Its state for copying and pickling holds the block itself, so a copy refers to the copy.
     """
 
-    def __init__(self, module: torch.nn.Module, selective: bool, offload: Optional[Offloader], name: str = "?") -> None:
+    def __init__(self, module: torch.nn.Module, selective: bool, offload: Offloader | None, name: str = "?") -> None:
         self._module = weakref.ref(module)
         self.previous = module.__dict__.get("forward")  # an instance forward set before us, if any
         self.selective = selective
@@ -72,7 +72,7 @@ class CheckpointedForward:
         state["_module"] = weakref.ref(state["_module"])
         self.__dict__.update(state)
 
-    def _inner(self):  # noqa: ANN202
+    def _inner(self):
         return self.previous if self.previous is not None else type(self.module).forward.__get__(self.module)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -114,11 +114,11 @@ class BlockReport:
     name: str
     mode: str  # "keep" (not checkpointed), "full" or "selective"
     # Measured when profiled (example_inputs), see profile.py:
-    activation_bytes: Optional[int] = None  # held when kept
-    input_bytes: Optional[int] = None  # held when fully checkpointed
-    forward_seconds: Optional[float] = None  # the full recompute cost
-    selective_bytes: Optional[int] = None  # held when selectively checkpointed
-    selective_seconds: Optional[float] = None  # the selective recompute cost
+    activation_bytes: int | None = None  # held when kept
+    input_bytes: int | None = None  # held when fully checkpointed
+    forward_seconds: float | None = None  # the full recompute cost
+    selective_bytes: int | None = None  # held when selectively checkpointed
+    selective_seconds: float | None = None  # the selective recompute cost
 
     @property
     def checkpointed(self) -> bool:
@@ -133,12 +133,12 @@ class CheckpointSummary:
     block_class: str
     blocks: list[BlockReport]
     offload: str  # "off", "on (pinned CPU memory, side stream)" or why it does nothing
-    budget_bytes: Optional[int] = None
-    predicted_peak_bytes: Optional[int] = None  # Note [Checkpoint peak model], when profiled
-    baseline_peak_bytes: Optional[int] = None  # the same with no block checkpointed
-    recompute_seconds: Optional[float] = None  # per step, from the profile
-    fixed_bytes: Optional[int] = None  # outside the blocks, temporaries included
-    measured_peak_bytes: Optional[int] = None  # the profiled step (no checkpointing), LiveTensorMemory
+    budget_bytes: int | None = None
+    predicted_peak_bytes: int | None = None  # Note [Checkpoint peak model], when profiled
+    baseline_peak_bytes: int | None = None  # the same with no block checkpointed
+    recompute_seconds: float | None = None  # per step, from the profile
+    fixed_bytes: int | None = None  # outside the blocks, temporaries included
+    measured_peak_bytes: int | None = None  # the profiled step (no checkpointing), LiveTensorMemory
 
     @property
     def checkpointed(self) -> list[str]:
@@ -174,8 +174,9 @@ class CheckpointSummary:
         if self.predicted_peak_bytes is not None:
             text = (
                 f"activation peak (estimated): {format_bytes(self.predicted_peak_bytes)}, without checkpointing "
-                f"{format_bytes(self.baseline_peak_bytes or 0)}; outside the blocks {format_bytes(self.fixed_bytes or 0)}"
-                f"; recompute {1000 * (self.recompute_seconds or 0.0):.1f} ms per step"
+                f"{format_bytes(self.baseline_peak_bytes or 0)}; "
+                f"outside the blocks {format_bytes(self.fixed_bytes or 0)}; "
+                f"recompute {1000 * (self.recompute_seconds or 0.0):.1f} ms per step"
             )
             if self.budget_bytes is not None:
                 text = f"budget {self.policy[len('budget:') :].strip()} ({format_bytes(self.budget_bytes)}); " + text
@@ -186,7 +187,7 @@ class CheckpointSummary:
         return f"CheckpointSummary(policy={self.policy!r}, checkpointed={self.checkpointed!r})\n{self}"
 
 
-def _parse_policy(policy: Optional[str]) -> tuple[str, Optional[int]]:
+def _parse_policy(policy: str | None) -> tuple[str, int | None]:
     """-> (kind, argument): ("none", None), ("all", None), ("every", k), ("budget", bytes), ("selective", None)."""
     if policy is None:
         return "none", None
@@ -286,7 +287,7 @@ def _model_device(root: torch.nn.Module) -> torch.device:
 
 def checkpoint_activations(
     model: torch.nn.Module,
-    policy: Optional[str] = "auto",
+    policy: str | None = "auto",
     *,
     blocks: Any = None,
     example_inputs: Any = None,
@@ -351,7 +352,7 @@ def _apply(
     root: torch.nn.Module,
     policy: str,
     kind: str,
-    arg: Optional[int],
+    arg: int | None,
     blocks: Any,
     example_inputs: Any,
     offload: bool,

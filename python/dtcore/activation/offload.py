@@ -18,7 +18,6 @@ plain host copies and no streams; the tests use it to check the path on machines
 from __future__ import annotations
 
 import weakref
-from typing import Optional
 
 import torch
 
@@ -28,11 +27,11 @@ class _Offloaded:
 
     __slots__ = ("host", "device", "copied", "back", "ready", "previous", "__weakref__")
 
-    def __init__(self, host: torch.Tensor, device: torch.device, copied, previous) -> None:  # noqa: ANN001
+    def __init__(self, host: torch.Tensor, device: torch.device, copied, previous) -> None:
         self.host = host
         self.device = device
         self.copied = copied  # CUDA event: the host copy is complete (None on CPU)
-        self.back: Optional[torch.Tensor] = None  # the device copy once prefetched, until unpacked
+        self.back: torch.Tensor | None = None  # the device copy once prefetched, until unpacked
         self.ready = None  # CUDA event: `back` is complete
         self.previous = previous  # weakref to the handle packed just before (the block before)
 
@@ -44,7 +43,7 @@ class Offloader:
         self.device = device
         self.copy_on_cpu = copy_on_cpu
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None  # the side stream
-        self._last: Optional[weakref.ref] = None
+        self._last: weakref.ref | None = None
         self.packed = 0  # counters, for the summary and the tests
         self.prefetched = 0
 
@@ -53,7 +52,7 @@ class Offloader:
             return self.stream is not None and t.device == self.device
         return self.copy_on_cpu and t.device.type == "cpu"
 
-    def pack(self, t: torch.Tensor):  # noqa: ANN201
+    def pack(self, t: torch.Tensor):
         if not self._moves(t):
             return t
         if self.stream is None:  # copy_on_cpu: the same path, without streams
@@ -82,7 +81,7 @@ class Offloader:
             h.ready = torch.cuda.Event()
             h.ready.record(self.stream)
 
-    def unpack(self, h) -> torch.Tensor:  # noqa: ANN001
+    def unpack(self, h) -> torch.Tensor:
         if not isinstance(h, _Offloaded):
             return h
         if h.back is None:  # not prefetched (the last block in backward, or a second backward)

@@ -43,7 +43,8 @@ import dataclasses
 import statistics
 import time
 import weakref
-from typing import Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -67,7 +68,7 @@ class LiveTensorMemory(TorchDispatchMode):
         self._events: list[tuple[int, int]] = []  # (id, +bytes at creation or -bytes at free)
         self._next = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         # An output sharing an input's storage (a view, an in-place result) allocated nothing; this
         # also keeps out parameters, first seen here through views such as weight.t().
@@ -91,7 +92,7 @@ class LiveTensorMemory(TorchDispatchMode):
             del self._ids[key]
         self._events.append((ident, -nbytes))
 
-    def peak_bytes(self, excluding: Iterable[Optional[torch.Tensor]] = ()) -> int:
+    def peak_bytes(self, excluding: Iterable[torch.Tensor | None] = ()) -> int:
         skip = {self._ids.get(_storage_key(t)) for t in excluding if t is not None}
         live = peak = 0
         for ident, delta in self._events:
@@ -104,7 +105,7 @@ class LiveTensorMemory(TorchDispatchMode):
 class _KeptOps(TorchDispatchMode):
     """Per block: bytes of new storages output by SAVED_OPS, and operator time kept / total."""
 
-    def __init__(self, hooks: "_BlockHooks", n: int, timing: bool) -> None:
+    def __init__(self, hooks: _BlockHooks, n: int, timing: bool) -> None:
         super().__init__()
         self.hooks, self.timing = hooks, timing
         self.kept_bytes = [0] * n
@@ -123,7 +124,7 @@ class _KeptOps(TorchDispatchMode):
             self._shared.add(key)
             self.shared_bytes[self._alive[key]] += t.untyped_storage().nbytes()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         i = self.hooks.current
         start = time.perf_counter()
         out = func(*args, **(kwargs or {}))
@@ -179,7 +180,7 @@ class _BlockHooks:
     """Knows which block is running; times each block's forward; records its inputs."""
 
     def __init__(self, blocks: list[torch.nn.Module], on_enter: Callable[[int, list[torch.Tensor]], None]) -> None:
-        self.current: Optional[int] = None
+        self.current: int | None = None
         self.seconds: list[list[float]] = [[] for _ in blocks]
         self._start = 0.0
         self._handles = []
@@ -187,8 +188,8 @@ class _BlockHooks:
             self._handles.append(block.register_forward_pre_hook(self._pre(i, on_enter), with_kwargs=True))
             self._handles.append(block.register_forward_hook(self._post(i)))
 
-    def _pre(self, i: int, on_enter):  # noqa: ANN001, ANN202
-        def hook(module, args, kwargs):  # noqa: ANN001, ANN202
+    def _pre(self, i: int, on_enter):
+        def hook(module, args, kwargs):
             inputs = _tensors((args, kwargs))
             on_enter(i, inputs)
             if inputs:
@@ -197,8 +198,8 @@ class _BlockHooks:
 
         return hook
 
-    def _post(self, i: int):  # noqa: ANN202
-        def hook(module, args, output):  # noqa: ANN001, ANN202
+    def _post(self, i: int):
+        def hook(module, args, output):
             outs = _tensors(output)
             if outs:
                 _sync(outs[0].device)

@@ -7,11 +7,12 @@ kept outputs weigh and what the rest costs to recompute.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 from torch.utils._pytree import tree_flatten
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from .. import _C
 
@@ -85,14 +86,14 @@ def mutation_error(blocks: list[str], op: Any) -> _C.ConfigError:
     )
 
 
-def selective_context(block: str = "?"):  # noqa: ANN201
+def selective_context(block: str = "?"):
     """context_fn for torch.utils.checkpoint.checkpoint: keep SAVED_OPS' outputs, recompute the rest.
 
     Raises mutation_error() in forward when an operator of the block changes a kept output in place.
     """
     kept: set[int] = set()  # storage keys of the outputs kept in this call (alive: torch's cache holds them)
 
-    def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:  # noqa: ANN001
+    def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
         if not ctx.is_recompute and not torch.compiler.is_compiling():
             if kept and any(storage_key(t) in kept for t in mutated_by(op, args, kwargs)):
                 raise mutation_error([block], f"the in-place operator {op}")

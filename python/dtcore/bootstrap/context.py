@@ -10,7 +10,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -22,7 +22,7 @@ log = logging.getLogger("dtcore")
 # Guards _current and the making and ending of a context: init() and shutdown() from several
 # threads see one context or none.
 lock = threading.RLock()
-_current: Optional["Context"] = None
+_current: Context | None = None
 
 
 class Context(_C.WorldSpec):
@@ -41,7 +41,7 @@ class Context(_C.WorldSpec):
         backend: str,
         device: torch.device,
         settings: _C.Settings,
-        seed: Optional[int],
+        seed: int | None,
         log_file: str,
         communicator: Any,
         rendezvous: Any,
@@ -81,7 +81,7 @@ class Context(_C.WorldSpec):
         return f"Context({self.describe()}, backend={self.backend}, device={self.device})"
 
 
-def current() -> Optional[Context]:
+def current() -> Context | None:
     return _current
 
 

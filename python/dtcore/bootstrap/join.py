@@ -24,7 +24,8 @@ import logging
 import random
 import socket
 import time
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,7 +39,7 @@ log = logging.getLogger("dtcore")
 # init(preflight=True) runs the resource checker's probes. dtcore.check sits above bootstrap (it
 # uses bootstrap, never the reverse), so it registers them here when it is imported, which
 # `import dtcore` does. Called with init()'s world and settings arguments; raises on a FAIL.
-_preflight: Optional[Callable[[dict[str, Any], dict[str, Any]], None]] = None
+_preflight: Callable[[dict[str, Any], dict[str, Any]], None] | None = None
 
 # How many times this process has joined a job (see RendezvousOptions::generation).
 _generation = 0
@@ -55,7 +56,7 @@ class _Request:
 
     settings_args: dict[str, Any]  # timeout, backend, log_dir (None: not given)
     overrides: dict[str, Any]  # rank=, world_size=, ... (None: not given)
-    seed: Optional[int] = None
+    seed: int | None = None
     torch_distributed: bool = True
     preflight: bool = False
     purpose: str = "init"  # fingerprint.for_rendezvous(purpose=...)
@@ -65,9 +66,9 @@ class _Request:
 def init(
     backend: str = "auto",
     *,
-    timeout: Optional[float] = None,
-    seed: Optional[int] = None,
-    log_dir: Optional[str] = None,
+    timeout: float | None = None,
+    seed: int | None = None,
+    log_dir: str | None = None,
     torch_distributed: bool = True,
     preflight: bool = False,
     **overrides: Any,

@@ -14,7 +14,7 @@ import contextlib
 import datetime
 import statistics
 import time
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -145,7 +145,7 @@ def _sync(ctx: Context) -> None:
         torch.cuda.synchronize(ctx.device)
 
 
-def sweep(sizes: Sequence[int], iters: Optional[int]) -> tuple[list[dict], list[int]]:
+def sweep(sizes: Sequence[int], iters: int | None) -> tuple[list[dict], list[int]]:
     """Allreduce (sum, float32) of each size: time per op (slowest rank), algbw, busbw; and the
     sizes whose result was wrong on any rank."""
     ctx = get_context()

@@ -7,7 +7,7 @@ import importlib.util
 import os
 import socket
 import time
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 import torch
 
@@ -32,7 +32,7 @@ def _nccl_dirs() -> list[str]:
     return [d for d in dirs if os.path.isdir(d)]
 
 
-def _accelerate_config(env: Mapping[str, str], path: Optional[str]) -> tuple[str, str]:
+def _accelerate_config(env: Mapping[str, str], path: str | None) -> tuple[str, str]:
     if path is None:
         home = env.get("HF_HOME") or os.path.join(
             env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"

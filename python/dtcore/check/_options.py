@@ -7,7 +7,8 @@ dtcore.init(preflight=True) from its own arguments.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 def size_range(low: int, high: int, factor: int = 2) -> list[int]:
@@ -32,29 +33,29 @@ def default_iters(nbytes: int) -> int:
 class Options:
     """The checker's options; every field is a keyword of dtcore.check.run()."""
 
-    env: Optional[Mapping[str, str]] = None
+    env: Mapping[str, str] | None = None
     """The environment to judge (default: this process's)."""
-    checkpoint_dir: Optional[str] = None
+    checkpoint_dir: str | None = None
     """Where checkpoints go: free disk is judged there (default: the working directory)."""
-    log_dir: Optional[str] = None
+    log_dir: str | None = None
     """Where logs go, as init(log_dir=): free disk is judged there (default: the DTCORE_LOG_DIR setting)."""
     shm_path: str = "/dev/shm"
     """The shared-memory mount NCCL and DataLoader workers use."""
     min_free_disk_gb: float = 10.0
     """Warn when a checkpoint or log directory has less free disk, in GB (10^9 bytes)."""
-    accelerate_config: Optional[str] = None
+    accelerate_config: str | None = None
     """An accelerate config file to judge (default: accelerate's default_config.yaml under accelerate launch)."""
-    distributed: Optional[bool] = None
+    distributed: bool | None = None
     """Join the other ranks, compare and measure (default: when the launcher started more than one process)."""
     backend: str = "auto"
     """The backend to judge and, in the distributed mode, to join with, as init(backend=)."""
-    timeout: Optional[float] = 60.0
+    timeout: float | None = 60.0
     """Seconds to wait for the other ranks and for each collective (None: the DTCORE_TIMEOUT setting)."""
     bandwidth: bool = True
     """In the distributed mode, measure: the allreduce sweep and the ring's link test."""
     sizes: Sequence[int] = tuple(DEFAULT_SIZES)
     """Allreduce sizes of the sweep, in bytes."""
-    iters: Optional[int] = None
+    iters: int | None = None
     """Timed allreduces per size (default: 20 up to 64 KiB, 10 up to 4 MiB, 5 above)."""
     preflight: bool = False
     """Judge what dtcore.init() is about to do (init(preflight=True) sets it): a single process takes any free

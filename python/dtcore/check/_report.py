@@ -11,7 +11,7 @@ import dataclasses
 import json
 import shutil
 import textwrap
-from typing import Any, Optional
+from typing import Any
 
 from ..units import format_bytes
 
@@ -47,11 +47,11 @@ class Item:
     fix: str = ""
 
     @classmethod
-    def make(cls, id: str, title: str, status: str, value: str, message: str = "", fix: str = "") -> "Item":
+    def make(cls, id: str, title: str, status: str, value: str, message: str = "", fix: str = "") -> Item:
         return cls(id, id.split(".", 1)[0], title, status, value, message, fix)
 
     @classmethod
-    def of(cls, item: Any) -> "Item":
+    def of(cls, item: Any) -> Item:
         """From a judged C++ item (_C.CheckItem) or a JSON item (dict)."""
         if isinstance(item, dict):
             return cls(**item)
@@ -71,13 +71,13 @@ class Report:
     host: str
     mode: str = "local"  # "local" | "distributed"
     elapsed_s: float = 0.0
-    world: Optional[dict] = None  # the job as dtcore.init() would read it
+    world: dict | None = None  # the job as dtcore.init() would read it
     backend: str = "gloo"
     facts: dict = dataclasses.field(default_factory=dict)  # versions that must agree across ranks
     gpus: dict = dataclasses.field(default_factory=dict)
     ranks: list = dataclasses.field(default_factory=list)  # distributed: one summary per rank
     nodes: list = dataclasses.field(default_factory=list)  # distributed: one summary per host
-    bandwidth: Optional[dict] = None  # distributed: the allreduce sweep and the link test
+    bandwidth: dict | None = None  # distributed: the allreduce sweep and the link test
 
     @property
     def status(self) -> str:
@@ -124,7 +124,7 @@ class Report:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Report":
+    def from_dict(cls, d: dict) -> Report:
         return cls(
             items=[Item.of(i) for i in d["items"]],
             host=d["host"],
@@ -139,10 +139,10 @@ class Report:
             bandwidth=d.get("bandwidth"),
         )
 
-    def to_json(self, indent: Optional[int] = 2) -> str:
+    def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
-    def format(self, width: Optional[int] = None) -> str:
+    def format(self, width: int | None = None) -> str:
         """The terminal table: grouped, one line per item, message and fix under WARN/FAIL."""
         width = width or max(80, min(shutil.get_terminal_size((120, 24)).columns, 160))
         order = list(GROUPS)
@@ -183,7 +183,7 @@ def format_bandwidth(bw: dict) -> list[str]:
     ]
     for r in bw["results"]:
         lines.append(
-            f"        {format_bytes(r['bytes']):>10}  {r['iters']:>5}  {r['time_us']:>10.1f}  {r['algbw_gbps']:>12.3f}  "
-            f"{r['busbw_gbps']:>12.3f}"
+            f"        {format_bytes(r['bytes']):>10}  {r['iters']:>5}  {r['time_us']:>10.1f}  "
+            f"{r['algbw_gbps']:>12.3f}  {r['busbw_gbps']:>12.3f}"
         )
     return lines

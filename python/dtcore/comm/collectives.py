@@ -7,7 +7,7 @@ the operation, its sequence number and the rank, instead of hanging.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import torch
 
@@ -15,16 +15,16 @@ from .. import _C
 from ..bootstrap.context import get_context, is_initialized
 
 
-def _wait(work: _C.Work, timeout: Optional[float]) -> None:
+def _wait(work: _C.Work, timeout: float | None) -> None:
     work.wait(None if timeout is None else float(timeout))
 
 
-def barrier(timeout: Optional[float] = None) -> None:
+def barrier(timeout: float | None = None) -> None:
     """Blocks until every rank reaches the barrier."""
     _wait(get_context().communicator.barrier(), timeout)
 
 
-def all_reduce(tensor: torch.Tensor, op: str = "sum", *, async_op: bool = False, timeout: Optional[float] = None):
+def all_reduce(tensor: torch.Tensor, op: str = "sum", *, async_op: bool = False, timeout: float | None = None):
     """In place: `tensor` becomes the reduction over ranks; op is "sum", "avg", "max" or "min".
 
     Returns `tensor`, or with async_op=True a work handle whose `.wait()` completes it.
@@ -36,7 +36,7 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum", *, async_op: bool = False,
     return tensor
 
 
-def broadcast(tensor: torch.Tensor, src: int = 0, *, async_op: bool = False, timeout: Optional[float] = None):
+def broadcast(tensor: torch.Tensor, src: int = 0, *, async_op: bool = False, timeout: float | None = None):
     """In place: every rank's `tensor` becomes rank `src`'s."""
     work = get_context().communicator.broadcast(tensor, src)
     if async_op:

@@ -7,7 +7,7 @@ of being ignored.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -41,13 +41,13 @@ class DistributedDataParallel(DistributedModel):
     def __init__(
         self,
         module: torch.nn.Module,
-        device_ids: Optional[list] = None,
+        device_ids: list | None = None,
         output_device: Any = None,
         dim: int = 0,
-        broadcast_buffers: Optional[bool] = None,  # torch 2.13's default: None means True
+        broadcast_buffers: bool | None = None,  # torch 2.13's default: None means True
         init_sync: bool = True,
         process_group: Any = None,
-        bucket_cap_mb: Optional[float] = None,
+        bucket_cap_mb: float | None = None,
         find_unused_parameters: bool = False,
         check_reduction: bool = False,
         gradient_as_bucket_view: bool = False,

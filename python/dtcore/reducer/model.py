@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -74,7 +75,7 @@ class DistributedModel(torch.nn.Module):
         *,
         bucket_mb: float = _DEFAULTS.bucket_mb,
         first_bucket_mb: float = _DEFAULTS.first_bucket_mb,
-        comm_dtype: Optional[torch.dtype] = None,
+        comm_dtype: torch.dtype | None = None,
         find_unused_parameters: bool = False,
         broadcast_buffers: bool = True,
     ) -> None:

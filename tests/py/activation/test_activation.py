@@ -10,13 +10,13 @@ import torch
 
 import dtcore
 from dtcore import _C
-from dtcore.activation.api import CheckpointedForward
-from dtcore.units import parse_bytes
-from dtcore.activation.offload import Offloader
 from dtcore.activation import LiveTensorMemory
+from dtcore.activation.api import CheckpointedForward
+from dtcore.activation.offload import Offloader
+from dtcore.units import parse_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
-from gpt import GPT, GPTConfig  # noqa: E402
+from gpt import GPT, GPTConfig
 
 CONFIG = GPTConfig(vocab_size=32, block_size=32, n_layer=4, n_head=4, n_embd=64, dropout=0.1)
 
@@ -422,7 +422,7 @@ class _Masked(torch.nn.Module):
         self.fc = torch.nn.Linear(d, d)
         self.drop = torch.nn.Dropout(0.3)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, extra=()) -> torch.Tensor:  # noqa: ANN001
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, extra=()) -> torch.Tensor:
         for t in extra:
             x = x + t
         return x + self.drop(torch.tanh(self.fc(x))) * mask

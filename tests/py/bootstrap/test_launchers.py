@@ -2,7 +2,6 @@
 
 import socket
 import sys
-import time
 
 import pytest
 

@@ -7,6 +7,7 @@ import pytest
 
 import dtcore
 from dtcore import _C
+
 from launch_helpers import ROOT, clean_env
 
 DOC = ROOT / "docs" / "knobs.md"

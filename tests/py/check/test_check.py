@@ -10,9 +10,13 @@ import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+
+import dtcore
+import dtcore.check
+from dtcore.check import Options, Report
+
 from launch_helpers import (
     WORKERS,
     clean_env,
@@ -23,10 +27,6 @@ from launch_helpers import (
     run_ranks,
     torchrun_style,
 )
-
-import dtcore
-import dtcore.check
-from dtcore.check import Options, Report
 
 ITEM_KEYS = {"id", "group", "title", "status", "value", "message", "fix"}
 TOP_KEYS = {

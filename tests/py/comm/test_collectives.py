@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import dtcore
+
 from launch_helpers import clean_env, describe, free_port, leftover_processes, run_ranks, torchrun_style
 
 

@@ -20,7 +20,7 @@ import torch
 import dtcore
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
-from gpt import GPT, GPTConfig  # noqa: E402
+from gpt import GPT, GPTConfig
 
 CONFIG = GPTConfig(vocab_size=32, block_size=16, n_layer=3, n_head=2, n_embd=32, dropout=0.0)
 
