@@ -15,30 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    drop = ("DTCORE_", "TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "ACCELERATE_")
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(drop)
-        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    }
-    env.update(OMP_NUM_THREADS="1", DTCORE_LOG_LEVEL="warn", **extra)
-    return env
+from ranks import clean_env, free_port, rank_env
 
 
 def single_node(repeats: int) -> tuple[list[float], list[float]]:
@@ -109,14 +91,7 @@ def distributed(world: int, sizes: list[int], sweeps: int, iters) -> dict:
     procs = [
         subprocess.Popen(
             args,
-            env=clean_env(
-                RANK=str(r),
-                WORLD_SIZE=str(world),
-                LOCAL_RANK=str(r),
-                LOCAL_WORLD_SIZE=str(world),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-            ),
+            env=rank_env(r, world, port),
             stdout=subprocess.PIPE,
             text=True,
             start_new_session=True,

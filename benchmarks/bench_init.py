@@ -20,33 +20,17 @@ import sys
 import time
 from pathlib import Path
 
+from ranks import free_port, rank_env
+
 WORKER = Path(__file__).with_name("init_worker.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_world(mode: str, world: int, ranks: list[int], extra: list[str], timeout: float) -> list[dict]:
     port = free_port()
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("DTCORE_", "TORCHELASTIC_", "SLURM_", "OMPI_"))}
     procs = []
     t0 = time.time()
     for rank in ranks:
-        env = dict(
-            base,
-            RANK=str(rank),
-            WORLD_SIZE=str(world),
-            LOCAL_RANK=str(rank),
-            LOCAL_WORLD_SIZE=str(world),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            OMP_NUM_THREADS="1",
-            BENCH_INIT_T0=repr(t0),
-            DTCORE_LOG_LEVEL="warn",
-        )
+        env = rank_env(rank, world, port, BENCH_INIT_T0=repr(t0))
         procs.append(
             subprocess.Popen(
                 [sys.executable, str(WORKER), mode, *extra],

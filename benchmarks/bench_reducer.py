@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,14 +32,10 @@ from pathlib import Path
 
 import torch
 
+from ranks import free_port, rank_env
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from gpt import GPT, PRESETS, CharData, make_corpus, num_parameters
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def flat_allreduce_avg(params, reduce) -> None:
@@ -165,20 +159,9 @@ def main() -> None:
         return world1(args)
 
     port = free_port()
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("DTCORE_", "TORCHELASTIC_", "SLURM_", "OMPI_"))}
     procs = []
     for rank in range(2):
-        env = dict(
-            base,
-            RANK=str(rank),
-            WORLD_SIZE="2",
-            LOCAL_RANK=str(rank),
-            LOCAL_WORLD_SIZE="2",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            OMP_NUM_THREADS="1",
-            DTCORE_LOG_LEVEL="warn",
-        )
+        env = rank_env(rank, 2, port)
         cmd = [
             sys.executable,
             __file__,

@@ -9,12 +9,7 @@ namespace py = pybind11;
 namespace dtcore::bindings {
 
 void bind_check(py::module_& m) {
-  using check::CheckInputs;
-  using check::CheckResult;
-  using check::GpuDevice;
-  using check::GpuFacts;
-  using check::Item;
-  using check::VersionFacts;
+  using namespace dtcore::check;  // the checker's plain structs, bound one by one below
 
   py::class_<VersionFacts> versions(m, "VersionFacts");
   versions.def(py::init<>());
@@ -41,7 +36,7 @@ void bind_check(py::module_& m) {
   fields<Access::kRead>(item, "id", &Item::id, "title", &Item::title, "value", &Item::value, "message", &Item::message,
                         "fix", &Item::fix);
   item.def_property_readonly("group", &Item::group).def_property_readonly("status", [](const Item& i) {
-    return std::string(check::status_name(i.status));
+    return std::string(status_name(i.status));
   });
 
   py::class_<GpuDevice> device(m, "GpuDevice");
@@ -57,7 +52,7 @@ void bind_check(py::module_& m) {
                         &CheckResult::settings, "backend", &CheckResult::backend, "visible_gpus",
                         &CheckResult::visible_gpus, "gpus", &CheckResult::gpus);
 
-  m.def("run_checks", &check::run_checks, py::arg("inputs"), py::call_guard<py::gil_scoped_release>(),
+  m.def("run_checks", &run_checks, py::arg("inputs"), py::call_guard<py::gil_scoped_release>(),
         "Runs every probe of this process and judges it; see csrc/dtcore/check/checker.h");
 }
 

@@ -40,27 +40,26 @@ std::vector<Problem> check_world(const WorldSpec& s, const WorldCheckOptions& o)
   };
   const std::string launcher(launcher_name(s.launcher));
 
-  if (s.world_size.value < 1) {
-    add("world_size", s.world_size, detail::cat(shown("world_size", s.world_size), " must be at least 1."),
-        "start at least one process; set the world size to the number of processes.");
-  }
-  if (s.rank.value < 0 || (s.world_size.value >= 1 && s.rank.value >= s.world_size.value)) {
-    add("rank", s.rank,
-        detail::cat(shown("rank", s.rank), " is outside 0..", s.world_size.value - 1, " (",
-                    shown("world_size", s.world_size), ")."),
-        "every process needs a distinct rank below the world size; check the launcher's process count or the "
-        "variables you set by hand.");
-  }
-  if (s.local_world_size.value < 1) {
-    add("local_world_size", s.local_world_size,
-        detail::cat(shown("local_world_size", s.local_world_size), " must be at least 1."),
-        "set it to the number of processes on this node.");
-  } else if (s.local_rank.value < 0 || s.local_rank.value >= s.local_world_size.value) {
-    add("local_rank", s.local_rank,
-        detail::cat(shown("local_rank", s.local_rank), " is outside 0..", s.local_world_size.value - 1, " (",
-                    shown("local_world_size", s.local_world_size), ")."),
-        "each process on a node needs a distinct local rank below the number of processes on that node.");
-  }
+  // An index within a count (rank < world size, local rank < local world size, node rank < nodes):
+  // the count at least 1, else the index in 0..count-1.
+  auto index_within = [&](const char* index_name, const Sourced<int>& index, const char* count_name,
+                          const Sourced<int>& count, const char* count_fix, const char* index_fix) {
+    if (count.value < 1) {
+      add(count_name, count, detail::cat(shown(count_name, count), " must be at least 1."), count_fix);
+    } else if (index.value < 0 || index.value >= count.value) {
+      add(index_name, index,
+          detail::cat(shown(index_name, index), " is outside 0..", count.value - 1, " (", shown(count_name, count),
+                      ")."),
+          index_fix);
+    }
+  };
+  index_within("rank", s.rank, "world_size", s.world_size,
+               "start at least one process; set the world size to the number of processes.",
+               "every process needs a distinct rank below the world size; check the launcher's process count or the "
+               "variables you set by hand.");
+  index_within("local_rank", s.local_rank, "local_world_size", s.local_world_size,
+               "set it to the number of processes on this node.",
+               "each process on a node needs a distinct local rank below the number of processes on that node.");
   if (s.local_world_size.value > s.world_size.value && s.world_size.value >= 1) {
     add("local_world_size", s.local_world_size,
         detail::cat(shown("local_world_size", s.local_world_size), " exceeds ", shown("world_size", s.world_size), "."),
@@ -82,15 +81,8 @@ std::vector<Problem> check_world(const WorldSpec& s, const WorldCheckOptions& o)
         "start the same number of processes on every node and make the world size nodes x processes per node "
         "(torchrun: --nnodes=N --nproc_per_node=G).");
   }
-  if (s.num_nodes.value < 1) {
-    add("num_nodes", s.num_nodes, detail::cat(shown("num_nodes", s.num_nodes), " must be at least 1."),
-        "set it to the number of nodes.");
-  } else if (s.node_rank.value < 0 || s.node_rank.value >= s.num_nodes.value) {
-    add("node_rank", s.node_rank,
-        detail::cat(shown("node_rank", s.node_rank), " is outside 0..", s.num_nodes.value - 1, " (",
-                    shown("num_nodes", s.num_nodes), ")."),
-        "give each node a distinct index below the number of nodes (torchrun: --node_rank).");
-  }
+  index_within("node_rank", s.node_rank, "num_nodes", s.num_nodes, "set it to the number of nodes.",
+               "give each node a distinct index below the number of nodes (torchrun: --node_rank).");
   // No GPU at all is choose_backend()'s to report; this is the case of too few.
   if (o.backend == "nccl" && o.visible_gpus > 0 && cuda_device_index(s, o.visible_gpus) >= o.visible_gpus) {
     std::string visible = s.cuda_visible_devices.empty() ? std::string("CUDA_VISIBLE_DEVICES unset")
