@@ -100,13 +100,19 @@ def init(
 def joined_for_check(backend: str, timeout: float) -> Iterator[Context]:
     """The job's context for the resource checker's distributed mode.
 
-    Under a running dtcore.init(), that context, left running (its own backend and timeout apply).
+    Under a running dtcore.init(), that context, left running: its own timeout applies, and a
+    backend other than "auto" or its own is refused rather than ignored.
     Otherwise a context made for the check, with a fingerprint that leaves the versions out (the
     checker compares and reports them), shut down when the block ends.
     """
     with context.lock:
         ctx = context.current()
         created = ctx is None
+        if not created and str(backend).lower() not in ("auto", ctx.backend):
+            raise _C.ConfigError(
+                f"the check was asked for backend '{backend}', but it runs inside this job's context, which uses "
+                f"'{ctx.backend}'. Fix: pass backend='auto' (or '{ctx.backend}'), or run the check before init()."
+            )
         if created:
             request = _Request(
                 {"timeout": timeout, "backend": backend, "log_dir": None}, {}, purpose="dtcore.check", versions=False

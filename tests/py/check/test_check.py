@@ -358,6 +358,16 @@ def test_the_checker_inside_a_running_job_leaves_its_context_alone(tmp_path):
     assert leftover_processes(sessions) == []
 
 
+def test_the_checker_in_a_running_job_refuses_another_backend_instead_of_ignoring_it(fresh_dtcore):
+    ctx = dtcore.init(timeout=20)
+    report = dtcore.check.run(distributed=True, backend="nccl", bandwidth=False)
+    item = report.item("distributed.join")
+    assert item.status == "FAIL" and "uses 'gloo'" in item.message and "backend='auto'" in item.fix
+    assert dtcore.get_context() is ctx  # still running
+    assert dtcore.check.run(distributed=True, bandwidth=False).item("distributed.join").status == "PASS"
+    assert dtcore.get_context() is ctx
+
+
 def test_agent_store_variable_outside_torchrun_init_and_checker_agree(fresh_dtcore, monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "1")
     assert dtcore.init(timeout=20).world_size == 1  # init() serves its own store and runs
