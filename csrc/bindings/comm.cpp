@@ -21,7 +21,7 @@ void bind_comm(py::module_& m) {
       .def(
           "wait",
           [](Work& w, std::optional<double> timeout_s) {
-            auto timeout = timeout_s ? std::optional(seconds_to_timeout(*timeout_s, "timeout_s")) : std::nullopt;
+            auto timeout = timeout_s ? std::optional(seconds_to_timeout(*timeout_s, "timeout")) : std::nullopt;
             py::gil_scoped_release release;
             timeout ? w.wait(*timeout) : w.wait();
           },

@@ -18,7 +18,8 @@ void bind_common(py::module_& m) {
 
   // Errors: the base first, so that the more specific translators (registered later) are tried first.
   auto& base = py::register_exception<Error>(m, "DtcoreError", PyExc_RuntimeError);
-  py::register_exception<ConfigError>(m, "ConfigError", base.ptr());
+  // A bad setting or argument is a ValueError too, so that `except ValueError` catches it.
+  py::register_exception<ConfigError>(m, "ConfigError", py::make_tuple(base, py::handle(PyExc_ValueError)));
   py::register_exception<RendezvousError>(m, "RendezvousError", base.ptr());
   py::register_exception<CommError>(m, "CommError", base.ptr());
   py::register_exception<CheckpointError>(m, "CheckpointError", base.ptr());

@@ -49,6 +49,28 @@ at::Tensor floats(int64_t n) { return at::zeros({n}, at::kFloat); }
 
 }  // namespace
 
+// An engine that cannot carry int64: its refusal comes before the collective is numbered.
+class NoLongCommunicator : public RecordingCommunicator {
+ public:
+  using RecordingCommunicator::RecordingCommunicator;
+
+ protected:
+  void check_engine_input(const at::Tensor& t, std::string_view what, std::string_view op_name) const override {
+    DTCORE_CHECK(t.scalar_type() != at::kLong, ConfigError, op_name, ": ", what,
+                 " is int64, which this engine "
+                 "cannot carry. Fix: convert it.");
+  }
+};
+
+TEST(Communicator, AnEngineRefusalDoesNotUseUpASequenceNumber) {
+  NoLongCommunicator comm(0, 2);
+  expect_contains(error_of<ConfigError>([&] { comm.all_reduce(at::zeros({2}, at::kLong), ReduceOp::Sum); }),
+                  {"all_reduce: the tensor is int64"});
+  comm.all_reduce(floats(2), ReduceOp::Sum);
+  ASSERT_EQ(comm.started.size(), 1u);
+  EXPECT_EQ(comm.started[0].seq, 1u);  // the refused call left no gap: peers would see #1 too
+}
+
 TEST(ReduceOps, NamesParseBackAndUnknownOnesAreRefused) {
   for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min}) {
     EXPECT_EQ(parse_reduce_op(reduce_op_name(op)), op);

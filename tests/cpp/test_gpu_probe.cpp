@@ -172,3 +172,16 @@ TEST(GpuProbe, ForeignProcessesAndMigWarn) {
   expect_item(out, "gpu.1.mig", Status::Warn, {"MIG"});
   EXPECT_FALSE(has(out, "gpu.0.processes"));
 }
+
+// What init() counts with torch.cuda.device_count(), the checker counts without initializing CUDA.
+TEST(GpuProbe, UsableGpusAreTheVisibleOnesOfACudaTorchTheDriverCanRun) {
+  EXPECT_EQ(usable_gpus(machine(8), 8, "13.0"), 8);
+  EXPECT_EQ(usable_gpus(machine(8), 2, "13.0"), 2);         // CUDA_VISIBLE_DEVICES chose two
+  EXPECT_EQ(usable_gpus(machine(8), 8, ""), 0);             // a CPU build of torch uses none
+  EXPECT_EQ(usable_gpus(machine(8, 12080), 8, "13.0"), 0);  // a driver for CUDA 12: CUDA 13 cannot start
+  EXPECT_EQ(usable_gpus(machine(8, 13000), 8, "13.1"), 8);  // a newer minor runs (minor-version compatibility)
+  EXPECT_EQ(usable_gpus(GpuFacts{}, 0, "13.0"), 0);         // no driver
+  EXPECT_TRUE(driver_too_old("13.0", 12080));
+  EXPECT_FALSE(driver_too_old("12.8", 13000));
+  EXPECT_FALSE(driver_too_old("13.0", 0));  // the driver did not say: nothing to judge
+}

@@ -164,9 +164,13 @@ TEST(LogRanks, ParsedFromTheVariable) {
 TEST(LogRanks, AnythingButRanksIsRefusedNamingThePart) {
   expect_contains(refusal(vars({{"DTCORE_LOG_RANKS", "-1"}})), {"DTCORE_LOG_RANKS='-1'", "'-1' is not a rank", "Fix:"});
   expect_contains(refusal(vars({{"DTCORE_LOG_RANKS", "x"}})), {"'x' is not a rank"});
-  expect_contains(refusal(vars({{"DTCORE_LOG_RANKS", "0,,1"}})), {"'' is not a rank"});
-  expect_contains(refusal(vars({{"DTCORE_LOG_RANKS", "1,"}})), {"DTCORE_LOG_RANKS='1,'"});
   expect_contains(refusal(vars({{"DTCORE_LOG_RANKS", "0-3"}})), {"'0-3' is not a rank"});
+}
+
+TEST(LogRanks, EmptyPartsAndBlanksAreForgivenAsBefore) {
+  EXPECT_EQ(read_settings(vars({{"DTCORE_LOG_RANKS", "0,,1"}})).log_ranks.value.to_string(), "0,1");
+  EXPECT_EQ(read_settings(vars({{"DTCORE_LOG_RANKS", "1,"}})).log_ranks.value.to_string(), "1");
+  EXPECT_TRUE(read_settings(vars({{"DTCORE_LOG_RANKS", " All "}})).log_ranks.value.all);
 }
 
 TEST(Settings, ConsoleLevelIsTheLogLevelOnChosenRanksAndWarnElsewhere) {
@@ -212,4 +216,12 @@ TEST(Settings, AnArgumentOfTheWrongTypeKeepsItsValueInTheProblem) {
   ASSERT_EQ(problems.size(), 1u);
   EXPECT_EQ(problems[0].value, "'300'");
   EXPECT_EQ(problems[0].variable, "init(timeout=)");
+}
+
+TEST(Settings, ATimeoutBeyondWhatCanBeWaitedIsRefusedWhereverItComesFrom) {
+  expect_contains(refusal(vars({{"DTCORE_TIMEOUT", "1e10"}})),
+                  {"DTCORE_TIMEOUT='1e10' is longer than dtcore can wait", "Fix:"});
+  expect_contains(refusal(Env(), {{"timeout", Argument{1e17}}}),
+                  {"init(timeout=1e+17) is longer than dtcore can wait"});
+  EXPECT_EQ(read_settings(vars({{"DTCORE_TIMEOUT", "1e9"}})).timeout_s.value, 1e9);
 }

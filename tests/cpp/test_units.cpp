@@ -91,6 +91,14 @@ TEST(ParseBytes, MessagesStartWithWhatAndShowTheValueAsWritten) {
   expect_contains(m, {"Fix:", "2GB", "1.5GiB", "10^9", "2^30"});
 }
 
+TEST(ParseBytes, AFractionOfAByteIsRefusedAFractionOfALargerUnitRoundsDown) {
+  expect_contains(error_of<ConfigError>([] { parse_bytes("1.5B", "the budget"); }),
+                  {"the budget '1.5B' is not a size in bytes: a byte count is a whole number", "Fix:"});
+  expect_contains(error_of<ConfigError>([] { parse_bytes("2.5", "size"); }), {"a byte count is a whole number"});
+  EXPECT_EQ(parse_bytes("1.1GiB", "size"), 1'181'116'006);  // 1'181'116'006.4 bytes, down to a whole byte
+  EXPECT_EQ(parse_bytes("2.0", "size"), 2);
+}
+
 TEST(FormatBytes, BytesBelowOneKiB) {
   EXPECT_EQ(format_bytes(0), "0 B");
   EXPECT_EQ(format_bytes(8), "8 B");

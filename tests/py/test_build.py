@@ -47,3 +47,17 @@ def test_configure_without_torch_fails_fast_with_the_command_to_use(tmp_path):
     text = out.stdout + out.stderr
     assert "pip install --no-build-isolation ." in text
     assert "import torch" in text
+
+
+def test_the_set_up_installs_every_test_dependency_the_package_declares():
+    # One list of what the tests need (pyproject's `test` extra); tools/setup.sh pins each of them.
+    import re
+
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    needed = {re.split(r"[<>=!~ ;\[]", spec, maxsplit=1)[0].lower() for spec in extra}
+    setup = (ROOT / "tools" / "setup.sh").read_text()
+    pinned = {name.lower() for name in re.findall(r"([A-Za-z][\w.-]*)==", setup)}
+    assert needed <= pinned, f"tools/setup.sh does not install {sorted(needed - pinned)}"
+    assert "numpy" in needed  # torch warns "Failed to initialize NumPy" without it: an error under the tests' filter

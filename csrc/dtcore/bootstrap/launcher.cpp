@@ -303,7 +303,7 @@ WorldOverrides parse_overrides(const Arguments& arguments) {
     DTCORE_WORLD_FIELDS(DTCORE_PARSE)
 #undef DTCORE_PARSE
     DTCORE_CHECK(known, ConfigError, "init() got an unknown argument '", key, "'. Fix: use one of ", field_names(),
-                 " (or timeout, backend, seed, log_dir, torch_distributed, preflight).");
+                 ".");
   }
   return o;
 }

@@ -43,7 +43,7 @@ CheckResult run_checks(const CheckInputs& in) {
   std::vector<Problem> settings_problems;
   r.settings = read_settings(env, in.settings_arguments, &settings_problems);
   BackendFacts bf;
-  bf.cuda_devices = in.versions.torch_cuda.empty() ? 0 : r.visible_gpus;  // a CPU torch uses no GPU
+  bf.cuda_devices = usable_gpus(r.gpus, r.visible_gpus, in.versions.torch_cuda);  // what init() counts
   bf.torch_version = in.versions.torch;
   bf.cuda_visible_devices = cvd.value_or("");
   r.backend = choose_backend(r.settings.backend, bf, &settings_problems).value_or("gloo");

@@ -120,6 +120,19 @@ int parse_cuda_version(const std::string& s) {
   return major * 1000 + minor * 10;
 }
 
+}  // namespace
+
+bool driver_too_old(const std::string& torch_cuda, int cuda_driver_version) {
+  return cuda_driver_version > 0 && parse_cuda_version(torch_cuda) / 1000 > cuda_driver_version / 1000;
+}
+
+int usable_gpus(const GpuFacts& facts, int visible, const std::string& torch_cuda) {
+  if (torch_cuda.empty() || !facts.driver_loaded || driver_too_old(torch_cuda, facts.cuda_driver_version)) return 0;
+  return visible;
+}
+
+namespace {
+
 bool arch_supported(const std::vector<std::string>& arch_list, int major, int minor) {
   const int cap = major * 10 + minor;
   for (const std::string& arch : arch_list) {
@@ -271,7 +284,7 @@ void judge_gpus(const GpuFacts& f, const GpuExpectations& e, Items& out) {
     int torch_cuda = parse_cuda_version(e.torch_cuda);
     std::string value =
         detail::cat("torch CUDA ", e.torch_cuda, ", driver supports ", cuda_version_text(f.cuda_driver_version));
-    if (torch_cuda / 1000 > f.cuda_driver_version / 1000) {
+    if (driver_too_old(e.torch_cuda, f.cuda_driver_version)) {
       out.fail("gpu.cuda", "CUDA runtime vs driver", value,
                detail::cat("this torch needs a driver for CUDA ", e.torch_cuda, "; driver ", f.driver_version,
                            " stops at ", cuda_version_text(f.cuda_driver_version), ", so CUDA will not initialize."),

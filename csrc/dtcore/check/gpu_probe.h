@@ -71,4 +71,12 @@ struct GpuExpectations {
 
 void judge_gpus(const GpuFacts& facts, const GpuExpectations& expect, Items& out);
 
+// True when the driver cannot run torch's CUDA at all (its major version is newer than the
+// driver's): CUDA does not initialize, and torch sees no GPU.
+bool driver_too_old(const std::string& torch_cuda, int cuda_driver_version);
+
+// The GPUs torch can use here, as torch.cuda.device_count() would count them without
+// initializing CUDA: the visible ones, for a CUDA build of torch that this driver can run.
+int usable_gpus(const GpuFacts& facts, int visible, const std::string& torch_cuda);
+
 }  // namespace dtcore::check

@@ -219,7 +219,10 @@ void judge_host(const HostFacts& f, const HostExpectations& e, Items& out) {
       out.fail(id, title, value, "under 1 GiB free: a checkpoint or log write would fail part-way.", fix);
     } else if (static_cast<double>(d.free_bytes) < e.min_free_disk_gb * 1e9) {
       out.warn(id, title, value,
-               detail::cat("under ", e.min_free_disk_gb, " GB free: a few checkpoints of a large model fill it."), fix);
+               detail::cat("under ", e.min_free_disk_gb, " GB (",
+                           format_bytes(static_cast<int64_t>(e.min_free_disk_gb * 1e9)),
+                           ") free: a few checkpoints of a large model fill it."),
+               fix);
     } else {
       out.pass(id, title, value, d.exists ? "" : "will be created");
     }

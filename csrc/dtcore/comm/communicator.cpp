@@ -38,6 +38,7 @@ void Communicator::check_input(const at::Tensor& t, std::string_view what, std::
                " is sparse; dtcore reduces dense tensors only. Fix: pass tensor.to_dense().");
   DTCORE_CHECK(t.is_contiguous(), ConfigError, op_name, ": ", what,
                " is not contiguous. Fix: pass tensor.contiguous() (and copy the result back if needed).");
+  check_engine_input(t, what, op_name);
   if (op != nullptr && *op == ReduceOp::Avg) {
     DTCORE_CHECK(at::isFloatingType(t.scalar_type()), ConfigError, op_name, ": op='avg' needs a floating-point ",
                  "tensor, but ", what, " is ", dtype_name(t.scalar_type()),

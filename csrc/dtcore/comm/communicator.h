@@ -107,6 +107,11 @@ class Communicator {
   virtual std::shared_ptr<Work> start(const Collective& c) = 0;
   // The device type this communicator's tensors must live on.
   virtual bool accepts_device(const at::Tensor& t) const = 0;
+  // What else the engine refuses (e.g. a dtype NCCL has no type for), as a ConfigError naming
+  // `what` and `op_name`. Called with the other checks, before the collective is numbered, so a
+  // refused call never leaves this rank's sequence ahead of its peers'.
+  virtual void check_engine_input(const at::Tensor& /*t*/, std::string_view /*what*/,
+                                  std::string_view /*op_name*/) const {}
 
   // What the health monitor will say about collective `seq` failing ("" without a monitor).
   // Calling the result blocks for about two heartbeat intervals: only on the failure path.

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <optional>
 
 #include <ATen/ATen.h>
 #include <cuda_runtime.h>
@@ -70,7 +71,8 @@ const char* nccl_fix(ncclResult_t rc) {
              : ". Fix: set NCCL_DEBUG=WARN for NCCL's own account.";
 }
 
-ncclDataType_t to_nccl(const at::Tensor& t) {
+// NCCL's type for a tensor's dtype; nullopt for a dtype NCCL has none for.
+std::optional<ncclDataType_t> nccl_type(const at::Tensor& t) {
   switch (t.scalar_type()) {
     case at::kFloat: return ncclFloat32;
     case at::kHalf: return ncclFloat16;
@@ -81,12 +83,12 @@ ncclDataType_t to_nccl(const at::Tensor& t) {
     case at::kChar: return ncclInt8;
     case at::kByte:
     case at::kBool: return ncclUint8;
-    default:
-      DTCORE_CHECK(false, ConfigError, "NCCL cannot reduce ", dtype_name(t.scalar_type()),
-                   " tensors. Fix: convert to float32, bfloat16, float16, float64, int32, int64 or uint8.");
+    default: return std::nullopt;
   }
-  return ncclFloat32;  // unreachable
 }
+
+// Only after check_engine_input() accepted the tensor.
+ncclDataType_t to_nccl(const at::Tensor& t) { return nccl_type(t).value_or(ncclFloat32); }
 
 ncclRedOp_t to_nccl(ReduceOp op) {
   switch (op) {
@@ -509,6 +511,12 @@ NcclCommunicator::~NcclCommunicator() {
   } catch (...) {
     log::error("nccl: closing the communicator on rank ", rank(), " failed");
   }
+}
+
+void NcclCommunicator::check_engine_input(const at::Tensor& t, std::string_view what, std::string_view op_name) const {
+  DTCORE_CHECK(nccl_type(t).has_value(), ConfigError, op_name, ": ", what, " is ", dtype_name(t.scalar_type()),
+               ", which NCCL cannot carry. Fix: convert it to torch.float32, torch.bfloat16, torch.float16, "
+               "torch.float64, torch.int32, torch.int64, torch.int8 or torch.uint8.");
 }
 
 bool NcclCommunicator::accepts_device(const at::Tensor& t) const {

@@ -64,6 +64,7 @@ class NcclCommunicator final : public Communicator {
  protected:
   std::shared_ptr<Work> start(const Collective& c) override;
   bool accepts_device(const at::Tensor& t) const override;
+  void check_engine_input(const at::Tensor& t, std::string_view what, std::string_view op_name) const override;
 
  private:
   template <typename Enqueue>

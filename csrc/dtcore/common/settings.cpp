@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "dtcore/common/knobs.h"
+#include "dtcore/common/units.h"
 
 namespace dtcore {
 namespace {
@@ -24,6 +25,11 @@ double parse_seconds(const std::string& text, const std::string& shown) {
       !(seconds > 0)) {
     throw BadValue{detail::cat(shown, " is not a positive number of seconds."),
                    "use a positive number of seconds such as 300, or leave it unset for the default."};
+  }
+  if (seconds > kMaxTimeoutSeconds) {
+    throw BadValue{
+        detail::cat(shown, " is longer than dtcore can wait (at most ", kMaxTimeoutSeconds, " s, about 31 years)."),
+        "use a number of seconds up to that."};
   }
   return seconds;
 }
@@ -50,18 +56,26 @@ log::Level parse_log_level(const std::string& text, const std::string& shown) {
   }
 }
 
+std::string trimmed(std::string s) {
+  s.erase(0, s.find_first_not_of(" \t"));
+  s.erase(s.find_last_not_of(" \t") + 1);
+  return s;
+}
+
 LogRanks parse_log_ranks(const std::string& text, const std::string& shown) {
   LogRanks out;
-  if (ascii_lower(text) == "all") {
+  if (ascii_lower(trimmed(text)) == "all") {
     out.all = true;
     return out;
   }
   size_t start = 0;
   while (start <= text.size()) {
     size_t comma = std::min(text.find(',', start), text.size());
-    std::string part = text.substr(start, comma - start);
-    part.erase(0, part.find_first_not_of(" \t"));
-    part.erase(part.find_last_not_of(" \t") + 1);
+    std::string part = trimmed(text.substr(start, comma - start));
+    if (part.empty()) {  // "0," or "0,,3": nothing between the commas
+      start = comma + 1;
+      continue;
+    }
     int rank = -1;
     auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), rank);
     if (part.empty() || ec != std::errc() || end != part.data() + part.size() || rank < 0) {

@@ -51,7 +51,8 @@ int64_t parse_bytes(std::string_view text, std::string_view what) {
   }
   const Unit* found = std::find_if(std::begin(kUnits), std::end(kUnits), [&](const Unit& u) { return u.name == unit; });
   if (found == std::end(kUnits)) bad_size(text, what, "");
-  double bytes = std::floor(value * found->scale);
+  if (found->scale == 1.0 && value != std::floor(value)) bad_size(text, what, ": a byte count is a whole number");
+  double bytes = std::floor(value * found->scale);  // 1.1GiB: down to a whole byte
   if (!(bytes >= 1.0) || bytes > 9.0e18) bad_size(text, what, "");
   return static_cast<int64_t>(bytes);
 }

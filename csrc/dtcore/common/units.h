@@ -15,8 +15,9 @@
 namespace dtcore {
 
 // "2GB" -> 2'000'000'000, "1.5GiB" -> 1'610'612'736, "4096" and "4096B" -> 4096. Case-insensitive
-// units, blanks allowed around the number and the unit. ConfigError naming `what` and the value
-// for anything else, a size under one byte included.
+// units, blanks allowed around the number and the unit; a fraction of a larger unit is rounded
+// down to a whole byte. ConfigError naming `what` and the value for anything else: a fractional
+// byte count ("1.5B"), a size under one byte.
 int64_t parse_bytes(std::string_view text, std::string_view what);
 
 // 8 -> "8 B", 65536 -> "64 KiB", 1610612736 -> "1.5 GiB", 100000 -> "97.7 KiB".

@@ -68,6 +68,23 @@ class Context(_C.WorldSpec):
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"dtcore.Context is read-only ({name}). Fix: dtcore.shutdown(), then dtcore.init(...).")
 
+    # Read-only, and tied to one communicator: a copy is the context itself, as a tuple's is.
+    def __copy__(self) -> Context:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> Context:
+        return self
+
+    def _key(self) -> tuple:
+        """What a context is, for == and hash(): the world and what init() chose (not the live parts)."""
+        return tuple(getattr(self, f) for f in self.FIELDS) + (self.backend, self.device, self.timeout, self.seed)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Context) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
     @property
     def timeout(self) -> float:
         """Seconds that rendezvous and each collective may take (init(timeout=) or DTCORE_TIMEOUT)."""

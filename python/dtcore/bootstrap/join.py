@@ -97,11 +97,12 @@ def init(
 
 
 @contextlib.contextmanager
-def joined_for_check(backend: str, timeout: float) -> Iterator[Context]:
+def joined_for_check(backend: str, timeout: float | None) -> Iterator[Context]:
     """The job's context for the resource checker's distributed mode.
 
-    Under a running dtcore.init(), that context, left running: its own timeout applies, and a
-    backend other than "auto" or its own is refused rather than ignored.
+    Under a running dtcore.init(), that context, left running: a backend other than "auto" or its
+    own, or a timeout other than None or its own, is refused rather than ignored. Otherwise the
+    timeout is read as init() reads it (None: DTCORE_TIMEOUT or the default).
     Otherwise a context made for the check, with a fingerprint that leaves the versions out (the
     checker compares and reports them), shut down when the block ends.
     """
@@ -112,6 +113,12 @@ def joined_for_check(backend: str, timeout: float) -> Iterator[Context]:
             raise _C.ConfigError(
                 f"the check was asked for backend '{backend}', but it runs inside this job's context, which uses "
                 f"'{ctx.backend}'. Fix: pass backend='auto' (or '{ctx.backend}'), or run the check before init()."
+            )
+        if not created and timeout is not None and timeout != ctx.timeout:
+            raise _C.ConfigError(
+                f"the check was asked for timeout={timeout:g}, but it runs inside this job's context, whose "
+                f"collectives wait {ctx.timeout:g} s. Fix: pass timeout=None (or {ctx.timeout:g}), or run the check "
+                "before init()."
             )
         if created:
             request = _Request(

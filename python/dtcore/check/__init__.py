@@ -57,6 +57,13 @@ def run(**options: Any) -> Report:
             f"dtcore.check.Options: {', '.join(known)}."
         )
     o = Options(**options)
+    if o.timeout is not None and (
+        isinstance(o.timeout, bool) or not isinstance(o.timeout, (int, float)) or not 0 < o.timeout <= 1e9
+    ):
+        raise _C.ConfigError(
+            f"dtcore.check.run(timeout={o.timeout!r}) is not a number of seconds the checker can "
+            "wait. Fix: pass a positive number, e.g. timeout=60, or None for the job's own."
+        )
     env = dict(os.environ if o.env is None else o.env)
     distributed = o.distributed
     if distributed is None:

@@ -64,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=60.0,
         metavar="S",
-        help="seconds to wait for the other ranks and for each collective (default: 60)",
+        help="seconds to wait for the other ranks and for each collective (default: 60; "
+        "DTCORE_TIMEOUT is judged as dtcore.init() reads it, not used for this wait)",
     )
     p.add_argument(
         "--no-bandwidth",

@@ -114,7 +114,13 @@ def run_local(o: Options) -> Report:
     inputs = _C.CheckInputs()
     inputs.env = env
     inputs.world_arguments = dict(o.overrides)
-    inputs.settings_arguments = {"timeout": o.timeout, "backend": o.backend, "log_dir": o.log_dir}
+    # The settings as init() would read them. The timeout is init()'s only under preflight: otherwise it is the
+    # checker's own wait, and DTCORE_TIMEOUT is judged as it stands.
+    inputs.settings_arguments = {
+        "timeout": o.timeout if o.preflight else None,
+        "backend": o.backend,
+        "log_dir": o.log_dir,
+    }
     versions = _C.VersionFacts()
     for key, value in facts.items():
         setattr(versions, key, value)

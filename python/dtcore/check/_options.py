@@ -49,8 +49,10 @@ class Options:
     """Join the other ranks, compare and measure (default: when the launcher started more than one process)."""
     backend: str = "auto"
     """The backend to judge and, in the distributed mode, to join with, as init(backend=)."""
-    timeout: float | None = 60.0
-    """Seconds to wait for the other ranks and for each collective (None: the DTCORE_TIMEOUT setting)."""
+    timeout: float | None = None
+    """The distributed mode's wait for the other ranks and for each collective, in seconds. None: inside a job
+    that ran dtcore.init(), that job's timeout; otherwise the DTCORE_TIMEOUT setting (300 s by default). Under
+    preflight, init()'s own timeout argument, judged as init() judges it."""
     bandwidth: bool = True
     """In the distributed mode, measure: the allreduce sweep and the ring's link test."""
     sizes: Sequence[int] = tuple(DEFAULT_SIZES)

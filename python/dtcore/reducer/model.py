@@ -75,8 +75,8 @@ class DistributedModel(torch.nn.Module):
         *,
         bucket_mb: float = _DEFAULTS.bucket_mb,
         first_bucket_mb: float = _DEFAULTS.first_bucket_mb,
-        comm_dtype: torch.dtype | None = None,
-        find_unused_parameters: bool = False,
+        comm_dtype: torch.dtype | None = _DEFAULTS.comm_dtype,
+        find_unused_parameters: bool = _DEFAULTS.find_unused_parameters,
         broadcast_buffers: bool = True,
     ) -> None:
         super().__init__()
@@ -135,7 +135,10 @@ def wrap(model: torch.nn.Module, **options: Any) -> DistributedModel:
     return DistributedModel(model, **options)
 
 
-# help(dtcore.wrap) and editors show DistributedModel's keywords, declared there once.
-wrap.__signature__ = inspect.signature(DistributedModel).replace(  # type: ignore[attr-defined]
-    return_annotation=DistributedModel
-)
+def _wrap_signature() -> inspect.Signature:
+    """DistributedModel's, declared there once, with wrap's first parameter (`model`)."""
+    module, *keywords = inspect.signature(DistributedModel).parameters.values()
+    return inspect.Signature([module.replace(name="model"), *keywords], return_annotation=DistributedModel)
+
+
+wrap.__signature__ = _wrap_signature()  # type: ignore[attr-defined]  (help(dtcore.wrap) and editors show it)

@@ -1,5 +1,7 @@
 """dtcore.init() in one process (a world of one): lifecycle, arguments, settings, seeding, logging."""
 
+import copy
+import inspect
 import logging
 import os
 import pathlib
@@ -75,6 +77,10 @@ def test_the_context_is_the_joined_world_and_read_only(fresh_dtcore):
         ctx.backend = "nccl"
     with pytest.raises(AttributeError):
         ctx.rank = 3
+    # Copies are the context itself (read-only, one communicator); equal contexts describe one world.
+    assert copy.copy(ctx) is ctx and copy.deepcopy(ctx) is ctx
+    assert ctx == ctx and hash(ctx) == hash(ctx) and ctx != "ctx"
+    assert list(inspect.signature(dtcore.wrap).parameters)[0] == "model"
 
 
 def test_shutdown_releases_everything_even_if_the_context_is_still_held(fresh_dtcore):

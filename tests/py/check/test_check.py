@@ -216,6 +216,22 @@ def test_run_takes_the_options_fields_and_names_a_misspelt_one():
         dtcore.check.run(min_free_gb=5)
 
 
+def test_the_checker_judges_the_timeout_knob_as_init_does_and_waits_on_its_own():
+    for value, words in (("abc", "is not a positive number of seconds"), ("1e10", "longer than dtcore can wait")):
+        report = check(DTCORE_TIMEOUT=value)  # the checker's own wait (timeout=) does not hide the knob
+        item = report.item("launch.timeout")
+        assert item.status == "FAIL" and item.title == "DTCORE_TIMEOUT" and words in item.message, item
+    assert "launch.timeout" not in {i.id for i in dtcore.check.run(env=clean_env(), distributed=False, timeout=5).items}
+    with pytest.raises(dtcore.ConfigError, match=r"run\(timeout=-1\)"):
+        dtcore.check.run(timeout=-1)
+
+
+def test_config_errors_are_value_errors_too():
+    with pytest.raises(ValueError, match="'12XB' is not a size"):
+        dtcore.check.parse_size("12XB")  # as before: callers catching ValueError keep working
+    assert issubclass(dtcore.ConfigError, ValueError) and issubclass(dtcore.ConfigError, dtcore.DtcoreError)
+
+
 def test_sizes_parse_as_everywhere_in_dtcore():
     assert dtcore.check.parse_size is dtcore.units.parse_bytes  # one parser
     assert dtcore.check.parse_size("64MiB") == 64 << 20 and dtcore.check.parse_size("8") == 8
@@ -337,7 +353,9 @@ def test_a_rank_whose_rank_zero_never_comes_still_reports():
 
 
 @pytest.mark.multirank
-def test_the_checker_inside_a_running_job_leaves_its_context_alone(tmp_path):
+@pytest.mark.parametrize("torch_distributed", ["1", "0"])
+def test_the_checker_inside_a_running_job_leaves_its_context_alone(tmp_path, torch_distributed):
+    # With torch_distributed=False the job has no torch default group: the sweep runs, the link test is skipped.
     cmd = [
         sys.executable,
         "-m",
@@ -346,6 +364,7 @@ def test_the_checker_inside_a_running_job_leaves_its_context_alone(tmp_path):
         "--nproc_per_node=2",
         str(WORKERS / "check_in_job_worker.py"),
         str(tmp_path),
+        torch_distributed,
     ]
     results, sessions = run_processes([cmd], [clean_env()], timeout=120)
     assert results[0].returncode == 0, describe(results)
@@ -358,11 +377,14 @@ def test_the_checker_inside_a_running_job_leaves_its_context_alone(tmp_path):
     assert leftover_processes(sessions) == []
 
 
-def test_the_checker_in_a_running_job_refuses_another_backend_instead_of_ignoring_it(fresh_dtcore):
+def test_the_checker_in_a_running_job_refuses_another_backend_or_timeout_instead_of_ignoring_it(fresh_dtcore):
     ctx = dtcore.init(timeout=20)
     report = dtcore.check.run(distributed=True, backend="nccl", bandwidth=False)
     item = report.item("distributed.join")
     assert item.status == "FAIL" and "uses 'gloo'" in item.message and "backend='auto'" in item.fix
+    item = dtcore.check.run(distributed=True, timeout=5, bandwidth=False).item("distributed.join")
+    assert item.status == "FAIL" and "wait 20 s" in item.message and "timeout=None" in item.fix
+    assert dtcore.check.run(distributed=True, timeout=20, bandwidth=False).item("distributed.join").status == "PASS"
     assert dtcore.get_context() is ctx  # still running
     assert dtcore.check.run(distributed=True, bandwidth=False).item("distributed.join").status == "PASS"
     assert dtcore.get_context() is ctx
