@@ -5,6 +5,7 @@
 
 #include <torch/csrc/utils/pybind.h>
 
+#include <exception>
 #include <map>
 #include <optional>
 #include <string>
@@ -36,6 +37,11 @@ Class& fields(Class& cls, const char* name, Member member, Rest... rest) {
   }
   return fields<kAccess>(cls, rest...);
 }
+
+// Throws `error` so that it reaches Python with its own class (dtcore.CommError, ...) through
+// code that would otherwise make any C++ exception a RuntimeError, such as autograd's engine:
+// the Python exception is made by the registered translators and carried as torch's python_error.
+[[noreturn]] void rethrow_as_python_error(std::exception_ptr error);
 
 void bind_common(pybind11::module_& m);      // errors, version, knobs, units, settings, logging
 void bind_bootstrap(pybind11::module_& m);   // WorldSpec, read_world, validation, backend choice, rendezvous

@@ -51,12 +51,17 @@ void bind_comm(py::module_& m) {
             return c.reduce_scatter(out, in, rop);
           },
           py::arg("output"), py::arg("input"), py::arg("op") = "sum")
-      .def("all_gather", &Communicator::all_gather, py::arg("output"), py::arg("input"),
+      .def("all_gather", &Communicator::all_gather, py::arg("output"), py::arg("input"), py::arg("label") = "",
            py::call_guard<py::gil_scoped_release>())
-      .def("broadcast", &Communicator::broadcast, py::arg("tensor"), py::arg("src") = 0,
+      .def("broadcast", &Communicator::broadcast, py::arg("tensor"), py::arg("src") = 0, py::arg("label") = "",
            py::call_guard<py::gil_scoped_release>())
-      .def("barrier", &Communicator::barrier, py::call_guard<py::gil_scoped_release>())
+      .def("barrier", &Communicator::barrier, py::arg("label") = "", py::call_guard<py::gil_scoped_release>())
       .def("set_health", &Communicator::set_health, py::arg("health"))
+      .def("set_flight_dump", &Communicator::set_flight_dump, py::arg("path"), py::arg("host"))
+      .def(
+          "dump_flight_record", [](Communicator& c, const std::string& why) { return c.recorder()->dump(why); },
+          py::arg("why"), py::call_guard<py::gil_scoped_release>(),
+          "Writes the flight record to its dump file now; returns the path ('' when none is set)")
       .def("close", &Communicator::close, py::call_guard<py::gil_scoped_release>());
 
   py::class_<HealthMonitor, std::shared_ptr<HealthMonitor>>(m, "HealthMonitor")
@@ -69,20 +74,20 @@ void bind_comm(py::module_& m) {
 
   m.def(
       "gloo_communicator",
-      [](const c10::intrusive_ptr<c10d::Backend>& backend, double timeout_s) -> std::shared_ptr<Communicator> {
-        return std::make_shared<GlooCommunicator>(backend, seconds_to_timeout(timeout_s, "timeout"));
+      [](const c10::intrusive_ptr<c10d::Backend>& backend, const Settings& settings) -> std::shared_ptr<Communicator> {
+        return std::make_shared<GlooCommunicator>(backend, CommunicatorOptions::from(settings));
       },
-      py::arg("backend"), py::arg("timeout_s"));
+      py::arg("backend"), py::arg("settings"));
 #if defined(DTCORE_WITH_NCCL)
   m.def(
       "nccl_communicator",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int device,
-         double timeout_s) -> std::shared_ptr<Communicator> {
-        auto timeout = seconds_to_timeout(timeout_s, "timeout");
+         const Settings& settings) -> std::shared_ptr<Communicator> {
+        auto options = CommunicatorOptions::from(settings);
         py::gil_scoped_release release;
-        return std::make_shared<NcclCommunicator>(store, rank, size, device, timeout);
+        return std::make_shared<NcclCommunicator>(store, rank, size, device, options);
       },
-      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("device"), py::arg("timeout_s"));
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("device"), py::arg("settings"));
 #endif
 }
 

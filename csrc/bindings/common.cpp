@@ -2,6 +2,8 @@
 // and the logging facade. Bindings only, no logic.
 #include <pybind11/stl.h>
 
+#include <torch/csrc/Exceptions.h>
+
 #include "bindings/bindings.h"
 #include "dtcore/common/error.h"
 #include "dtcore/common/knobs.h"
@@ -12,6 +14,21 @@
 namespace py = pybind11;
 
 namespace dtcore::bindings {
+
+void rethrow_as_python_error(std::exception_ptr error) {
+  python_error carried;
+  {
+    py::gil_scoped_acquire gil;
+    try {
+      std::rethrow_exception(error);
+    } catch (...) {
+      py::detail::try_translate_exceptions();  // sets the Python error, as a bound call would
+    }
+    carried.persist();  // fetched now, so that it may cross threads (autograd's) intact
+  }
+  throw carried;
+}
+
 void bind_common(py::module_& m) {
   m.attr("__version__") = DTCORE_VERSION;
   m.attr("built_torch_version") = DTCORE_TORCH_VERSION;
@@ -47,15 +64,24 @@ void bind_common(py::module_& m) {
       .def_property_readonly("rdzv_log_interval_s", [](const Settings& s) { return s.rdzv_log_interval_s.value; })
       .def_property_readonly("store_libuv", [](const Settings& s) { return s.store_libuv.value; })
       .def_property_readonly("heartbeat_interval_s", [](const Settings& s) { return s.heartbeat_interval_s.value; })
-      .def_property_readonly(
-          "sources",
-          [](const Settings& s) {
-            return std::map<std::string, std::string>{
-                {"timeout_s", s.timeout_s.source},     {"backend", s.backend.source},
-                {"log_level", s.log_level.source},     {"log_ranks", s.log_ranks.source},
-                {"log_dir", s.log_dir.source},         {"rdzv_log_interval_s", s.rdzv_log_interval_s.source},
-                {"store_libuv", s.store_libuv.source}, {"heartbeat_interval_s", s.heartbeat_interval_s.source}};
-          })
+      .def_property_readonly("check_collectives", [](const Settings& s) { return s.check_collectives.value; })
+      .def_property_readonly("flight_records", [](const Settings& s) { return s.flight_records.value; })
+      .def_property_readonly("check_collectives", [](const Settings& s) { return s.check_collectives.value; })
+      .def_property_readonly("flight_records", [](const Settings& s) { return s.flight_records.value; })
+      .def_property_readonly("sources",
+                             [](const Settings& s) {
+                               return std::map<std::string, std::string>{
+                                   {"timeout_s", s.timeout_s.source},
+                                   {"backend", s.backend.source},
+                                   {"log_level", s.log_level.source},
+                                   {"log_ranks", s.log_ranks.source},
+                                   {"log_dir", s.log_dir.source},
+                                   {"rdzv_log_interval_s", s.rdzv_log_interval_s.source},
+                                   {"store_libuv", s.store_libuv.source},
+                                   {"heartbeat_interval_s", s.heartbeat_interval_s.source},
+                                   {"check_collectives", s.check_collectives.source},
+                                   {"flight_records", s.flight_records.source}};
+                             })
       .def(
           "console_level",
           [](const Settings& s, int rank) { return std::string(log::level_name(s.console_level(rank))); },

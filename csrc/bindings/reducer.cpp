@@ -24,7 +24,12 @@ void bind_reducer(py::module_& m) {
       .def_readwrite("comm_dtype", &Options::comm_dtype);
 
   py::class_<Reducer, std::shared_ptr<Reducer>>(m, "Reducer")
-      .def(py::init<std::vector<at::Tensor>, std::vector<std::string>, std::shared_ptr<Communicator>, Options>(),
+      .def(py::init([](std::vector<at::Tensor> params, std::vector<std::string> names,
+                       std::shared_ptr<Communicator> comm, Options options) {
+             auto r = std::make_shared<Reducer>(std::move(params), std::move(names), std::move(comm), options);
+             r->set_rethrow(&rethrow_as_python_error);  // `except dtcore.CommError` around backward()
+             return r;
+           }),
            py::arg("params"), py::arg("names"), py::arg("communicator"), py::arg("options") = defaults)
       .def("find_unused", &Reducer::find_unused, py::arg("outputs"), py::call_guard<py::gil_scoped_release>())
       .def("prepare_for_backward", &Reducer::prepare_for_backward, py::arg("sync") = true,

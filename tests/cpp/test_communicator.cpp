@@ -114,16 +114,16 @@ TEST(Communicator, CollectivesAreNumberedInIssueOrderAndNamedForMessages) {
   EXPECT_EQ(c[1].op, ReduceOp::Max);
   EXPECT_TRUE(c[1].input.is_same(full));
   EXPECT_TRUE(c[1].output.is_same(shard));
-  EXPECT_EQ(c[1].what, "reduce_scatter #2 (torch.float32[8], max)");
+  EXPECT_EQ(c[1].what, "reduce_scatter #2 (torch.float32[8], into 4, max)");
 
   EXPECT_EQ(c[2].kind, CollectiveKind::AllGather);
   EXPECT_TRUE(c[2].input.is_same(shard));
   EXPECT_TRUE(c[2].output.is_same(full));
-  EXPECT_EQ(c[2].what, "all_gather #3 (torch.float32[4])");
+  EXPECT_EQ(c[2].what, "all_gather #3 (torch.float32[4], into 8)");
 
   EXPECT_EQ(c[3].kind, CollectiveKind::Broadcast);
   EXPECT_EQ(c[3].root, 1);
-  EXPECT_EQ(c[3].what, "broadcast #4 (torch.float64[3])");
+  EXPECT_EQ(c[3].what, "broadcast #4 (torch.float64[3], from rank 1)");
 
   EXPECT_EQ(c[4].kind, CollectiveKind::Barrier);
   EXPECT_FALSE(c[4].input.defined());

@@ -1,4 +1,5 @@
-// HealthMonitor: dead and stalled ranks are named; healthy ones are not.
+// HealthMonitor: dead, stopped and stalled ranks are named with the root cause; ranks waiting in
+// the same collective, or that left in order, are not accused.
 #include <gtest/gtest.h>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -10,38 +11,82 @@ using namespace std::chrono_literals;
 
 namespace {
 std::vector<PeerInfo> peers() { return {{"host-a", 11}, {"host-a", 12}, {"host-b", 13}}; }
+
+// A rank that beat once with `beat`, then went silent (its process killed: no last beat).
+void silent_rank(c10d::Store& store, int rank, Beat beat) {
+  std::string v = beat.encode();
+  store.set("health/" + std::to_string(rank), std::vector<uint8_t>(v.begin(), v.end()));
+}
 }  // namespace
 
 // One in-process store stands in for the rendezvous store: what is tested is the protocol.
-TEST(Health, AllAliveAndCaughtUpMeansNothingToReport) {
+TEST(Health, AllWaitingInTheSameCollectiveMeansNothingToReport) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   HealthMonitor m0(store, store, 0, peers(), 50ms, "rank 0"), m1(store, store, 1, peers(), 50ms, "rank 0"),
       m2(store, store, 2, peers(), 50ms, "rank 0");
-  for (auto* m : {&m0, &m1, &m2}) m->record_progress(7);
+  for (auto* m : {&m0, &m1, &m2}) m->record_started(7, "all_reduce #7");
   std::this_thread::sleep_for(120ms);  // a beat carries the progress
-  EXPECT_EQ(m0.diagnose(7, "allreduce"), "");
+  EXPECT_EQ(m0.diagnose(7, "all_reduce"), "");
 }
 
-TEST(Health, ARankWhoseHeartbeatStoppedIsNamedWithHostAndPid) {
+TEST(Health, ARankWhoseHeartbeatStoppedIsTheRootCause) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  silent_rank(*store, 2, Beat{3, 0, 0});
+  HealthMonitor m0(store, store, 0, peers(), 50ms, "rank 0"), m1(store, store, 1, peers(), 50ms, "rank 0");
+  m0.record_started(1, "all_reduce #1");
+  m1.record_started(1, "all_reduce #1");
+  const auto start = std::chrono::steady_clock::now();
+  std::string report = m0.diagnose(1, "all_reduce");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);  // about dead_after(): 110 ms
+  // host-b is not this host: the process cannot be looked at.
+  EXPECT_NE(report.find("rank 2 (host host-b, pid 13): no heartbeat for"), std::string::npos) << report;
+  EXPECT_NE(report.find("or its host is unreachable"), std::string::npos) << report;
+  EXPECT_NE(report.find("rank 1: waiting in all_reduce #1 like this rank"), std::string::npos) << report;
+  EXPECT_NE(report.find("root cause: rank 2 (dead, stopped or unreachable)"), std::string::npos) << report;
+}
+
+TEST(Health, ARankThatNeverBeatIsNamed) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  HealthMonitor m0(store, store, 0, peers(), 50ms, "rank 0"), m1(store, store, 1, peers(), 50ms, "rank 0");
+  std::string report = m1.diagnose(1, "barrier");  // rank 2 never started; must not block on its key
+  EXPECT_NE(report.find("rank 2 (host host-b, pid 13): never sent a heartbeat"), std::string::npos) << report;
+  EXPECT_NE(report.find("root cause: rank 2"), std::string::npos) << report;
+}
+
+TEST(Health, ARankThatLeftInOrderIsNotDead) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   HealthMonitor m0(store, store, 0, peers(), 50ms, "rank 0"), m1(store, store, 1, peers(), 50ms, "rank 0");
   {
     HealthMonitor m2(store, store, 2, peers(), 50ms, "rank 0");
-  }  // rank 2 beat once, then died
-  m0.record_progress(1);
-  m1.record_progress(1);
-  std::this_thread::sleep_for(120ms);  // rank 1's beat carries its progress
-  std::string report = m0.diagnose(1, "allreduce");
-  EXPECT_NE(report.find("rank 2 (host host-b, pid 13): no heartbeat"), std::string::npos) << report;
-  EXPECT_NE(report.find("dead: rank 2"), std::string::npos) << report;
-  EXPECT_EQ(report.find("rank 1 ("), std::string::npos) << report;
+    m2.record_started(4, "all_reduce #4");
+    m2.record_finished(4, true);
+  }  // closed: its last beat says it left
+  m0.record_started(5, "all_reduce #5");
+  m1.record_started(5, "all_reduce #5");
+  std::string report = m0.diagnose(5, "all_reduce");
+  EXPECT_NE(report.find("rank 2 (host host-b, pid 13): left the job (dtcore.shutdown() or a normal exit) after "
+                        "collective #4, without starting all_reduce #5"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("root cause: rank 2 (left early)"), std::string::npos) << report;
+  EXPECT_EQ(report.find("no heartbeat"), std::string::npos) << report;
 }
 
-TEST(Health, ARankThatNeverBeatIsDead) {
+TEST(Health, ARankThatFailedAndLeftIsNotTheRootCause) {
   auto store = c10::make_intrusive<c10d::HashStore>();
-  HealthMonitor m0(store, store, 0, peers(), 50ms, "rank 0"), m1(store, store, 1, peers(), 50ms, "rank 0");
-  std::string report = m1.diagnose(1, "barrier");  // rank 2 never started; must not block on its key
-  EXPECT_NE(report.find("dead: rank 2"), std::string::npos) << report;
+  silent_rank(*store, 2, Beat{3, 2, 1});  // died inside #2
+  HealthMonitor m0(store, store, 0, peers(), 50ms, "rank 0");
+  {
+    HealthMonitor m1(store, store, 1, peers(), 50ms, "rank 0");
+    m1.record_started(2, "all_reduce #2");
+    m1.record_finished(2, false);
+  }  // rank 1 saw the failure first, raised and exited
+  m0.record_started(2, "all_reduce #2");
+  std::string report = m0.diagnose(2, "all_reduce");
+  EXPECT_NE(report.find("rank 1 (host host-a, pid 12): left the job after its collective #2 failed there"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("root cause: rank 2 ("), std::string::npos) << report;
 }
 
 TEST(Health, ClosedMonitorReportsNothing) {
@@ -49,20 +94,36 @@ TEST(Health, ClosedMonitorReportsNothing) {
   HealthMonitor m0(store, store, 0, peers(), 50ms, "rank 0");
   m0.close();
   m0.close();  // idempotent
-  EXPECT_EQ(m0.diagnose(1, "allreduce"), "");
+  EXPECT_EQ(m0.diagnose(1, "all_reduce"), "");
 }
 
-TEST(Health, ARankThatBeatsButLagsIsStalled) {
+TEST(Health, ARankThatBeatsButHasNotStartedItIsStalled) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   HealthMonitor m0(store, store, 0, peers(), 50ms, "rank 0"), m1(store, store, 1, peers(), 50ms, "rank 0"),
       m2(store, store, 2, peers(), 50ms, "rank 0");
-  m0.record_progress(5);
-  m1.record_progress(5);
-  m2.record_progress(4);
-  std::string report = m0.diagnose(5, "allreduce");
-  EXPECT_NE(report.find("rank 2 (host host-b, pid 13): alive, but has not started allreduce #5 (its last "
+  for (auto* m : {&m0, &m1, &m2}) {
+    m->record_started(4, "all_reduce #4");
+    m->record_finished(4, true);
+  }
+  m0.record_started(5, "all_reduce #5");
+  m1.record_started(5, "all_reduce #5");
+  std::string report = m0.diagnose(5, "all_reduce");
+  EXPECT_NE(report.find("rank 2 (host host-b, pid 13): alive, but has not started all_reduce #5 (its last "
                         "collective is #4)"),
             std::string::npos)
       << report;
-  EXPECT_NE(report.find("stalled: rank 2"), std::string::npos) << report;
+  EXPECT_NE(report.find("root cause: rank 2 (stalled)"), std::string::npos) << report;
+  EXPECT_EQ(report.find("rank 1 ("), std::string::npos) << report;  // waiting too: never accused
+}
+
+TEST(Health, SuccessiveDiagnosesShareTheWatch) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  silent_rank(*store, 2, Beat{3, 0, 0});
+  HealthMonitor m0(store, store, 0, peers(), 100ms, "rank 0");
+  m0.record_started(1, "all_reduce #1");
+  std::string first = m0.diagnose(1, "all_reduce");
+  const auto start = std::chrono::steady_clock::now();
+  for (int bucket = 0; bucket < 8; ++bucket) EXPECT_NE(m0.diagnose(1, "all_reduce"), "");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);                                       // not 8 x dead_after()
+  EXPECT_NE(first.find("root cause: ranks 1-2 (dead or stopped)"), std::string::npos) << first;  // rank 1: none here
 }

@@ -5,6 +5,7 @@
 #include "dtcore/common/dtype.h"
 #include "dtcore/common/env.h"
 #include "dtcore/common/error.h"
+#include "dtcore/common/units.h"
 
 namespace dtcore {
 
@@ -56,54 +57,153 @@ void Communicator::check_flat_sizes(const at::Tensor& big, std::string_view big_
                ". Fix: give both buffers the same dtype.");
 }
 
+CommunicatorOptions CommunicatorOptions::from(const Settings& settings) {
+  CommunicatorOptions o;
+  o.timeout = seconds_to_timeout(settings.timeout_s.value, "timeout");
+  const std::string& check = settings.check_collectives.value;
+  o.check = check == "1" ? CollectiveCheck::kAlways : check == "0" ? CollectiveCheck::kNever : CollectiveCheck::kAuto;
+  o.flight_records = static_cast<size_t>(settings.flight_records.value);
+  return o;
+}
+
 std::string_view collective_name(CollectiveKind kind) {
   static constexpr std::string_view kNames[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
                                                 "barrier"};  // in CollectiveKind's order
   return kNames[static_cast<int>(kind)];
 }
 
-std::shared_ptr<Work> Communicator::all_reduce(const at::Tensor& tensor, ReduceOp op) {
-  check_input(tensor, "the tensor", "all_reduce", &op);
-  return issue(Collective{CollectiveKind::AllReduce, 0, "", tensor, at::Tensor(), op, 0});
+namespace {
+
+Collective collective(CollectiveKind kind, at::Tensor input, at::Tensor output, ReduceOp op, int root,
+                      std::string_view label) {
+  Collective c;
+  c.kind = kind;
+  c.input = std::move(input);
+  c.output = std::move(output);
+  c.op = op;
+  c.root = root;
+  c.label = label;
+  return c;
 }
 
-std::shared_ptr<Work> Communicator::reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+}  // namespace
+
+std::shared_ptr<Work> Communicator::all_reduce(const at::Tensor& tensor, ReduceOp op, std::string_view label) {
+  check_input(tensor, "the tensor", "all_reduce", &op);
+  return issue(collective(CollectiveKind::AllReduce, tensor, at::Tensor(), op, 0, label));
+}
+
+std::shared_ptr<Work> Communicator::reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                                                   std::string_view label) {
   check_input(output, "the output", "reduce_scatter", &op);
   check_input(input, "the input", "reduce_scatter", &op);
   check_flat_sizes(input, "input", output, "output", "reduce_scatter");
-  return issue(Collective{CollectiveKind::ReduceScatter, 0, "", input, output, op, 0});
+  return issue(collective(CollectiveKind::ReduceScatter, input, output, op, 0, label));
 }
 
-std::shared_ptr<Work> Communicator::all_gather(const at::Tensor& output, const at::Tensor& input) {
+std::shared_ptr<Work> Communicator::all_gather(const at::Tensor& output, const at::Tensor& input,
+                                               std::string_view label) {
   check_input(output, "the output", "all_gather");
   check_input(input, "the input", "all_gather");
   check_flat_sizes(output, "output", input, "input", "all_gather");
-  return issue(Collective{CollectiveKind::AllGather, 0, "", input, output, ReduceOp::Sum, 0});
+  return issue(collective(CollectiveKind::AllGather, input, output, ReduceOp::Sum, 0, label));
 }
 
-std::shared_ptr<Work> Communicator::broadcast(const at::Tensor& tensor, int root) {
+std::shared_ptr<Work> Communicator::broadcast(const at::Tensor& tensor, int root, std::string_view label) {
   check_input(tensor, "the tensor", "broadcast");
   DTCORE_CHECK(root >= 0 && root < size_, ConfigError, "broadcast: src=", root, " is not a rank of this job (0..",
                size_ - 1, "). Fix: pass the rank that holds the data, e.g. src=0.");
-  return issue(Collective{CollectiveKind::Broadcast, 0, "", tensor, at::Tensor(), ReduceOp::Sum, root});
+  return issue(collective(CollectiveKind::Broadcast, tensor, at::Tensor(), ReduceOp::Sum, root, label));
 }
 
-std::shared_ptr<Work> Communicator::barrier() {
-  return issue(Collective{CollectiveKind::Barrier, 0, "", at::Tensor(), at::Tensor(), ReduceOp::Sum, 0});
+std::shared_ptr<Work> Communicator::barrier(std::string_view label) {
+  return issue(collective(CollectiveKind::Barrier, at::Tensor(), at::Tensor(), ReduceOp::Sum, 0, label));
+}
+
+namespace {
+
+// A 64-bit mixing step (splitmix64's finalizer): every input bit affects every output bit.
+uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ULL;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebULL;
+  return h ^ (h >> 31);
+}
+
+// See Note [Collective signature]: what must match, collective by collective.
+uint64_t sign(uint64_t previous, const Collective& c) {
+  uint64_t h = mix(previous, c.seq);
+  h = mix(h, static_cast<uint64_t>(c.kind));
+  if (c.kind == CollectiveKind::AllReduce || c.kind == CollectiveKind::ReduceScatter) {
+    h = mix(h, static_cast<uint64_t>(c.op));
+  }
+  if (c.kind == CollectiveKind::Broadcast) h = mix(h, static_cast<uint64_t>(c.root));
+  for (const at::Tensor* t : {&c.input, &c.output}) {
+    if (!t->defined()) continue;
+    h = mix(h, static_cast<uint64_t>(t->scalar_type()));
+    h = mix(h, static_cast<uint64_t>(t->numel()));
+  }
+  return h;
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+std::string describe(const Collective& c) {
+  std::string out(collective_name(c.kind));
+  std::vector<std::string> parts;
+  if (c.input.defined()) parts.push_back(detail::cat(dtype_name(c.input.scalar_type()), "[", c.input.numel(), "]"));
+  if (c.output.defined()) parts.push_back(detail::cat("into ", c.output.numel()));
+  if (c.kind == CollectiveKind::AllReduce || c.kind == CollectiveKind::ReduceScatter) {
+    parts.emplace_back(reduce_op_name(c.op));
+  }
+  if (c.kind == CollectiveKind::Broadcast) parts.push_back(detail::cat("from rank ", c.root));
+  for (size_t i = 0; i < parts.size(); ++i) out += (i == 0 ? " (" : ", ") + parts[i];
+  return parts.empty() ? out : out + ")";
+}
+
+std::string Communicator::mismatch_message(const Collective& c) const {
+  const std::string mine = describe(c);
+  std::string calls = health_ ? health_->gather_calls(c.seq, mine) : std::string();
+  if (calls.empty()) calls = detail::cat("\n  - rank ", rank_, ": ", mine, " (the others' calls could not be read)");
+  return detail::cat("the ranks called different collectives at #", c.seq,
+                     " (or earlier; see the flight recorder):", calls,
+                     "\nNo data was exchanged for it. Fix: every rank must issue the same collectives in the same "
+                     "order, with the same sizes, dtypes, reductions and roots; find where the ranks' code paths "
+                     "part (a condition on the rank, or uneven data). `python -m dtcore.check --analyze LOG_DIR` "
+                     "lines the ranks' flight records up.");
+}
+
+std::pair<uint64_t, uint64_t> Communicator::last_signature() const {
+  std::lock_guard<std::mutex> lock(issue_mu_);
+  return {seq_, signature_};
 }
 
 std::shared_ptr<Work> Communicator::issue(Collective c) {
-  c.seq = seq_.fetch_add(1) + 1;
-  if (health_) health_->record_progress(c.seq);
-  // "all_reduce #12 (float32[4096], avg)"
-  c.what = detail::cat(collective_name(c.kind), " #", c.seq);
-  if (c.input.defined()) {
-    c.what += detail::cat(" (", dtype_name(c.input.scalar_type()), "[", c.input.numel(), "]");
-    if (c.kind == CollectiveKind::AllReduce || c.kind == CollectiveKind::ReduceScatter) {
-      c.what += detail::cat(", ", reduce_op_name(c.op));
-    }
-    c.what += ")";
+  {
+    // Numbered and signed under one lock, so that the signature chain follows the numbers.
+    std::lock_guard<std::mutex> lock(issue_mu_);
+    c.seq = ++seq_;
+    c.signature = signature_ = sign(signature_, c);
   }
+  // "all_reduce #12 (torch.float32[4096], avg)"
+  const std::string described = describe(c);
+  const size_t name_end = std::min(described.find(' '), described.size());
+  c.what = detail::cat(described.substr(0, name_end), " #", c.seq, described.substr(name_end));
+  recorder_->issued(CollectiveRecord{
+      c.seq, std::string(collective_name(c.kind)),
+      described.size() > name_end + 2 ? described.substr(name_end + 2, described.size() - name_end - 3) : std::string(),
+      c.label, c.signature, now_seconds(), 0, CollectiveRecord::State::kPending});
+  if (health_) health_->record_started(c.seq, c.what);
+  c.finished = [recorder = recorder_, health = health_, seq = c.seq](bool ok) {
+    recorder->finished(seq, ok);
+    if (health) health->record_finished(seq, ok);
+  };
   return start(c);
 }
 

@@ -22,12 +22,16 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include <ATen/core/Tensor.h>
 
+#include "dtcore/comm/flight_recorder.h"
 #include "dtcore/comm/health.h"
+#include "dtcore/common/settings.h"
 
 namespace dtcore {
 
@@ -41,20 +45,41 @@ enum class CollectiveKind { AllReduce, ReduceScatter, AllGather, Broadcast, Barr
 
 std::string_view collective_name(CollectiveKind kind);  // "all_reduce", "reduce_scatter", ...
 
+// Note [Collective signature]
+// Ranks must issue the same collectives in the same order: the same kind, reduction, root, dtype
+// and element counts, collective by collective. Each rank folds every collective it issues into
+// a running 64-bit signature, s_n = mix(s_{n-1}, seq, kind, op, root, dtype, numels), so that two
+// ranks agree on s_n exactly when they agreed on collectives 1..n. Gloo checks s_n across ranks
+// before collective n moves any data (a mismatched size would otherwise kill a rank inside Gloo,
+// and a mismatched dtype or op give a wrong result silently); NCCL does when asked
+// (DTCORE_CHECK_COLLECTIVES=1), and the heartbeat compares them between ranks in any case, so a
+// mismatch is found even where it was not checked before the call. A mismatch is a CommError on
+// every rank naming each rank's collective.
+
 // One collective, checked by the Communicator and handed to its engine.
 struct Collective {
   CollectiveKind kind = CollectiveKind::Barrier;
   uint64_t seq = 0;             // 1, 2, ... in the order this rank issued them
-  std::string what;             // "all_reduce #12 (float32[4096], avg)", for messages
+  std::string what;             // "all_reduce #12 (torch.float32[4096], avg)", for messages
   at::Tensor input;             // all_reduce and broadcast: the tensor, in place; undefined for a barrier
   at::Tensor output;            // reduce_scatter and all_gather only
   ReduceOp op = ReduceOp::Sum;  // all_reduce and reduce_scatter
   int root = 0;                 // broadcast
+  std::string label;            // the caller's name for it ("bucket 3/5"), for the flight recorder
+  uint64_t signature = 0;       // See Note [Collective signature]
+  // Called once by the engine's Work when the collective has finished (ok or not): the flight
+  // recorder's end of it. Set by the Communicator.
+  std::function<void(bool ok)> finished;
 };
+
+// "all_reduce (torch.float32[4096], avg)": the collective without its number, to set side by side
+// with another rank's.
+std::string describe(const Collective& c);
 
 class Work {
  public:
-  explicit Work(std::chrono::milliseconds default_timeout) : default_timeout_(default_timeout) {}
+  explicit Work(std::chrono::milliseconds default_timeout, std::function<void(bool ok)> finished = {})
+      : default_timeout_(default_timeout), finished_(std::move(finished)) {}
   virtual ~Work() = default;
   // Blocks until the collective is done and its result usable by the caller (on GPU: on the
   // caller's current stream). Throws CommError on failure, or when `timeout` passes first.
@@ -65,13 +90,44 @@ class Work {
   // at once). Never blocks.
   virtual bool is_completed() = 0;
 
+ protected:
+  // The engine calls this when it learns the collective finished; only the first call counts.
+  void report_finished(bool ok) {
+    if (finished_ && !reported_.exchange(true)) finished_(ok);
+  }
+
  private:
   const std::chrono::milliseconds default_timeout_;
+  const std::function<void(bool ok)> finished_;
+  std::atomic<bool> reported_{false};
+};
+
+// How a communicator checks that ranks call the same collectives; See Note [Collective signature].
+enum class CollectiveCheck {
+  kAuto,    // before every call where it is cheap and needed to stay alive (Gloo); by heartbeat elsewhere
+  kAlways,  // before every call, everywhere (on NCCL the caller waits for the check: for debugging)
+  kNever,   // by heartbeat only
+};
+
+struct CommunicatorOptions {
+  std::chrono::milliseconds timeout{300'000};  // every collective's, and Work::wait()'s default
+  CollectiveCheck check = CollectiveCheck::kAuto;
+  size_t flight_records = 2000;  // collectives the flight recorder keeps
+
+  // The options `settings` ask for (timeout, DTCORE_CHECK_COLLECTIVES, DTCORE_FLIGHT_RECORDER).
+  static CommunicatorOptions from(const Settings& settings);
 };
 
 class Communicator {
  public:
-  Communicator(int rank, int size, std::chrono::milliseconds timeout) : rank_(rank), size_(size), timeout_(timeout) {}
+  Communicator(int rank, int size, std::chrono::milliseconds timeout) : Communicator(rank, size, Options{timeout}) {}
+  using Options = CommunicatorOptions;
+  Communicator(int rank, int size, const Options& options)
+      : rank_(rank),
+        size_(size),
+        timeout_(options.timeout),
+        check_(options.check),
+        recorder_(std::make_shared<FlightRecorder>(options.flight_records)) {}
   virtual ~Communicator() = default;
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -81,20 +137,35 @@ class Communicator {
   int size() const { return size_; }
   // The default for Work::wait() and the engine's own operation timeout.
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // How ranks' collectives are checked against each other; See Note [Collective signature].
+  CollectiveCheck check() const { return check_; }
 
   // With a monitor, every collective records its sequence number there, and a failure's
   // message names the dead or stalled ranks. Set once, before the first collective.
   void set_health(std::shared_ptr<HealthMonitor> health) { health_ = std::move(health); }
 
+  // The collectives. `label` names one for the flight recorder (e.g. "bucket 3/5").
   // In place: every rank's `tensor` becomes the reduction over ranks.
-  std::shared_ptr<Work> all_reduce(const at::Tensor& tensor, ReduceOp op);
+  std::shared_ptr<Work> all_reduce(const at::Tensor& tensor, ReduceOp op, std::string_view label = {});
   // input has size() * output.numel() elements; rank r receives the reduction of chunk r.
-  std::shared_ptr<Work> reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op);
+  std::shared_ptr<Work> reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op,
+                                       std::string_view label = {});
   // output has size() * input.numel() elements; chunk r is rank r's input.
-  std::shared_ptr<Work> all_gather(const at::Tensor& output, const at::Tensor& input);
+  std::shared_ptr<Work> all_gather(const at::Tensor& output, const at::Tensor& input, std::string_view label = {});
   // In place from `root` to everyone.
-  std::shared_ptr<Work> broadcast(const at::Tensor& tensor, int root);
-  std::shared_ptr<Work> barrier();
+  std::shared_ptr<Work> broadcast(const at::Tensor& tensor, int root, std::string_view label = {});
+  std::shared_ptr<Work> barrier(std::string_view label = {});
+
+  // This rank's last collectives; see flight_recorder.h.
+  const std::shared_ptr<FlightRecorder>& recorder() const { return recorder_; }
+  // The flight record is dumped to `path` (lines naming this rank and `host`) on every failure
+  // and on SIGUSR2 (unless the program handles that signal itself).
+  void set_flight_dump(std::string path, std::string host) {
+    recorder_->set_dump_file(std::move(path), rank_, size_, std::move(host));
+    install_dump_signal();
+  }
+  // The signature of the last collective issued, and its number; See Note [Collective signature].
+  std::pair<uint64_t, uint64_t> last_signature() const;
 
   // Releases the engine (connections, streams, threads), waiting at most timeout() for work in
   // flight. Idempotent; later collectives raise CommError. dtcore.shutdown() calls it, so that a
@@ -113,6 +184,11 @@ class Communicator {
   virtual void check_engine_input(const at::Tensor& /*t*/, std::string_view /*what*/,
                                   std::string_view /*op_name*/) const {}
 
+  // The message for ranks that issued different collectives at `c` (their signatures differ):
+  // each rank's call, gathered through the health monitor. Every rank calls it at the same
+  // collective, since they all see the same mismatch.
+  std::string mismatch_message(const Collective& c) const;
+
   // What the health monitor will say about collective `seq` failing ("" without a monitor).
   // Calling the result blocks for about two heartbeat intervals: only on the failure path.
   // It holds the monitor, not the communicator, so a Work may outlive its communicator.
@@ -128,13 +204,18 @@ class Communicator {
                    const ReduceOp* op = nullptr) const;
   void check_flat_sizes(const at::Tensor& big, std::string_view big_name, const at::Tensor& small,
                         std::string_view small_name, std::string_view op_name) const;
-  // Numbers, names and records `c`, then starts it.
+  // Numbers, names, signs and records `c`, then starts it.
   std::shared_ptr<Work> issue(Collective c);
 
   const int rank_;
   const int size_;
   const std::chrono::milliseconds timeout_;
-  std::atomic<uint64_t> seq_{0};
+  const CollectiveCheck check_;
+  const std::shared_ptr<FlightRecorder> recorder_;  // shared with the Works, which report their end
+  // Issue order: the sequence number and the running signature advance together.
+  mutable std::mutex issue_mu_;
+  uint64_t seq_ = 0;
+  uint64_t signature_ = 0;
   std::shared_ptr<HealthMonitor> health_;
 };
 

@@ -1,15 +1,16 @@
 #include "dtcore/comm/gloo_communicator.h"
 
-#include <mutex>
-
 #include <c10/util/Exception.h>
 
 #include "dtcore/common/c10_error.h"
 #include "dtcore/common/error.h"
 #include "dtcore/common/knobs.h"
+#include "dtcore/common/log.h"
 
 namespace dtcore {
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
@@ -21,42 +22,94 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return c10d::ReduceOp::SUM;
 }
 
-// Names dead or stalled peers once a collective has failed (see HealthMonitor).
-using FailureDiagnosis = std::function<std::string()>;
+double seconds_since(Clock::time_point t) {
+  return static_cast<double>(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count() / 100) /
+         10.0;
+}
 
-class GlooWork final : public Work {
+}  // namespace
+
+// One collective: queued until the submitter has checked it against the other ranks and handed
+// it to Gloo (or failed it), then Gloo's work.
+class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork> {
  public:
-  GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string what, int rank, int size, at::Tensor divide,
-           FailureDiagnosis diagnosis, std::chrono::milliseconds default_timeout)
-      : Work(default_timeout),
-        work_(std::move(work)),
-        what_(std::move(what)),
+  GlooWork(Collective c, int rank, int size, std::function<std::string()> diagnosis, std::chrono::milliseconds timeout)
+      : Work(timeout, c.finished),
+        c_(std::move(c)),
         rank_(rank),
         size_(size),
-        divide_(std::move(divide)),
         diagnosis_(std::move(diagnosis)),
-        start_(std::chrono::steady_clock::now()) {}
+        issued_(Clock::now()) {}
+
+  const Collective& collective() const { return c_; }
+
+  // The submitter handed it to Gloo.
+  void submitted(c10::intrusive_ptr<c10d::Work> work) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      work_ = work;
+    }
+    cv_.notify_all();
+    // The flight recorder's end of it, whoever waits (or nobody). Some of Gloo's works (e.g.
+    // _reduce_scatter_base) have no future: their end is reported by wait() or is_completed().
+    std::weak_ptr<GlooWork> self = weak_from_this();
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+    try {
+      future = work->getFuture();
+    } catch (const std::exception&) {
+      return;
+    }
+    future->addCallback([self](c10::ivalue::Future& f) {
+      if (auto w = self.lock()) w->report_finished(!f.hasError());
+    });
+  }
+
+  // It will never reach Gloo: `why` is what every wait() raises.
+  void failed(std::string why) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      failure_ = std::move(why);
+    }
+    cv_.notify_all();
+    report_finished(false);
+  }
 
   using Work::wait;
   void wait(std::chrono::milliseconds timeout) override {
-    std::lock_guard<std::mutex> lock(mu_);  // the division must happen exactly once
+    const auto deadline = Clock::now() + timeout;
+    std::unique_lock<std::mutex> lock(mu_);
     if (done_) return;
+    if (!cv_.wait_until(lock, deadline, [this] { return work_ || !failure_.empty(); })) {
+      std::string who = diagnosis_();
+      report_finished(false);
+      DTCORE_CHECK(false, CommError, c_.what, " timed out", rank_text(), " after ", seconds_since(issued_),
+                   " s (timeout ", timeout.count() / 1000.0,
+                   " s) before it could start: the other ranks have not all issued it yet, so the check that they "
+                   "call the same collective has not completed.",
+                   who.empty() ? std::string() : "\n" + who,
+                   "\nFix: look at the first error of the lowest failing rank. If the work is just slow, raise "
+                   "init(timeout=) or ",
+                   knobs::kTimeout.name, ".");
+    }
+    DTCORE_CHECK(failure_.empty(), CommError, failure_);
+    c10::intrusive_ptr<c10d::Work> work = work_;
+    const auto left = std::max(std::chrono::milliseconds(1),
+                               std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
     try {
-      work_->wait(timeout);
+      work->wait(left);
     } catch (const std::exception& e) {
-      double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
       std::string msg = error_text(e);
       bool timed_out = msg.find("timed out") != std::string::npos || msg.find("Timed out") != std::string::npos;
-      std::string who = diagnosis_ ? diagnosis_() : std::string();
-      DTCORE_CHECK(false, CommError, what_, " ", timed_out ? "timed out" : "failed", " on rank ", rank_, " after ",
-                   static_cast<int>(waited * 10) / 10.0, " s (timeout ", timeout.count() / 1000.0, " s): ", msg,
+      std::string who = diagnosis_();
+      report_finished(false);
+      DTCORE_CHECK(false, CommError, c_.what, " ", timed_out ? "timed out" : "failed", rank_text(), " after ",
+                   seconds_since(issued_), " s (timeout ", timeout.count() / 1000.0, " s): ", msg,
                    who.empty() ? std::string() : "\n" + who,
                    "\nFix: a peer rank has probably exited or stalled; look at the first error of the lowest failing "
                    "rank. If the work is just slow, raise init(timeout=) or ",
                    knobs::kTimeout.name, ".");
     }
-    if (divide_.defined()) divide_.div_(size_);
-    done_ = true;
+    complete_locked();
   }
 
   // Finished either way (wait() raises a failure). For Avg, the division is done here once the
@@ -65,94 +118,195 @@ class GlooWork final : public Work {
   bool is_completed() override {
     std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
     if (!lock.owns_lock()) return false;
-    if (done_) return true;
-    if (!work_->isCompleted()) return false;
+    if (done_ || !failure_.empty()) return true;
+    if (!work_ || !work_->isCompleted()) return false;
     if (!work_->isSuccess()) return true;
-    if (divide_.defined()) divide_.div_(size_);
-    done_ = true;
+    complete_locked();
     return true;
   }
 
  private:
-  c10::intrusive_ptr<c10d::Work> work_;
-  std::string what_;
-  int rank_;
-  int size_;
-  at::Tensor divide_;  // Avg: the result to divide by the world size once complete
-  FailureDiagnosis diagnosis_;
-  std::chrono::steady_clock::time_point start_;
-  std::mutex mu_;
+  std::string rank_text() const { return detail::cat(" on rank ", rank_); }
+
+  // Avg: the sum is in; divide once.
+  void complete_locked() {
+    if (done_) return;
+    if (c_.op == ReduceOp::Avg && size_ > 1) {
+      (c_.kind == CollectiveKind::ReduceScatter ? c_.output : c_.input).div_(size_);
+    }
+    done_ = true;
+    report_finished(true);
+  }
+
+  const Collective c_;  // holds the tensors until the collective is done
+  const int rank_;
+  const int size_;
+  const std::function<std::string()> diagnosis_;
+  const Clock::time_point issued_;
+
+  std::mutex mu_;  // the division must happen exactly once; guards the state below
+  std::condition_variable cv_;
+  c10::intrusive_ptr<c10d::Work> work_;  // set once handed to Gloo
+  std::string failure_;                  // set when it never will be
   bool done_ = false;
 };
 
-}  // namespace
+GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Backend> backend, const Options& options)
+    : Communicator(backend->getRank(), backend->getSize(), options), backend_(std::move(backend)) {
+  submitter_ = std::thread([this] { submit_loop(); });
+}
 
-GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout)
-    : Communicator(backend->getRank(), backend->getSize(), timeout), backend_(std::move(backend)) {}
+GlooCommunicator::~GlooCommunicator() { close(); }
 
 std::shared_ptr<Work> GlooCommunicator::start(const Collective& c) {
-  std::lock_guard<std::mutex> lock(mu_);
-  DTCORE_CHECK(backend_, CommError, c.what, " cannot start on rank ", rank(),
-               ": the communicator is closed (dtcore.shutdown() was called). Fix: call dtcore.init() again.");
-  // Gloo has no average: Avg is a sum divided by the world size once it is in (nothing to divide
-  // with one rank).
-  const bool average = c.op == ReduceOp::Avg && size() > 1;
-  at::Tensor divide;
-  c10::intrusive_ptr<c10d::Work> work;
-  try {
-    switch (c.kind) {
-      case CollectiveKind::AllReduce: {
-        std::vector<at::Tensor> tensors{c.input};
-        c10d::AllreduceOptions opts;
-        opts.reduceOp = to_c10d(c.op);
-        opts.timeout = timeout();
-        work = backend_->allreduce(tensors, opts);
-        if (average) divide = c.input;
-        break;
-      }
-      case CollectiveKind::ReduceScatter: {
-        at::Tensor out = c.output, in = c.input;
-        c10d::ReduceScatterOptions opts;
-        opts.reduceOp = to_c10d(c.op);
-        opts.timeout = timeout();
-        work = backend_->_reduce_scatter_base(out, in, opts);
-        if (average) divide = c.output;
-        break;
-      }
-      case CollectiveKind::AllGather: {
-        at::Tensor out = c.output, in = c.input;
-        c10d::AllgatherOptions opts;
-        opts.timeout = timeout();
-        work = backend_->_allgather_base(out, in, opts);
-        break;
-      }
-      case CollectiveKind::Broadcast: {
-        std::vector<at::Tensor> tensors{c.input};
-        c10d::BroadcastOptions opts;
-        opts.rootRank = c.root;
-        opts.timeout = timeout();
-        work = backend_->broadcast(tensors, opts);
-        break;
-      }
-      case CollectiveKind::Barrier: {
-        c10d::BarrierOptions opts;
-        opts.timeout = timeout();
-        work = backend_->barrier(opts);
-        break;
-      }
-    }
-  } catch (const std::exception& e) {
-    DTCORE_CHECK(
-        false, CommError, c.what, " could not start on rank ", rank(), ": ", error_text(e),
-        ". Fix: if a peer exited, look at its error first; a closed or broken group needs dtcore.init() again.");
+  auto work = std::make_shared<GlooWork>(c, rank(), size(), diagnosis_for(c), timeout());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    DTCORE_CHECK(backend_, CommError, c.what, " cannot start on rank ", rank(),
+                 ": the communicator is closed (dtcore.shutdown() was called). Fix: call dtcore.init() again.");
+    queue_.push_back(work);
   }
-  return std::make_shared<GlooWork>(std::move(work), c.what, rank(), size(), std::move(divide), diagnosis_for(c),
-                                    timeout());
+  cv_.notify_all();
+  return work;
 }
 
 void GlooCommunicator::close() {
+  std::deque<std::shared_ptr<GlooWork>> orphans;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    orphans.swap(queue_);
+  }
+  cv_.notify_all();
+  if (submitter_.joinable() && submitter_.get_id() != std::this_thread::get_id()) submitter_.join();
+  for (auto& w : orphans) {
+    w->failed(detail::cat(w->collective().what, " did not start on rank ", rank(),
+                          ": the communicator was closed (dtcore.shutdown()) first. Fix: wait on every collective "
+                          "before dtcore.shutdown()."));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   backend_.reset();  // the last reference: Gloo's threads and connections go with it
+}
+
+void GlooCommunicator::submit_loop() {
+  for (;;) {
+    std::shared_ptr<GlooWork> work;
+    c10::intrusive_ptr<c10d::Backend> backend;
+    std::string failure;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      work = std::move(queue_.front());
+      queue_.pop_front();
+      backend = backend_;
+      failure = failure_;
+    }
+    const Collective& c = work->collective();
+    if (!failure.empty()) {
+      work->failed(
+          detail::cat(c.what, " was not started on rank ", rank(), ": an earlier collective failed. ", failure));
+      continue;
+    }
+    std::string mismatch;
+    try {
+      mismatch = check() == CollectiveCheck::kNever ? "" : check_against_peers(backend, c);
+    } catch (const std::exception& e) {
+      // The check itself failed (a peer died or never issued the collective): Gloo's group is
+      // broken, so nothing later can run either.
+      std::string who = diagnosis_for(c)();
+      std::string why =
+          detail::cat(c.what, " failed on rank ", rank(), " while checking it against the other ranks: ", error_text(e),
+                      who.empty() ? std::string() : "\n" + who,
+                      "\nFix: a peer rank has probably exited or stalled; look at the first error of the "
+                      "lowest failing rank.");
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (failure_.empty()) failure_ = why;
+      }
+      work->failed(why);
+      continue;
+    }
+    if (!mismatch.empty()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        failure_ = mismatch;
+      }
+      log::error(mismatch);
+      work->failed(mismatch);
+      continue;
+    }
+    try {
+      work->submitted(launch(backend, c));
+    } catch (const std::exception& e) {
+      // Gloo refused it before it ran (input is checked first, so this is rare). The peers may have
+      // started theirs: the group is out of step, so nothing later may run either.
+      std::string why = detail::cat(c.what, " could not start on rank ", rank(), ": ", error_text(e));
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (failure_.empty()) failure_ = why;
+      }
+      work->failed(why);
+    }
+  }
+}
+
+std::string GlooCommunicator::check_against_peers(const c10::intrusive_ptr<c10d::Backend>& backend,
+                                                  const Collective& c) {
+  if (size() == 1) return "";
+  // max(s) == min(s) over the ranks, in one allreduce: [s, -s] with MAX gives [max, -min]. The
+  // signature is halved so that -s cannot overflow.
+  const int64_t s = static_cast<int64_t>(c.signature >> 1);
+  at::Tensor t = at::empty({2}, at::TensorOptions().dtype(at::kLong));
+  t[0] = s;
+  t[1] = -s;
+  std::vector<at::Tensor> tensors{t};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::MAX;
+  opts.timeout = timeout();
+  backend->allreduce(tensors, opts)->wait(timeout());
+  if (t[0].item<int64_t>() == -t[1].item<int64_t>()) return "";
+  return mismatch_message(c);
+}
+
+c10::intrusive_ptr<c10d::Work> GlooCommunicator::launch(const c10::intrusive_ptr<c10d::Backend>& backend,
+                                                        const Collective& c) {
+  switch (c.kind) {
+    case CollectiveKind::AllReduce: {
+      std::vector<at::Tensor> tensors{c.input};
+      c10d::AllreduceOptions opts;
+      opts.reduceOp = to_c10d(c.op);
+      opts.timeout = timeout();
+      return backend->allreduce(tensors, opts);
+    }
+    case CollectiveKind::ReduceScatter: {
+      at::Tensor out = c.output, in = c.input;
+      c10d::ReduceScatterOptions opts;
+      opts.reduceOp = to_c10d(c.op);
+      opts.timeout = timeout();
+      return backend->_reduce_scatter_base(out, in, opts);
+    }
+    case CollectiveKind::AllGather: {
+      at::Tensor out = c.output, in = c.input;
+      c10d::AllgatherOptions opts;
+      opts.timeout = timeout();
+      return backend->_allgather_base(out, in, opts);
+    }
+    case CollectiveKind::Broadcast: {
+      std::vector<at::Tensor> tensors{c.input};
+      c10d::BroadcastOptions opts;
+      opts.rootRank = c.root;
+      opts.timeout = timeout();
+      return backend->broadcast(tensors, opts);
+    }
+    case CollectiveKind::Barrier: {
+      c10d::BarrierOptions opts;
+      opts.timeout = timeout();
+      return backend->barrier(opts);
+    }
+  }
+  DTCORE_CHECK(false, CommError, "dtcore bug: collective kind ", static_cast<int>(c.kind), " unknown");
+  return {};
 }
 
 }  // namespace dtcore

@@ -6,11 +6,25 @@
 // collective on its own worker threads, so calls return at once and overlap with the caller.
 // Gloo has no average: Avg is a sum divided by the world size when the Work completes.
 //
-// Ownership: holds a reference to the backend. Thread safety: see communicator.h.
+// Every collective is checked against the other ranks' before its data moves (unless
+// CollectiveCheck::kNever): Gloo kills a process whose peer sends a buffer of another size (an
+// exception in its transport thread, which no caller can catch), and reduces same-sized buffers
+// of another dtype or op into a wrong result, silently. See Note [Collective signature]. A
+// submitter thread takes the collectives in issue order and, for each, runs the check (an
+// allreduce of the signatures) and then the collective itself: the caller never waits for the
+// check, and every rank hands Gloo the same sequence of calls, which Gloo's message tags need. A
+// mismatch fails that collective and every later one, on every rank, naming each rank's call.
+//
+// Ownership: holds a reference to the backend and owns the submitter thread; a Work holds only
+// its own state and may outlive the communicator. Thread safety: see communicator.h.
 #pragma once
 
-#include <functional>
+#include <condition_variable>
+#include <deque>
+#include <memory>
 #include <mutex>
+#include <string>
+#include <thread>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
@@ -18,11 +32,18 @@
 
 namespace dtcore {
 
+class GlooWork;  // a collective on its way through the check to Gloo
+
 class GlooCommunicator final : public Communicator {
  public:
-  GlooCommunicator(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout);
+  GlooCommunicator(c10::intrusive_ptr<c10d::Backend> backend, const Options& options);
+  GlooCommunicator(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout)
+      : GlooCommunicator(std::move(backend), Options{timeout}) {}
+  ~GlooCommunicator() override;  // close()
 
   std::string_view backend() const override { return "gloo"; }
+  // Stops the submitter (collectives not yet handed to Gloo fail as closed) and drops the
+  // backend. Idempotent.
   void close() override;
 
  protected:
@@ -30,8 +51,18 @@ class GlooCommunicator final : public Communicator {
   bool accepts_device(const at::Tensor& t) const override { return t.device().is_cpu(); }
 
  private:
-  std::mutex mu_;                              // guards backend_ against close()
-  c10::intrusive_ptr<c10d::Backend> backend_;  // null once closed
+  void submit_loop();
+  // The ranks' signatures for `c` agree: "" when they do, else the message naming each call.
+  std::string check_against_peers(const c10::intrusive_ptr<c10d::Backend>& backend, const Collective& c);
+  c10::intrusive_ptr<c10d::Work> launch(const c10::intrusive_ptr<c10d::Backend>& backend, const Collective& c);
+
+  std::mutex mu_;  // guards everything below
+  std::condition_variable cv_;
+  c10::intrusive_ptr<c10d::Backend> backend_;    // null once closed
+  std::deque<std::shared_ptr<GlooWork>> queue_;  // issued, not yet handed to Gloo
+  std::string failure_;  // set by the first mismatch or broken check: every later collective fails with it
+  bool stop_ = false;
+  std::thread submitter_;  // last: started once the rest is ready
 };
 
 }  // namespace dtcore

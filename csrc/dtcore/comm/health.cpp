@@ -1,6 +1,7 @@
 #include "dtcore/comm/health.h"
 
 #include <algorithm>
+#include <map>
 #include <string>
 
 #include <c10/util/Exception.h>
@@ -14,7 +15,18 @@
 namespace dtcore {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
 std::string key_of(size_t rank) { return "health/" + std::to_string(rank); }
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// A wait is worth a warning on the console after this long.
+constexpr auto kWarnAfter = std::chrono::seconds(5);
+// A warning whose judgement did not change is repeated this often.
+constexpr auto kWarnEvery = std::chrono::seconds(30);
+// After a diagnosis, the watch goes on this long, so that the next failure's is ready at once.
+constexpr auto kKeepWatching = std::chrono::seconds(30);
 
 }  // namespace
 
@@ -31,7 +43,8 @@ HealthMonitor::HealthMonitor(c10::intrusive_ptr<c10d::Store> beat_store, c10::in
   beat_store_->setTimeout(request_bound_);
   sample_store_->setTimeout(request_bound_);
   beat_once();  // present before init() returns, so a later diagnosis finds this rank
-  thread_ = std::thread([this] { loop(); });
+  beat_thread_ = std::thread([this] { beat_loop(); });
+  watch_thread_ = std::thread([this] { watch_loop(); });
 }
 
 std::shared_ptr<HealthMonitor> HealthMonitor::for_rendezvous(Rendezvous& rendezvous, const Settings& settings) {
@@ -48,29 +61,68 @@ HealthMonitor::~HealthMonitor() { close(); }
 
 void HealthMonitor::close() {
   std::lock_guard<std::mutex> once(close_mu_);
-  closed_ = true;
+  if (closed_.exchange(true)) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  if (beat_thread_.joinable()) beat_thread_.join();
+  try {
+    beat_once(Beat::State::kLeft);  // the others now know this rank left, and did not die
+  } catch (const std::exception& e) {
+    log::debug("health: the last heartbeat failed: ", error_text(e));
+  }
   {
     std::lock_guard<std::mutex> lock(beat_mu_);
     beat_store_.reset();
   }
-  std::lock_guard<std::mutex> lock(sample_mu_);
-  sample_store_.reset();
+  {
+    std::lock_guard<std::mutex> lock(sample_mu_);
+    sample_store_.reset();
+  }
+  // The watch thread may sit in a store call for up to request_bound_; it holds its own
+  // reference to the connection, and this object outlives it only if joined.
+  if (watch_thread_.joinable()) watch_thread_.join();
 }
 
-void HealthMonitor::beat_once() {
-  std::string value = std::to_string(++beats_) + ":" + std::to_string(progress_.load(std::memory_order_relaxed));
+void HealthMonitor::record_started(uint64_t seq, const std::string& what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (in_flight_.empty()) waiting_since_ = Clock::now();
+  in_flight_.emplace(seq, what);
+  started_ = std::max(started_, seq);
+}
+
+void HealthMonitor::record_finished(uint64_t seq, bool ok) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool was_oldest = !in_flight_.empty() && in_flight_.begin()->first == seq;
+  in_flight_.erase(seq);
+  if (was_oldest) waiting_since_ = Clock::now();  // the next one has waited only since now
+  finished_ = std::max(finished_, seq);
+  if (!ok && failed_ == 0) failed_ = seq;
+}
+
+Beat HealthMonitor::beat_now(Beat::State state) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Beat b;
+  b.started = started_;
+  // The last collective finished with all before it: what a peer compares with its own.
+  b.finished = in_flight_.empty() ? started_ : in_flight_.begin()->first - 1;
+  b.failed = failed_;
+  b.state = state != Beat::State::kRunning ? state : failed_ != 0 ? Beat::State::kFailed : Beat::State::kRunning;
+  return b;
+}
+
+void HealthMonitor::beat_once(Beat::State state) {
+  Beat b = beat_now(state);
   std::lock_guard<std::mutex> lock(beat_mu_);
   if (!beat_store_) return;  // closed
+  b.count = ++beats_;
+  std::string value = b.encode();
   beat_store_->set(key_of(static_cast<size_t>(rank_)), std::vector<uint8_t>(value.begin(), value.end()));
 }
 
-void HealthMonitor::loop() {
+void HealthMonitor::beat_loop() {
   bool failing = false;  // log a run of failures once, not every interval
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
@@ -89,7 +141,35 @@ void HealthMonitor::loop() {
   }
 }
 
-std::vector<HealthMonitor::Sample> HealthMonitor::sample(c10d::Store& store, size_t world) {
+bool HealthMonitor::should_watch_locked(Clock::time_point now) const {
+  return wanted_ > 0 || now < watch_until_ || (!in_flight_.empty() && now - waiting_since_ >= interval_);
+}
+
+void HealthMonitor::watch_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    const auto now = Clock::now();
+    if (!should_watch_locked(now)) {
+      watch_ = Watch{};  // a new watch starts afresh: silence is measured from its first sample
+      cv_.wait_for(lock, interval_, [this] { return stop_ || wanted_ > 0; });
+      continue;
+    }
+    lock.unlock();
+    c10::intrusive_ptr<c10d::Store> store;
+    {
+      std::lock_guard<std::mutex> guard(sample_mu_);
+      store = sample_store_;
+    }
+    if (store) sample_once(store);
+    warn_if_waiting();
+    lock.lock();
+    cv_.notify_all();  // diagnoses waiting for a sample
+    cv_.wait_for(lock, interval_, [this] { return stop_; });
+  }
+}
+
+std::vector<std::optional<Beat>> HealthMonitor::sample(c10d::Store& store) const {
+  const size_t world = peers_.size();
   std::vector<std::string> keys;
   for (size_t r = 0; r < world; ++r) keys.push_back(key_of(r));
   std::vector<std::vector<uint8_t>> values(world);
@@ -100,91 +180,153 @@ std::vector<HealthMonitor::Sample> HealthMonitor::sample(c10d::Store& store, siz
       if (store.check({keys[r]})) values[r] = store.get(keys[r]);  // never get() a missing key: it blocks
     }
   }
-  std::vector<Sample> out(world);
-  for (size_t r = 0; r < world; ++r) {
-    std::string v(values[r].begin(), values[r].end());
-    auto colon = v.find(':');
-    if (colon == std::string::npos) continue;
-    out[r] = Sample{true, std::stoull(v.substr(0, colon)), std::stoull(v.substr(colon + 1))};
-  }
+  std::vector<std::optional<Beat>> out(world);
+  for (size_t r = 0; r < world; ++r) out[r] = Beat::decode(std::string(values[r].begin(), values[r].end()));
   return out;
 }
 
-std::string HealthMonitor::diagnose(uint64_t failing_seq, const std::string& op_name) {
+void HealthMonitor::sample_once(const c10::intrusive_ptr<c10d::Store>& store) {
+  std::vector<std::optional<Beat>> beats;
+  std::string error;
+  try {
+    beats = sample(*store);
+  } catch (const std::exception& e) {
+    error = error_text(e);
+  }
+  const auto now = Clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  Watch& w = watch_;
+  if (!w.active) {
+    w = Watch{};
+    w.active = true;
+    w.began = now;
+    w.views.resize(peers_.size());
+    w.advanced.assign(peers_.size(), now);
+    for (size_t r = 0; r < peers_.size(); ++r) {
+      w.views[r].host = peers_[r].host;
+      w.views[r].pid = peers_[r].pid;
+    }
+  }
+  w.sampled = now;
+  w.store_error = error;
+  if (!error.empty()) return;  // the views stay as last seen
+  w.answered = now;
+  for (size_t r = 0; r < beats.size(); ++r) {
+    PeerView& v = w.views[r];
+    if (beats[r] && (!v.seen || beats[r]->count != v.beat.count)) w.advanced[r] = now;
+    if (beats[r]) {
+      v.seen = true;
+      v.beat = *beats[r];
+    }
+    v.silent_s = seconds(now - w.advanced[r]);
+  }
+}
+
+std::string HealthMonitor::judge_locked(uint64_t seq, const std::string& op_name) {
+  std::vector<PeerView> views = watch_.views;
+  const std::string& here = peers_[static_cast<size_t>(rank_)].host;
+  for (PeerView& v : views) {
+    v.process = v.host == here ? process_state(v.pid) : ProcessState::kUnknown;
+  }
+  std::string text = judge(views, rank_, seq, op_name, seconds(dead_after())).text(rank_);
+  if (watch_.store_error.empty()) return text;
+  std::string last;
+  if (!text.empty() && watch_.answered != Clock::time_point{}) {
+    last = detail::cat("\n  What this rank saw last, ", static_cast<int>(seconds(Clock::now() - watch_.answered)),
+                       " s before: ", text);
+  }
+  return detail::cat("health check: the rendezvous store is unreachable (", watch_.store_error, "), so ", store_owner_,
+                     " has exited or its host is down; look at its error first.", last);
+}
+
+std::string HealthMonitor::gather_calls(uint64_t seq, const std::string& mine) {
   c10::intrusive_ptr<c10d::Store> store;
   {
     std::lock_guard<std::mutex> lock(sample_mu_);
     store = sample_store_;
   }
   if (!store || closed_) return "";
-
-  // Sampled on a detached thread: if the server is stopped (not gone), c10d's client waits for a
-  // reply without bound, and this rank must still raise its error (see "Why two connections").
-  struct Result {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    std::vector<Sample> first, second;
-    std::string error;
-  };
-  auto result = std::make_shared<Result>();
-  const auto wait = interval_ * 2 + interval_ / 5;
   const size_t world = peers_.size();
-  std::thread([result, store, wait, world] {
-    std::vector<Sample> first, second;
-    std::string error;
-    try {
-      first = sample(*store, world);
-      std::this_thread::sleep_for(wait);
-      second = sample(*store, world);
-    } catch (const std::exception& e) {
-      error = error_text(e);
+  const std::string prefix = detail::cat("calls/", seq, "/");
+  std::map<std::string, std::vector<int>> by_call;
+  try {
+    store->set(prefix + std::to_string(rank_), std::vector<uint8_t>(mine.begin(), mine.end()));
+    // Every rank publishes at the same collective; a rank that died meanwhile is named as unknown.
+    const auto deadline = std::chrono::steady_clock::now() + std::max(interval_ * 3, std::chrono::milliseconds(3000));
+    std::vector<bool> have(world, false);
+    size_t missing = world;
+    while (missing > 0 && std::chrono::steady_clock::now() < deadline) {
+      for (size_t r = 0; r < world; ++r) {
+        if (have[r] || !store->check({prefix + std::to_string(r)})) continue;
+        auto v = store->get(prefix + std::to_string(r));
+        by_call[std::string(v.begin(), v.end())].push_back(static_cast<int>(r));
+        have[r] = true;
+        --missing;
+      }
+      if (missing > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    std::lock_guard<std::mutex> lock(result->mu);
-    result->first = std::move(first);
-    result->second = std::move(second);
-    result->error = std::move(error);
-    result->done = true;
-    result->cv.notify_all();
-  }).detach();
+    for (size_t r = 0; r < world; ++r) {
+      if (!have[r])
+        by_call["(its call could not be read: it did not reach this collective)"].push_back(static_cast<int>(r));
+    }
+  } catch (const std::exception& e) {
+    log::debug("health: reading the ranks' calls at #", seq, " failed: ", error_text(e));
+    return "";
+  }
+  std::string out;
+  for (const auto& [call, ranks] : by_call) {
+    out += detail::cat("\n  - rank", ranks.size() > 1 ? "s " : " ", format_ranks(ranks), ": ", call);
+  }
+  return out;
+}
 
-  std::unique_lock<std::mutex> lock(result->mu);
-  bool answered = result->cv.wait_for(lock, wait + request_bound_ * 2, [&] { return result->done; });
-  if (closed_) return "";  // shut down meanwhile: not a finding
-  if (!answered) {
-    return detail::cat("health check: the rendezvous store did not answer within ",
-                       std::chrono::duration<double>(wait + request_bound_ * 2).count(), " s, so ", store_owner_,
-                       " is stopped or its host is unreachable; look at it first.");
+std::string HealthMonitor::diagnose(uint64_t failing_seq, const std::string& op_name) {
+  if (closed_) return "";
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto asked = Clock::now();
+  ++wanted_;
+  watch_until_ = std::max(watch_until_, asked + kKeepWatching);
+  cv_.notify_all();
+  // Ready when the watch has spanned dead_after() and sampled since the question: at once when
+  // it has been watching this wait already.
+  const auto bound = dead_after() + interval_ + request_bound_ * 2;
+  const bool ready = cv_.wait_until(lock, asked + bound, [&] {
+    return stop_ || (watch_.active && watch_.sampled >= asked && watch_.sampled - watch_.began >= dead_after()) ||
+           (watch_.active && !watch_.store_error.empty() && watch_.sampled >= asked);
+  });
+  --wanted_;
+  if (stop_ || closed_) return "";  // shut down meanwhile: not a finding
+  if (!ready) {
+    return detail::cat("health check: the rendezvous store did not answer within ", seconds(bound), " s, so ",
+                       store_owner_, " is stopped or its host is unreachable; look at it first.");
   }
-  if (!result->error.empty()) {
-    return detail::cat("health check: the rendezvous store is unreachable (", result->error, "), so ", store_owner_,
-                       " has exited or its host is down; look at its error first.");
+  return judge_locked(failing_seq, op_name);
+}
+
+void HealthMonitor::warn_if_waiting() {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto now = Clock::now();
+  if (in_flight_.empty() || now - waiting_since_ < kWarnAfter || !watch_.active ||
+      watch_.sampled - watch_.began < dead_after()) {
+    return;
   }
-  std::vector<int> dead, stalled;
-  std::string lines;
-  for (size_t i = 0; i < world; ++i) {
-    int r = static_cast<int>(i);
-    if (r == rank_) continue;
-    const PeerInfo& p = peers_[i];
-    const Sample& a = result->first[i];
-    const Sample& b = result->second[i];
-    if (!b.present || b.beat == a.beat) {
-      dead.push_back(r);
-      lines += detail::cat("\n  - rank ", r, " (host ", p.host, ", pid ", p.pid, "): no heartbeat for ",
-                           std::chrono::duration<double>(wait).count(),
-                           " s; the process has exited or its host is unreachable");
-    } else if (b.seq < failing_seq) {
-      stalled.push_back(r);
-      lines += detail::cat("\n  - rank ", r, " (host ", p.host, ", pid ", p.pid, "): alive, but has not started ",
-                           op_name, " #", failing_seq, " (its last collective is #", b.seq,
-                           "); it is stalled, or its code took another path");
-    }
+  const auto& [seq, what] = *in_flight_.begin();
+  const std::string op = what.substr(0, what.find(' '));
+  std::string text = judge_locked(seq, op);
+  // Repeated when the judgement changes (by its culprits' line), or every kWarnEvery.
+  const std::string gist = text.substr(text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n'));
+  if (gist == warned_ && now - warned_at_ < kWarnEvery) return;
+  warned_ = gist;
+  warned_at_ = now;
+  const double waited = seconds(now - waiting_since_);
+  lock.unlock();
+  if (text.empty()) {
+    log::warn("rank ", rank_, " has waited ", static_cast<int>(waited), " s in ", what,
+              "; every other rank is alive and waits in it too: the collective itself is slow (large, or a slow "
+              "link).");
+  } else {
+    log::warn("rank ", rank_, " has waited ", static_cast<int>(waited), " s in ", what, ". ", text);
   }
-  if (lines.empty()) return "";
-  return detail::cat(
-      "health check on rank ", rank_, ":", lines,
-      dead.empty() ? "" : detail::cat("\n  dead: rank", dead.size() > 1 ? "s " : " ", format_ranks(dead)),
-      stalled.empty() ? "" : detail::cat("\n  stalled: rank", stalled.size() > 1 ? "s " : " ", format_ranks(stalled)));
 }
 
 }  // namespace dtcore

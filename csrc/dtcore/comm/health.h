@@ -1,22 +1,24 @@
-// HealthMonitor: names the dead or stalled ranks when a collective fails.
+// HealthMonitor: names the dead, stopped or stalled ranks, while a collective waits and when it fails.
 //
-// Each rank runs one thread that writes "health/<rank>" = "<beat>:<last collective started>"
-// to the rendezvous store every `interval`, on a store connection of its own. When a collective
-// fails or times out on a survivor, diagnose() samples every rank's entry twice, a little more
-// than two intervals apart, and reports:
-//   - ranks whose beat did not advance: the process exited, or its host is down;
-//   - ranks that beat but have not started the failing collective: stalled (or on another path);
-//   - the store itself unreachable: the rank that serves it (rank 0) exited.
-// A live rank's thread keeps beating while its Python code holds the GIL or sits in a kernel,
-// so "no heartbeat" means the process (or its host) is gone, not merely busy.
+// Each rank runs two threads. The beat thread writes "health/<rank>" = Beat (peer_state.h) to the
+// rendezvous store every `interval`, on a store connection of its own. The watch thread samples
+// every rank's beat, on a second connection, whenever a collective of this rank has waited longer
+// than an interval or a failure is being diagnosed; from the samples it knows how long each peer
+// has been silent, and judge() (peer_state.h) tells dead from stopped, busy elsewhere, waiting in
+// the same collective (never accused) or failed, and names the root cause. A wait longer than
+// a few seconds is logged at warning level on this rank's console with that judgement; a
+// collective's failure asks diagnose(), which answers from the samples the watch thread already
+// has (at once after a timeout, within about two intervals after a sudden failure), so that every
+// bucket failing in one backward shares one diagnosis. See Note [Heartbeat].
 //
-// Ownership: owns its thread and its store connection. Thread safety: record_progress() is
-// lock-free and may be called from any thread; diagnose() may be called from several threads.
+// Ownership: owns its threads and its two store connections. Thread safety: record_started() and
+// record_finished() may be called from any thread; diagnose() from several at once.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -25,6 +27,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "dtcore/bootstrap/rendezvous.h"
+#include "dtcore/comm/peer_state.h"
 
 namespace dtcore {
 
@@ -46,29 +49,56 @@ class HealthMonitor {
   HealthMonitor(const HealthMonitor&) = delete;
   HealthMonitor& operator=(const HealthMonitor&) = delete;
 
-  // The sequence number of the last collective this rank started.
-  void record_progress(uint64_t seq) { progress_.store(seq, std::memory_order_relaxed); }
+  // This rank started collective `seq` (`what`: "all_reduce #12 (torch.float32[8], sum)").
+  void record_started(uint64_t seq, const std::string& what);
+  // Collective `seq` finished here, successfully or not.
+  void record_finished(uint64_t seq, bool ok);
 
-  // Blocks for about 2.2 intervals (at most that plus max(5 intervals, 5 s) when the store does
-  // not answer). Returns "" when every other rank is alive and has started collective
-  // `failing_seq`, or when closed; otherwise one line per suspect rank, by rank, host and pid.
+  // Every rank's call at collective `seq`, when their signatures differ: this rank publishes
+  // `mine` and reads the others' (each rank does the same at the same collective), for at most
+  // a few seconds. "\n  - ranks 0,2-3: <call>\n  - rank 1: <call>", or "" when nothing was read.
+  std::string gather_calls(uint64_t seq, const std::string& mine);
+
+  // The judgement of collective `seq` (named `op_name`, e.g. "all_reduce") failing or timing out
+  // on this rank: "" when every other rank is alive and waits in it too, or when closed; else one
+  // line per rank worth naming, by rank, host and pid, and the root cause. Answers from the watch
+  // thread's samples; blocks only until they span dead_after() (about two intervals after a
+  // sudden failure), at most that plus two store timeouts when the store does not answer.
   std::string diagnose(uint64_t failing_seq, const std::string& op_name);
 
+  // A beat that has not advanced for this long means the process is dead or stopped.
+  std::chrono::milliseconds dead_after() const { return interval_ * 2 + interval_ / 5; }
   std::chrono::milliseconds interval() const { return interval_; }
 
-  // Stops the heartbeat thread and drops both connections. Idempotent and safe from several
-  // threads; a diagnosis under way then reports nothing.
+  // Writes a last beat saying this rank left (so that the others do not take it for dead), stops
+  // both threads and drops both connections. Idempotent and safe from several threads; a
+  // diagnosis under way then reports nothing.
   void close();
 
  private:
-  struct Sample {
-    bool present = false;
-    uint64_t beat = 0;
-    uint64_t seq = 0;
+  // The samples of one watch, indexed by rank. Guarded by mu_.
+  struct Watch {
+    bool active = false;
+    std::chrono::steady_clock::time_point began, sampled, answered;  // answered: the last sample that worked
+    std::vector<PeerView> views;
+    std::vector<std::chrono::steady_clock::time_point> advanced;  // when each count last changed
+    std::string store_error;                                      // the last sample failed: the store is unreachable
   };
-  static std::vector<Sample> sample(c10d::Store& store, size_t world);
-  void beat_once();
-  void loop();
+
+  std::vector<std::optional<Beat>> sample(c10d::Store& store) const;
+  Beat beat_now(Beat::State state);
+  void beat_once(Beat::State state = Beat::State::kRunning);
+  void beat_loop();
+  void watch_loop();
+  // Whether the watch thread should sample now; mu_ held.
+  bool should_watch_locked(std::chrono::steady_clock::time_point now) const;
+  // One sample into watch_; takes mu_ itself.
+  void sample_once(const c10::intrusive_ptr<c10d::Store>& store);
+  // The judgement of the current watch at `seq`; mu_ held.
+  std::string judge_locked(uint64_t seq, const std::string& op_name);
+  // Logs a warning about the collective this rank waits in, when it has waited long enough and
+  // the judgement changed or 30 s passed since the last one.
+  void warn_if_waiting();
 
   const int rank_;
   const std::vector<PeerInfo> peers_;
@@ -76,22 +106,31 @@ class HealthMonitor {
   const std::chrono::milliseconds request_bound_;  // max(5 intervals, 5 s)
   const std::string store_owner_;                  // "rank 0 (host a)" or "the torchrun agent", for messages
 
-  std::atomic<uint64_t> progress_{0};
   std::atomic<bool> closed_{false};
-  uint64_t beats_ = 0;  // heartbeat thread only (and the constructor, before it starts)
 
   // Why two connections: a diagnosis waits on replies (check, get), which c10d's client does not
   // bound when the server is stopped; the heartbeat only sends (set), so it never waits behind one.
-  std::mutex beat_mu_;  // guards beat_store_
+  std::mutex beat_mu_;  // guards beat_store_ and beats_
   c10::intrusive_ptr<c10d::Store> beat_store_;
+  uint64_t beats_ = 0;
   std::mutex sample_mu_;  // guards sample_store_ (the pointer; samplers hold their own reference)
   c10::intrusive_ptr<c10d::Store> sample_store_;
 
   std::mutex close_mu_;  // one close() at a time
-  std::mutex mu_;        // guards stop_
+  std::mutex mu_;        // guards everything below
   std::condition_variable cv_;
   bool stop_ = false;
-  std::thread thread_;
+  // Progress: the collectives started and not finished, with their names; the first failure.
+  uint64_t started_ = 0, finished_ = 0, failed_ = 0;
+  std::map<uint64_t, std::string> in_flight_;
+  std::chrono::steady_clock::time_point waiting_since_;  // when the oldest in-flight one started
+  // Diagnosis: how many wait for a sample, and until when to keep watching after one.
+  int wanted_ = 0;
+  std::chrono::steady_clock::time_point watch_until_;
+  Watch watch_;
+  std::string warned_;  // the culprits of the last warning
+  std::chrono::steady_clock::time_point warned_at_;
+  std::thread beat_thread_, watch_thread_;
 };
 
 }  // namespace dtcore

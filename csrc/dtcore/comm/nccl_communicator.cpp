@@ -221,8 +221,8 @@ class NcclWork final : public Work {
   enum Status : int { kPending, kSucceeded, kFailed };
 
   NcclWork(std::shared_ptr<NcclState> state, std::string what, std::vector<at::Tensor> keep_alive, cudaEvent_t done,
-           std::function<std::string()> diagnosis)
-      : Work(state->timeout),
+           std::function<std::string()> diagnosis, std::function<void(bool)> finished)
+      : Work(state->timeout, std::move(finished)),
         state_(std::move(state)),
         what_(std::move(what)),
         keep_alive_(std::move(keep_alive)),
@@ -289,12 +289,14 @@ class NcclWork final : public Work {
     if (query != nullptr) *query = rc;
     if (rc != cudaSuccess) return kPending;
     status_.compare_exchange_strong(status, kSucceeded);  // on failure, `status` holds the winner
-    return status_.load();
+    status = status_.load();
+    report_finished(status == kSucceeded);  // the flight recorder's end of it
+    return status;
   }
   // For abort_locked(), before ncclCommAbort: see Note [Abort marks in-flight work failed].
   void fail_unless_done() {
     int status = settle();
-    if (status == kPending) status_.compare_exchange_strong(status, kFailed);
+    if (status == kPending && status_.compare_exchange_strong(status, kFailed)) report_finished(false);
   }
 
  private:
@@ -341,8 +343,11 @@ void NcclState::abort_locked(const std::string& reason) {
 }
 
 NcclCommunicator::NcclCommunicator(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int device,
-                                   std::chrono::milliseconds timeout)
-    : Communicator(rank, size, timeout), state_(std::make_shared<NcclState>(rank, device, timeout)), device_(device) {
+                                   const Options& options)
+    : Communicator(rank, size, options),
+      state_(std::make_shared<NcclState>(rank, device, options.timeout)),
+      device_(device) {
+  const std::chrono::milliseconds timeout = options.timeout;
   NcclState& s = *state_;
   DeviceScope scope(device);
   ncclUniqueId id;
@@ -562,7 +567,7 @@ std::shared_ptr<Work> NcclCommunicator::launch(const Collective& c, std::vector<
   // owns it from here on.
   cudaEvent_t done = nullptr;
   s.check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-  auto work = std::make_shared<NcclWork>(state_, what, std::move(keep_alive), done, diagnosis_for(c));
+  auto work = std::make_shared<NcclWork>(state_, what, std::move(keep_alive), done, diagnosis_for(c), c.finished);
 
   ncclResult_t rc = enqueue(s.comm, s.stream);
   // Non-blocking: ncclInProgress means NCCL may not have put the kernel on the stream yet, so the

@@ -49,7 +49,10 @@ class NcclCommunicator final : public Communicator {
   // `store` is shared by all ranks (the rendezvous store, under a prefix of the caller's).
   // Throws CommError when rank 0's NCCL id never arrives or NCCL set-up fails or times out.
   NcclCommunicator(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int device,
-                   std::chrono::milliseconds timeout);
+                   const Options& options);
+  NcclCommunicator(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int device,
+                   std::chrono::milliseconds timeout)
+      : NcclCommunicator(store, rank, size, device, Options{timeout}) {}
   ~NcclCommunicator() override;  // close()
 
   std::string_view backend() const override { return "nccl"; }

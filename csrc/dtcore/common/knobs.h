@@ -39,6 +39,8 @@ inline constexpr Knob kBackend{"DTCORE_BACKEND", "auto", "Communicator: auto (NC
 inline constexpr Knob kTimeout{"DTCORE_TIMEOUT", "300", "Seconds that rendezvous and each collective may take before failing with the missing ranks; init(timeout=) beats it."};
 inline constexpr Knob kRdzvLogInterval{"DTCORE_RDZV_LOG_INTERVAL", "5", "Seconds between rendezvous progress lines that name the ranks still missing."};
 inline constexpr Knob kHeartbeatInterval{"DTCORE_HEARTBEAT_INTERVAL", "1", "Seconds between health heartbeats; a failed collective names ranks silent for two intervals."};
+inline constexpr Knob kCheckCollectives{"DTCORE_CHECK_COLLECTIVES", "auto", "Check that ranks call the same collectives before each call: auto (on Gloo, where a mismatch kills a rank; elsewhere by heartbeat), 1 (everywhere; slow on NCCL) or 0 (by heartbeat only)."};
+inline constexpr Knob kFlightRecorder{"DTCORE_FLIGHT_RECORDER", "2000", "Collectives each rank's flight recorder keeps for the post-mortem (dumped to the log on a failure or SIGUSR2); 0 keeps none."};
 inline constexpr Knob kStoreLibuv{"DTCORE_STORE_LIBUV", "auto", "TCPStore server backend: auto (libuv when this torch has it), 1 or 0."};
 inline constexpr Knob kLogLevel{"DTCORE_LOG_LEVEL", "info", "Console level: debug, info, warn or error."};
 inline constexpr Knob kLogRanks{"DTCORE_LOG_RANKS", "0", "Ranks whose info lines reach the console: a list such as 0,3 or 'all'; others print warnings and errors only."};
@@ -46,10 +48,25 @@ inline constexpr Knob kLogDir{"DTCORE_LOG_DIR", "", "Directory for per-rank log 
 // clang-format on
 
 // Every knob, in the order of docs/knobs.md.
-inline constexpr std::array<const Knob*, 16> kAll = {
-    &kRank,       &kWorldSize,  &kLocalRank, &kLocalWorldSize, &kNodeRank,        &kNumNodes,
-    &kMasterAddr, &kMasterPort, &kBackend,   &kTimeout,        &kRdzvLogInterval, &kHeartbeatInterval,
-    &kStoreLibuv, &kLogLevel,   &kLogRanks,  &kLogDir,
+inline constexpr std::array<const Knob*, 18> kAll = {
+    &kRank,
+    &kWorldSize,
+    &kLocalRank,
+    &kLocalWorldSize,
+    &kNodeRank,
+    &kNumNodes,
+    &kMasterAddr,
+    &kMasterPort,
+    &kBackend,
+    &kTimeout,
+    &kRdzvLogInterval,
+    &kHeartbeatInterval,
+    &kCheckCollectives,
+    &kFlightRecorder,
+    &kStoreLibuv,
+    &kLogLevel,
+    &kLogRanks,
+    &kLogDir,
 };
 
 }  // namespace knobs

@@ -34,6 +34,15 @@ double parse_seconds(const std::string& text, const std::string& shown) {
   return seconds;
 }
 
+int64_t parse_count(const std::string& text, const std::string& shown) {
+  int64_t n = -1;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || n < 0 || n > 10'000'000) {
+    throw BadValue{detail::cat(shown, " is not a count from 0 to 10000000."), "use a whole number such as 2000."};
+  }
+  return n;
+}
+
 std::string parse_choice(const std::string& text, const std::string& shown, std::initializer_list<const char*> choices,
                          std::string_view what) {
   std::string v = ascii_lower(text);
@@ -221,6 +230,11 @@ Settings read_settings(const Env& env, const Arguments& args, std::vector<Proble
         return parse_choice(t, shown, {"auto", "1", "0"}, "auto, 1 or 0");
       });
   s.heartbeat_interval_s = r.get<double>("heartbeat_interval", knobs::kHeartbeatInterval, parse_seconds);
+  s.check_collectives = r.get<std::string>("check_collectives", knobs::kCheckCollectives,
+                                           [](const std::string& t, const std::string& shown) {
+                                             return parse_choice(t, shown, {"auto", "1", "0"}, "auto, 1 or 0");
+                                           });
+  s.flight_records = r.get<int64_t>("flight_records", knobs::kFlightRecorder, parse_count);
   r.finish();
   return s;
 }

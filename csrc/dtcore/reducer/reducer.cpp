@@ -49,7 +49,11 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
     s.accumulator = torch::autograd::impl::grad_accumulator(s.param);
     s.hook_key = s.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
         [this, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-          on_grad_ready(i);
+          try {
+            on_grad_ready(i);
+          } catch (...) {
+            raise(std::current_exception());
+          }
           return outputs;
         }));
   }
@@ -177,11 +181,18 @@ void Reducer::launch_ready_locked() {
       b.sent = b.buffer.to(*options_.comm_dtype);  // copied back into the buffer in finalize()
       payload = b.sent;
     }
-    b.work = comm_->all_reduce(payload, ReduceOp::Avg);  // overlaps with the rest of backward
+    // Overlaps with the rest of backward; the label names it in the flight recorder.
+    b.work = comm_->all_reduce(payload, ReduceOp::Avg, detail::cat("bucket ", next_bucket_, "/", buckets_.size()));
     if (next_bucket_ == buckets_.size()) {
       // The last one: collect them all when this backward ends. Queued now rather than at the
       // first hook, so that a nested backward (reentrant checkpointing) cannot end it early.
-      torch::autograd::Engine::get_default_engine().queue_callback([this] { finalize(); });
+      torch::autograd::Engine::get_default_engine().queue_callback([this] {
+        try {
+          finalize();
+        } catch (...) {
+          raise(std::current_exception());
+        }
+      });
     }
   }
 }
@@ -259,6 +270,11 @@ void Reducer::finalize() {
   reset_locked();
   if (failure) std::rethrow_exception(failure);
   ++reductions_;
+}
+
+void Reducer::raise(std::exception_ptr error) const {
+  if (rethrow_) rethrow_(error);
+  std::rethrow_exception(error);  // also when rethrow_ returned, which it must not
 }
 
 void Reducer::rebuild_if_needed() {

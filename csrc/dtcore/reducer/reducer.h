@@ -26,6 +26,8 @@
 // by one mutex. One backward at a time per Reducer.
 #pragma once
 
+#include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -76,6 +78,13 @@ class Reducer {
   // nothing). Marked then, not now, so that every rank issues its collectives inside backward.
   void find_unused(const std::vector<at::Tensor>& outputs);
 
+  // How an error raised inside backward (a hook, or the final wait) leaves autograd. By default it
+  // is rethrown as is, and autograd's Python face turns any C++ exception into RuntimeError; the
+  // Python binding installs one that keeps the error's class (CommError, ConfigError), so that
+  // `except dtcore.CommError` works around loss.backward(). Set before the first backward.
+  using Rethrow = std::function<void(std::exception_ptr)>;
+  void set_rethrow(Rethrow rethrow) { rethrow_ = std::move(rethrow); }
+
   const std::vector<Bucket>& buckets() const { return plan_; }
   // Backward passes fully reduced so far.
   int64_t reductions() const;
@@ -97,8 +106,9 @@ class Reducer {
     at::Tensor sent;  // with comm_dtype: the buffer cast for the collective, copied back at the end
   };
 
-  void on_grad_ready(size_t slot);  // autograd post-hook, on an engine thread
-  void finalize();                  // queued with the engine when the last bucket starts
+  void on_grad_ready(size_t slot);                          // autograd post-hook, on an engine thread
+  void finalize();                                          // queued with the engine when the last bucket starts
+  [[noreturn]] void raise(std::exception_ptr error) const;  // through rethrow_
   void reset_locked();
   void launch_ready_locked();       // starts buckets next_bucket_, ... while they are complete
   void adopt_grad_locked(Slot& s);  // makes s.param.grad the bucket view again, keeping its value
@@ -108,6 +118,7 @@ class Reducer {
 
   std::shared_ptr<Communicator> comm_;
   Options options_;
+  Rethrow rethrow_;
   BucketCaps caps_;  // options_'s caps in bytes
   std::vector<GradSpec> specs_;
   std::vector<Bucket> plan_;

@@ -21,8 +21,10 @@ import contextlib
 import dataclasses
 import datetime
 import logging
+import os
 import random
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -277,6 +279,14 @@ def _torch_process_group(backend: str, store: Any, rank: int, world: int, timeou
     return True
 
 
+def _flight_record_path(spec: Any, settings: _C.Settings) -> str:
+    """Where this rank's flight record goes on a failure or SIGUSR2: beside its log when there is
+    one, else in a folder of the job's under the temporary directory, the same on every rank of a host."""
+    job = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{spec.job_id}-{spec.master_port}")
+    folder = settings.log_dir or os.path.join(tempfile.gettempdir(), f"dtcore-flight-{job}")
+    return os.path.join(folder, f"flight-rank{spec.rank}.jsonl")
+
+
 def _connect(rdzv: Any, backend: str, device: torch.device, settings: _C.Settings, torch_distributed: bool):
     """Communicator, health monitor and (optionally) torch's default group, on the rendezvous store."""
     store, spec, timeout = rdzv.store, rdzv.spec, settings.timeout_s
@@ -284,7 +294,7 @@ def _connect(rdzv: Any, backend: str, device: torch.device, settings: _C.Setting
     owns_pg = False
     try:
         if backend == "nccl":
-            comm = _C.nccl_communicator(store, spec.rank, spec.world_size, device.index, timeout)
+            comm = _C.nccl_communicator(store, spec.rank, spec.world_size, device.index, settings)
         else:
             try:
                 pg = dist.ProcessGroupGloo(
@@ -296,9 +306,10 @@ def _connect(rdzv: Any, backend: str, device: torch.device, settings: _C.Setting
                     "Fix: check that every host can reach every other (firewall) and that GLOO_SOCKET_IFNAME, if "
                     "set, names an interface that exists on every host."
                 ) from e
-            comm = _C.gloo_communicator(pg, timeout)
+            comm = _C.gloo_communicator(pg, settings)
         health = _C.health_monitor(rdzv, settings)
         comm.set_health(health)  # a failed collective now names dead or stalled ranks
+        comm.set_flight_dump(_flight_record_path(spec, settings), rdzv.roster()[spec.rank].host)
         # init() returns when the whole job is up: a rank that failed to set up is named here,
         # on every other rank, instead of surfacing later in the user's first collective.
         comm.barrier().wait()

@@ -21,6 +21,12 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 when nothing failed (warnings allowed), 1 when an item failed, 2 for bad usage. "
         "Items and the JSON schema: docs/check.md.",
     )
+    p.add_argument(
+        "--analyze",
+        metavar="DIR",
+        help="instead of checking, read the ranks' flight records (flight-rank<r>.jsonl) in DIR and name where "
+        "they diverged, which rank fell behind, or the first failure; exit 1 when a problem was found",
+    )
     p.add_argument("--json", action="store_true", help=f"print the report as one JSON document (schema {SCHEMA})")
     p.add_argument(
         "--checkpoint-dir",
@@ -103,6 +109,15 @@ def _torch_mismatch_report(error: str) -> Report:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)  # exits 2 on bad usage
+    if args.analyze is not None:
+        from ._analyze import analyze
+
+        try:
+            found, text = analyze(args.analyze)
+        except ValueError as e:
+            _parser().error(str(e))
+        print(text, flush=True)
+        return 1 if found else 0
     from .. import _guard
 
     if _guard.load_error is not None:

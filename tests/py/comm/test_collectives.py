@@ -53,19 +53,34 @@ def test_main_process_first_runs_the_block(fresh_dtcore):
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("mode", ["die", "stall"])
-def test_dead_or_stalled_rank_is_named_on_the_survivors(mode):
+@pytest.mark.parametrize(
+    "mode, buckets",
+    [("die", 1), ("stall", 1), ("stop", 1), ("die-backward", 8), ("stop-backward", 8)],
+)
+def test_dead_stopped_or_stalled_rank_is_named_on_the_survivors(mode, buckets):
+    """Named by rank, host and pid, told apart (dead, stopped, stalled), the other survivor never
+    blamed; inside backward as CommError (not autograd's RuntimeError), once, whatever the buckets."""
     port, timeout = free_port(), 3.0
     envs = [clean_env(**torchrun_style(rank, 3, port)) for rank in range(3)]
-    results, sessions = run_ranks("failure_worker.py", envs, args=(mode, str(timeout)), timeout=60)
+    results, sessions = run_ranks("failure_worker.py", envs, args=(mode, str(timeout), str(buckets)), timeout=60)
+    fault = mode.removesuffix("-backward")
     for r in results[:2]:
         j = r.json()
         assert not j["ok"], describe(results)
-        assert "rank 2 (host " in j["message"], j["message"]
-        if mode == "die":
-            assert "no heartbeat" in j["message"] and "dead: rank 2" in j["message"], j["message"]
+        assert j["type"] == "CommError", j
+        message = j["message"]
+        assert "rank 2 (host " in message, message
+        if fault == "die":
+            assert "no heartbeat" in message and "root cause: rank 2 (dead)" in message, message
+            assert "no process" in message, message  # one host: the process was looked for
+        elif fault == "stop":
+            assert "root cause: rank 2 (stopped)" in message and "kill -CONT" in message, message
         else:
-            assert "timed out" in j["message"], j["message"]
-            assert "alive, but has not started all_reduce" in j["message"], j["message"]
-        assert j["seconds"] < timeout + 5.0, j  # the failure, then about two heartbeats of diagnosis
+            assert "timed out" in message, message
+            assert "alive, but has not started all_reduce" in message, message
+            assert "root cause: rank 2 (stalled)" in message, message
+        other = 1 - j["rank"]  # the other survivor is a victim, never the cause
+        assert f"root cause: rank {other}" not in message, message
+        assert message.count("health check on rank") <= 1, message  # one diagnosis, not one per bucket
+        assert j["seconds"] < timeout + 2.5, j  # the failure, then about two heartbeats of diagnosis
     assert not leftover_processes(sessions)

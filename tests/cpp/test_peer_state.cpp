@@ -1,0 +1,101 @@
+// Peer state: the heartbeat's encoding, a process's state, and the judgement of a job's ranks.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "dtcore/comm/peer_state.h"
+
+using namespace dtcore;
+
+TEST(Beat, RoundTripsAndRefusesForeignValues) {
+  Beat b{41, 17, 16, Beat::State::kFailed, 17};
+  EXPECT_EQ(b.encode(), "41:17:16:f:17");
+  auto back = Beat::decode(b.encode());
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->count, 41u);
+  EXPECT_EQ(back->started, 17u);
+  EXPECT_EQ(back->finished, 16u);
+  EXPECT_EQ(back->state, Beat::State::kFailed);
+  EXPECT_EQ(back->failed, 17u);
+  EXPECT_TRUE(back->in_collective());
+  for (const char* bad : {"", "3:4", "1:2:3:r", "1:2:3:q:0", "1:2:3:rr:0", "a:2:3:r:0", "1:2:3:r:0:9", "-1:2:3:r:0"}) {
+    EXPECT_FALSE(Beat::decode(bad)) << bad;
+  }
+}
+
+TEST(ProcessState, ReadsStatesFromProc) {
+  EXPECT_EQ(process_state(getpid()), ProcessState::kRunning);
+  EXPECT_EQ(process_state(0), ProcessState::kUnknown);
+  auto root = std::filesystem::temp_directory_path() / ("dtcore-proc-" + std::to_string(getpid()));
+  for (auto [pid, stat] : {std::pair{101, "101 (python) T 1 2"}, {102, "102 (a) b) (c) t 1"}, {103, "103 (x) Z 1"}}) {
+    std::filesystem::create_directories(root / std::to_string(pid));
+    std::ofstream(root / std::to_string(pid) / "stat") << stat << "\n";
+  }
+  EXPECT_EQ(process_state(101, root.string()), ProcessState::kStopped);
+  EXPECT_EQ(process_state(102, root.string()), ProcessState::kStopped);  // a name with ") " in it
+  EXPECT_EQ(process_state(103, root.string()), ProcessState::kGone);     // a zombie has exited
+  EXPECT_EQ(process_state(104, root.string()), ProcessState::kGone);
+  std::filesystem::remove_all(root);
+}
+
+namespace {
+PeerView view(uint64_t started, uint64_t finished, double silent = 0.1, ProcessState p = ProcessState::kUnknown) {
+  PeerView v;
+  v.host = "h";
+  v.pid = 100;
+  v.seen = true;
+  v.beat = Beat{5, started, finished};
+  v.silent_s = silent;
+  v.process = p;
+  return v;
+}
+}  // namespace
+
+TEST(Judge, AStoppedRankOnThisHostIsNamedStoppedNotDead) {
+  std::vector<PeerView> views{view(92, 91), view(92, 91), view(91, 91, 7.0, ProcessState::kStopped)};
+  Diagnosis d = judge(views, 0, 92, "all_reduce", 2.2);
+  EXPECT_EQ(d.culprits, std::vector<int>{2});
+  EXPECT_EQ(d.culprit_kind, "stopped");
+  std::string text = d.text(0);
+  EXPECT_NE(text.find("rank 2 (host h, pid 100): no heartbeat for 7 s; the process is stopped (state T"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("kill -CONT 100"), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 1: waiting in all_reduce #92 like this rank"), std::string::npos) << text;
+  EXPECT_EQ(text.find("exited"), std::string::npos) << text;
+}
+
+TEST(Judge, AGoneProcessIsDead) {
+  std::vector<PeerView> views{view(3, 2), view(2, 2, 3.0, ProcessState::kGone)};
+  Diagnosis d = judge(views, 0, 3, "barrier", 2.2);
+  EXPECT_EQ(d.culprit_kind, "dead");
+  EXPECT_NE(d.text(0).find("the process has exited (no process 100 on this host)"), std::string::npos);
+}
+
+TEST(Judge, DeadRanksComeBeforeStalledOnesAsTheRootCause) {
+  std::vector<PeerView> views{view(9, 8), view(8, 8), view(8, 8, 5.0, ProcessState::kGone), view(9, 8)};
+  Diagnosis d = judge(views, 0, 9, "all_reduce", 2.2);
+  EXPECT_EQ(d.culprits, std::vector<int>{2});
+  EXPECT_NE(d.text(0).find("rank 1 (host h, pid 100): alive, but has not started all_reduce #9"), std::string::npos);
+  EXPECT_NE(d.text(0).find("rank 3: waiting in all_reduce #9"), std::string::npos);
+}
+
+TEST(Judge, ARankInAnEarlierCollectiveIsBehindNotStalled) {
+  std::vector<PeerView> views{view(9, 8), view(8, 7)};
+  Diagnosis d = judge(views, 0, 9, "all_reduce", 2.2);
+  EXPECT_EQ(d.culprit_kind, "behind");
+  EXPECT_NE(d.text(0).find("still waiting in its own collective #8"), std::string::npos);
+}
+
+TEST(Judge, FailedRanksAreNamedButNeverTheRootCause) {
+  std::vector<PeerView> views{view(4, 3), view(4, 4)};
+  views[1].beat.state = Beat::State::kFailed;
+  views[1].beat.failed = 4;
+  Diagnosis d = judge(views, 0, 4, "all_reduce", 2.2);
+  EXPECT_TRUE(d.culprits.empty());
+  EXPECT_NE(d.text(0).find("alive; its collective #4 failed there"), std::string::npos);
+  EXPECT_EQ(d.text(0).find("root cause"), std::string::npos);
+}
