@@ -5,6 +5,7 @@
 #include "dtcore/common/error.h"
 
 using dtcore::ConfigError;
+using dtcore::count_hosts;
 using dtcore::expand_hostlist;
 using dtcore::expand_tasks_per_node;
 using dtcore::first_host;
@@ -39,6 +40,20 @@ TEST(Hostlist, MalformedListsNameTheVariable) {
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("SLURM_JOB_NODELIST"), std::string::npos) << e.what();
     }
+  }
+}
+
+TEST(Hostlist, CountWithoutExpanding) {
+  EXPECT_EQ(count_hosts("localhost", "X"), 1u);
+  EXPECT_EQ(count_hosts("gpu[01-04,07],cpu3", "X"), 6u);
+  EXPECT_EQ(count_hosts("rack[1-2]-gpu[01-02],x", "X"), 5u);
+  for (const char* text : {"gpu[01-04,07],cpu3", "rack[1-2]-gpu[01-02]", "a,,b", "n[8-11]"}) {
+    EXPECT_EQ(count_hosts(text, "X"), expand_hostlist(text, "X").size()) << text;
+  }
+  // A product too large to expand saturates instead.
+  EXPECT_EQ(count_hosts("a[0-999999]b[0-999999]", "X"), 1'000'000'000u);
+  for (const char* bad : {"gpu[01-04", "gpu[04-01]", "gpu[a-b]", "", ","}) {
+    EXPECT_THROW(count_hosts(bad, "SLURM_JOB_NODELIST"), ConfigError) << bad;
   }
 }
 

@@ -3,10 +3,14 @@
 
 #include "dtcore/bootstrap/launcher.h"
 #include "dtcore/common/error.h"
+#include "expect_error.h"
 
 using namespace dtcore;
+using dtcore::testing::error_of;
+using dtcore::testing::expect_contains;
 
 namespace {
+using Vars = std::map<std::string, std::string, std::less<>>;
 Env env(std::map<std::string, std::string, std::less<>> vars) { return Env(std::move(vars)); }
 
 std::map<std::string, std::string, std::less<>> torchrun_vars() {
@@ -21,6 +25,34 @@ std::map<std::string, std::string, std::less<>> torchrun_vars() {
           {"MASTER_PORT", "29400"},
           {"TORCHELASTIC_USE_AGENT_STORE", "True"},
           {"TORCHELASTIC_RESTART_COUNT", "2"}};
+}
+
+// Rank 0 of 2 under srun on one node, as tests/py/launch_helpers.py's slurm_style.
+std::map<std::string, std::string, std::less<>> slurm_vars() {
+  return {{"SLURM_PROCID", "0"},
+          {"SLURM_NTASKS", "2"},
+          {"SLURM_LOCALID", "0"},
+          {"SLURM_NODEID", "0"},
+          {"SLURM_NNODES", "1"},
+          {"SLURM_TASKS_PER_NODE", "2"},
+          {"SLURM_JOB_NODELIST", "localhost"},
+          {"SLURM_JOB_ID", "4242"},
+          {"MASTER_PORT", "29400"}};
+}
+
+// Plain env:// style, rank 0 of 2.
+std::map<std::string, std::string, std::less<>> env_style_vars() {
+  return {{"RANK", "0"},
+          {"WORLD_SIZE", "2"},
+          {"LOCAL_RANK", "0"},
+          {"LOCAL_WORLD_SIZE", "2"},
+          {"MASTER_ADDR", "127.0.0.1"},
+          {"MASTER_PORT", "29400"}};
+}
+
+// The ConfigError read_world throws for `vars`; fails the test when there is none.
+std::string read_error(const std::map<std::string, std::string, std::less<>>& vars) {
+  return error_of<ConfigError>([&] { read_world(env(vars)); });
 }
 }  // namespace
 
@@ -246,4 +278,194 @@ TEST(Errors, RankWithoutWorldSizeAndWorldSizeWithoutRank) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("RANK is not set"), std::string::npos) << e.what();
   }
+}
+
+// Note [Launcher variables are read by presence]: a launcher variable set to "" is given, and wrong.
+
+TEST(PresentButEmpty, EnvRawSeesEmptyValuesThatGetHides) {
+  Env e = env({{"SLURM_PROCID", ""}, {"RANK", "1"}});
+  EXPECT_FALSE(e.get("SLURM_PROCID").has_value());  // get(): empty counts as unset, for knobs
+  EXPECT_FALSE(e.has("SLURM_PROCID"));
+  ASSERT_TRUE(e.raw("SLURM_PROCID").has_value());
+  EXPECT_EQ(*e.raw("SLURM_PROCID"), "");
+  EXPECT_TRUE(e.present("SLURM_PROCID"));
+  EXPECT_EQ(e.raw("RANK"), std::optional<std::string>("1"));
+  EXPECT_FALSE(e.raw("WORLD_SIZE").has_value());
+  EXPECT_FALSE(e.present("WORLD_SIZE"));
+}
+
+TEST(PresentButEmpty, SlurmProcIdIsSlurmAndAnError) {
+  auto vars = slurm_vars();
+  vars["SLURM_PROCID"] = "";
+  EXPECT_EQ(detect_launcher(env(vars)), Launcher::Slurm);  // not a single process of its own
+  expect_contains(read_error(vars), {"SLURM_PROCID='' is set but empty (launcher: slurm)", "Fix: set SLURM_PROCID to",
+                                     "this task's rank", "srun"});
+}
+
+TEST(PresentButEmpty, OpenMpiRankIsOpenMpiAndAnError) {
+  Vars vars{{"OMPI_COMM_WORLD_RANK", ""}, {"OMPI_COMM_WORLD_SIZE", "2"}};
+  EXPECT_EQ(detect_launcher(env(vars)), Launcher::OpenMPI);
+  expect_contains(read_error(vars), {"OMPI_COMM_WORLD_RANK='' is set but empty (launcher: openmpi)", "Fix:", "mpirun"});
+}
+
+TEST(PresentButEmpty, PmiRankIsMpichAndAnError) {
+  Vars vars{{"PMI_RANK", ""}, {"PMI_SIZE", "2"}};
+  EXPECT_EQ(detect_launcher(env(vars)), Launcher::Mpich);
+  expect_contains(read_error(vars), {"PMI_RANK='' is set but empty (launcher: mpich)", "Fix:"});
+}
+
+TEST(PresentButEmpty, RankIsNotReportedAsUnset) {
+  auto vars = env_style_vars();
+  vars["RANK"] = "";
+  std::string m = read_error(vars);
+  expect_contains(m, {"RANK='' is set but empty (launcher: env)", "Fix: set RANK to this process's rank"});
+  EXPECT_EQ(m.find("not set"), std::string::npos) << m;
+  // Alone, too: an empty RANK is a broken launch, not a single process.
+  EXPECT_EQ(detect_launcher(env({{"RANK", ""}})), Launcher::Env);
+  expect_contains(read_error({{"RANK", ""}}), {"RANK='' is set but empty"});
+}
+
+TEST(PresentButEmpty, WorldSizeIsNotReportedAsUnset) {
+  auto vars = env_style_vars();
+  vars["WORLD_SIZE"] = "";
+  std::string m = read_error(vars);
+  expect_contains(m, {"WORLD_SIZE='' is set but empty (launcher: env)", "Fix: set WORLD_SIZE to"});
+  EXPECT_EQ(m.find("not set"), std::string::npos) << m;
+}
+
+TEST(PresentButEmpty, LocalRank) {
+  auto vars = env_style_vars();
+  vars["LOCAL_RANK"] = "";  // optional for plain env://, yet present: not derived
+  expect_contains(read_error(vars), {"LOCAL_RANK='' is set but empty (launcher: env)", "Fix: set LOCAL_RANK to"});
+  auto tr = torchrun_vars();
+  tr["LOCAL_RANK"] = "";
+  expect_contains(read_error(tr), {"LOCAL_RANK='' is set but empty (launcher: torchrun)"});
+}
+
+TEST(PresentButEmpty, LocalWorldSize) {
+  auto vars = env_style_vars();
+  vars["LOCAL_WORLD_SIZE"] = "";
+  expect_contains(read_error(vars), {"LOCAL_WORLD_SIZE='' is set but empty (launcher: env)", "Fix:"});
+  auto tr = torchrun_vars();
+  tr["LOCAL_WORLD_SIZE"] = "";
+  std::string m = read_error(tr);
+  expect_contains(m, {"LOCAL_WORLD_SIZE='' is set but empty (launcher: torchrun)"});
+  EXPECT_EQ(m.find("not set"), std::string::npos) << m;
+}
+
+TEST(PresentButEmpty, MasterAddr) {
+  auto vars = env_style_vars();
+  vars["MASTER_ADDR"] = "";  // not loopback
+  expect_contains(read_error(vars), {"MASTER_ADDR='' is set but empty (launcher: env)", "rank 0's host name"});
+  auto slurm = slurm_vars();
+  slurm["MASTER_ADDR"] = "";  // not the node list's first host
+  expect_contains(read_error(slurm), {"MASTER_ADDR='' is set but empty (launcher: slurm)"});
+}
+
+TEST(PresentButEmpty, MasterPort) {
+  auto vars = env_style_vars();
+  vars["MASTER_PORT"] = "";  // not torch's 29500
+  expect_contains(read_error(vars),
+                  {"MASTER_PORT='' is set but empty (launcher: env)", "a free TCP port such as 29500"});
+  auto slurm = slurm_vars();
+  slurm["MASTER_PORT"] = "";  // not the port derived from SLURM_JOB_ID
+  expect_contains(read_error(slurm), {"MASTER_PORT='' is set but empty (launcher: slurm)"});
+}
+
+TEST(PresentButEmpty, SlurmTasksPerNode) {
+  auto vars = slurm_vars();
+  vars["SLURM_TASKS_PER_NODE"] = "";
+  expect_contains(read_error(vars), {"SLURM_TASKS_PER_NODE='' is set but empty (launcher: slurm)", "e.g. 4(x2),3"});
+}
+
+TEST(PresentButEmpty, SlurmJobNodelist) {
+  auto vars = slurm_vars();
+  vars["SLURM_JOB_NODELIST"] = "";
+  expect_contains(read_error(vars),
+                  {"SLURM_JOB_NODELIST='' is set but empty (launcher: slurm)", "SLURM hostlist, e.g. gpu[01-04,07]"});
+  vars["MASTER_ADDR"] = "head";  // judged even when MASTER_ADDR makes it unneeded
+  expect_contains(read_error(vars), {"SLURM_JOB_NODELIST='' is set but empty"});
+  vars["SLURM_JOB_NODELIST"] = "gpu[01-";
+  expect_contains(read_error(vars), {"SLURM_JOB_NODELIST='gpu[01-'"});
+}
+
+TEST(PresentButEmpty, SlurmNtasksIsNamedNotSlurmNprocs) {
+  auto vars = slurm_vars();
+  vars["SLURM_NTASKS"] = "";
+  vars["SLURM_NPROCS"] = "2";  // a present SLURM_NTASKS is not skipped for the older name
+  std::string m = read_error(vars);
+  expect_contains(m, {"SLURM_NTASKS='' is set but empty (launcher: slurm)", "Fix: set SLURM_NTASKS to"});
+  EXPECT_EQ(m.find("SLURM_NPROCS"), std::string::npos) << m;
+  vars.erase("SLURM_NPROCS");
+  m = read_error(vars);
+  EXPECT_EQ(m.find("SLURM_NPROCS"), std::string::npos) << m;
+  // Neither set: the current name is the one to set.
+  vars.erase("SLURM_NTASKS");
+  expect_contains(read_error(vars), {"SLURM_NTASKS is not set"});
+  vars["SLURM_NPROCS"] = "2";  // the older name alone still works
+  EXPECT_EQ(read_world(env(vars)).world_size.source, "SLURM_NPROCS");
+}
+
+TEST(PresentButInvalid, SlurmJobId) {
+  auto vars = slurm_vars();
+  for (const char* bad : {"-1", "0", "12x", "99999999999"}) {
+    vars["SLURM_JOB_ID"] = bad;
+    expect_contains(read_error(vars), {"SLURM_JOB_ID='", bad, "' is not a SLURM job id", "Fix:"});
+  }
+  vars["SLURM_JOB_ID"] = "";
+  expect_contains(read_error(vars), {"SLURM_JOB_ID='' is set but empty (launcher: slurm)"});
+  vars["SLURM_JOB_ID"] = "4294967295";  // SLURM's ids are 32-bit unsigned
+  EXPECT_EQ(read_world(env(vars)).job_id.value, "4294967295");
+}
+
+TEST(PresentButEmpty, TorchelasticRunIdIsTorchrunAndAnError) {
+  auto vars = torchrun_vars();
+  vars["TORCHELASTIC_RUN_ID"] = "";
+  EXPECT_EQ(detect_launcher(env(vars)), Launcher::Torchrun);
+  expect_contains(read_error(vars), {"TORCHELASTIC_RUN_ID='' is set but empty (launcher: torchrun)"});
+}
+
+TEST(PresentButEmpty, TheLaunchersOwnJobIdIsJudgedEvenWhenAnotherIdComesFirst) {
+  Vars vars{{"OMPI_COMM_WORLD_RANK", "0"},
+            {"OMPI_COMM_WORLD_SIZE", "1"},
+            {"SLURM_JOB_ID", "77"},  // mpirun inside a SLURM allocation: SLURM's id is found first
+            {"OMPI_MCA_ess_base_jobid", ""}};
+  expect_contains(read_error(vars), {"OMPI_MCA_ess_base_jobid='' is set but empty (launcher: openmpi)", "Fix:"});
+  vars["OMPI_MCA_ess_base_jobid"] = "12345";
+  EXPECT_EQ(read_world(env(vars)).job_id.source, "SLURM_JOB_ID");
+}
+
+TEST(PresentButEmpty, AnotherLaunchersEmptyJobIdIsNotThisLaunchersProblem) {
+  auto vars = torchrun_vars();
+  vars["SLURM_JOB_ID"] = "";  // torchrun inside a SLURM allocation: SLURM's id is not read
+  WorldSpec s = read_world(env(vars));
+  EXPECT_EQ(s.job_id.value, "job1");
+  EXPECT_EQ(s.job_id.source, "TORCHELASTIC_RUN_ID");
+}
+
+TEST(PresentButEmpty, DtcoreKnobsStillTreatEmptyAsUnset) {
+  auto vars = env_style_vars();
+  vars["DTCORE_RANK"] = "";
+  vars["DTCORE_MASTER_PORT"] = "";
+  vars["DTCORE_MASTER_ADDR"] = "";
+  WorldSpec s = read_world(env(vars));
+  EXPECT_EQ(s.rank.source, "RANK");
+  EXPECT_EQ(s.master_port.source, "MASTER_PORT");
+  EXPECT_EQ(s.master_addr.source, "MASTER_ADDR");
+}
+
+TEST(PresentButEmpty, SourcesAreKept) {
+  WorldSpec s = read_world(env(slurm_vars()));
+  EXPECT_EQ(s.rank.source, "SLURM_PROCID");
+  EXPECT_EQ(s.world_size.source, "SLURM_NTASKS");
+  EXPECT_EQ(s.local_world_size.source, "SLURM_TASKS_PER_NODE");
+  EXPECT_EQ(s.num_nodes.source, "SLURM_NNODES");
+  EXPECT_EQ(s.master_addr.source, "first host of SLURM_JOB_NODELIST");
+  EXPECT_EQ(s.master_port.source, "MASTER_PORT");
+  ASSERT_TRUE(s.node_list.has_value());
+  EXPECT_EQ(s.node_list->source, "SLURM_JOB_NODELIST");
+  EXPECT_EQ(s.node_list->value, "localhost");
+  EXPECT_EQ(s.node_list_hosts, 1);
+  EXPECT_EQ(s.job_id.source, "SLURM_JOB_ID");
+  EXPECT_FALSE(read_world(env(torchrun_vars())).node_list.has_value());  // SLURM's only
 }

@@ -166,3 +166,39 @@ TEST(Validate, NegativeAndZeroSizes) {
   s.rank = {-1, "RANK"};
   expect_mentions(only_problem(s, gloo()), {"RANK=-1"});
 }
+
+TEST(Validate, SlurmNodeCountBeyondTheHostsOfTheNodeList) {
+  std::map<std::string, std::string, std::less<>> vars{{"SLURM_PROCID", "0"},
+                                                       {"SLURM_NTASKS", "2"},
+                                                       {"SLURM_LOCALID", "0"},
+                                                       {"SLURM_NODEID", "0"},
+                                                       {"SLURM_NNODES", "3"},
+                                                       {"SLURM_TASKS_PER_NODE", "2"},
+                                                       {"SLURM_JOB_NODELIST", "localhost"},
+                                                       {"SLURM_JOB_ID", "4242"},
+                                                       {"MASTER_PORT", "29500"}};
+  Problem p = only_problem(read_world(Env(vars)), gloo());
+  expect_mentions(p, {"SLURM_NNODES=3", "exceeds the 1 host(s)", "SLURM_JOB_NODELIST='localhost'", "srun -N 1"});
+  EXPECT_EQ(p.field, "num_nodes");
+  EXPECT_EQ(p.variable, "SLURM_NNODES");
+  EXPECT_EQ(p.value, "3");
+  // One ConfigError from validate_world, as for every problem.
+  EXPECT_THROW(validate_world(read_world(Env(vars)), gloo()), ConfigError);
+
+  // A step may use fewer nodes than the job's list names.
+  vars["SLURM_NNODES"] = "1";
+  vars["SLURM_JOB_NODELIST"] = "n[1-2]";
+  vars["MASTER_ADDR"] = "127.0.0.1";
+  EXPECT_TRUE(check_world(read_world(Env(vars)), gloo()).empty());
+  // Only where both are known: without a node list there is nothing to compare with.
+  vars["SLURM_NNODES"] = "3";
+  vars["SLURM_TASKS_PER_NODE"] = "1(x2)";
+  vars.erase("SLURM_JOB_NODELIST");
+  WorldSpec no_list = read_world(Env(vars));
+  EXPECT_FALSE(no_list.node_list.has_value());
+  for (const auto& problem : check_world(no_list, gloo())) EXPECT_NE(problem.field, "num_nodes") << problem.to_string();
+  // The step's own list is preferred, and is what the node count is checked against.
+  vars["SLURM_STEP_NODELIST"] = "n[1-2]";
+  vars["SLURM_JOB_NODELIST"] = "n[1-4]";
+  expect_mentions(only_problem(read_world(Env(vars)), gloo()), {"SLURM_NNODES=3", "SLURM_STEP_NODELIST='n[1-2]'"});
+}

@@ -1,5 +1,6 @@
 #include "dtcore/bootstrap/hostlist.h"
 
+#include <algorithm>
 #include <charconv>
 
 #include "dtcore/common/error.h"
@@ -33,6 +34,7 @@ std::vector<std::string_view> split_top_level(std::string_view text, std::string
   return parts;
 }
 
+constexpr size_t kMaxHostCount = 1'000'000'000;  // count_hosts() saturates here
 constexpr std::string_view kHostlistFix = " Fix: give a SLURM hostlist such as gpu[01-04,07],cpu3.";
 constexpr std::string_view kTasksFix = " Fix: give SLURM_TASKS_PER_NODE as SLURM writes it, e.g. 4(x2),3.";
 
@@ -46,9 +48,16 @@ long parse_number(std::string_view digits, std::string_view text, std::string_vi
   return value;
 }
 
-// Expands one bracket body "01-04,07" into zero-padded strings.
-std::vector<std::string> expand_range_list(std::string_view body, std::string_view text, std::string_view source) {
-  std::vector<std::string> out;
+// One range of a bracket body: "01-04" is {1, 4, 2}, "7" is {7, 7, 1}.
+struct Range {
+  long lo;
+  long hi;
+  size_t width;  // SLURM keeps the zero padding of the lower bound
+};
+
+// Parses one bracket body "01-04,07" into its ranges.
+std::vector<Range> parse_range_list(std::string_view body, std::string_view text, std::string_view source) {
+  std::vector<Range> out;
   size_t start = 0;
   while (start <= body.size()) {
     size_t comma = body.find(',', start);
@@ -63,16 +72,30 @@ std::vector<std::string> expand_range_list(std::string_view body, std::string_vi
                  " that runs backwards. Fix: write the smaller number first.");
     DTCORE_CHECK(hi - lo < 1000000, ConfigError, source, "='", text, "' has the range ", item,
                  " of more than a million hosts.", kHostlistFix);
-    size_t width = lo_s.size();  // SLURM keeps the zero padding of the lower bound
-    for (long v = lo; v <= hi; ++v) {
-      std::string s = std::to_string(v);
-      if (s.size() < width) s.insert(0, width - s.size(), '0');
-      out.push_back(std::move(s));
-    }
+    out.push_back(Range{lo, hi, lo_s.size()});
     if (comma == std::string_view::npos) break;
     start = comma + 1;
   }
   return out;
+}
+
+// Expands one bracket body "01-04,07" into zero-padded strings.
+std::vector<std::string> expand_range_list(std::string_view body, std::string_view text, std::string_view source) {
+  std::vector<std::string> out;
+  for (const Range& r : parse_range_list(body, text, source)) {
+    for (long v = r.lo; v <= r.hi; ++v) {
+      std::string s = std::to_string(v);
+      if (s.size() < r.width) s.insert(0, r.width - s.size(), '0');
+      out.push_back(std::move(s));
+    }
+  }
+  return out;
+}
+
+// A list such as "," names no host at all.
+void check_names_a_host(size_t hosts, std::string_view text, std::string_view source) {
+  DTCORE_CHECK(hosts > 0, ConfigError, source, "='", text,
+               "' names no host. Fix: set MASTER_ADDR to rank 0's host, or run under srun, which sets it.");
 }
 
 // Expands one top-level item, which may hold several bracket groups ("rack[1-2]-gpu[01-02]").
@@ -111,12 +134,40 @@ std::vector<std::string> expand(std::string_view text, std::string_view source, 
     expand_item(item, text, source, hosts, limit);
     if (hosts.size() >= limit) break;
   }
-  DTCORE_CHECK(!hosts.empty(), ConfigError, source, "='", text,
-               "' names no host. Fix: set MASTER_ADDR to rank 0's host, or run under srun, which sets it.");
+  check_names_a_host(hosts.size(), text, source);
   return hosts;
 }
 
+// a * b, or kMaxHostCount when the product exceeds it.
+size_t saturating_product(size_t a, size_t b) {
+  if (a != 0 && b > kMaxHostCount / a) return kMaxHostCount;
+  return std::min(a * b, kMaxHostCount);
+}
+
 }  // namespace
+
+size_t count_hosts(std::string_view text, std::string_view source) {
+  size_t total = 0;
+  for (std::string_view item : split_top_level(text, source)) {
+    if (item.empty()) continue;
+    size_t names = 1;  // the product of the sizes of the item's bracket groups
+    size_t pos = 0;
+    while (true) {
+      size_t open = item.find('[', pos);
+      if (open == std::string_view::npos) break;
+      size_t close = item.find(']', open);  // balanced: checked by split_top_level
+      size_t choices = 0;
+      for (const Range& r : parse_range_list(item.substr(open + 1, close - open - 1), text, source)) {
+        choices += static_cast<size_t>(r.hi - r.lo + 1);
+      }
+      names = saturating_product(names, choices);
+      pos = close + 1;
+    }
+    total = std::min(total + names, kMaxHostCount);
+  }
+  check_names_a_host(total, text, source);
+  return total;
+}
 
 std::vector<std::string> expand_hostlist(std::string_view text, std::string_view source) {
   return expand(text, source, static_cast<size_t>(-1));

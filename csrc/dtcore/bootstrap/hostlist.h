@@ -6,6 +6,7 @@
 // inside and outside brackets. Thread safety: pure functions.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,6 +16,10 @@ namespace dtcore {
 // Expands a hostlist into host names, in order. Throws ConfigError naming `source` and the
 // text when it is malformed (unbalanced brackets, a range that runs backwards, ...).
 std::vector<std::string> expand_hostlist(std::string_view text, std::string_view source);
+
+// The number of host names a hostlist expands to (duplicates counted), without expanding it;
+// saturates at a billion. ConfigError as expand_hostlist() when malformed or empty.
+size_t count_hosts(std::string_view text, std::string_view source);
 
 // The first host of a hostlist, without expanding the rest.
 std::string first_host(std::string_view text, std::string_view source);

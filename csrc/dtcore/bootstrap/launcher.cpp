@@ -1,6 +1,8 @@
 #include "dtcore/bootstrap/launcher.h"
 
+#include <algorithm>
 #include <charconv>
+#include <cstdint>
 
 #include "dtcore/bootstrap/hostlist.h"
 #include "dtcore/common/error.h"
@@ -17,30 +19,123 @@ struct Partial {
   DTCORE_WORLD_FIELDS(DTCORE_DECLARE_PARTIAL)
 #undef DTCORE_DECLARE_PARTIAL
   std::optional<Sourced<int>> tasks_over_nodes;
+  std::optional<Sourced<std::string>> node_list;
+  int node_list_hosts = 0;
 };
 
-std::optional<Sourced<int>> read_int(const Env& env, std::string_view name, Launcher launcher) {
-  auto text = env.get(name);
-  if (!text) return std::nullopt;
+// Note [Launcher variables are read by presence]
+// A launcher's own variable that is set counts as given, even when it is set to "": the launcher
+// is detected by presence (SLURM_PROCID='' means SLURM), and a present variable must be valid, so
+// SLURM_PROCID='' is a ConfigError naming it, never a silent "rank 0 of 1", and MASTER_PORT='' is
+// never a silent 29500. Hence Env::raw() here. DTCORE_* knobs keep Env::get(), where "" means
+// unset, by design (common/knobs.h).
+
+// What a launcher variable holds, for the fix of an error about it.
+struct VariableDoc {
+  std::string_view name;
+  std::string_view holds;
+  std::string_view unset = {};  // what unsetting it does; empty: the launcher sets it
+};
+
+constexpr std::string_view kHostlist = "the job's hosts as a SLURM hostlist, e.g. gpu[01-04,07]";
+constexpr VariableDoc kVariableDocs[] = {
+    {"RANK", "this process's rank (0 .. world size - 1)"},
+    {"WORLD_SIZE", "the number of processes in the job"},
+    {"LOCAL_RANK", "this process's index on its node (0 .. processes on the node - 1)"},
+    {"LOCAL_WORLD_SIZE", "the number of processes on this node"},
+    {"GROUP_RANK", "this node's index (0 .. nodes - 1)"},
+    {"NODE_RANK", "this node's index (0 .. nodes - 1)"},
+    {"GROUP_WORLD_SIZE", "the number of nodes"},
+    {"MASTER_ADDR", "rank 0's host name or IP address",
+     "torchrun sets it, under srun dtcore uses the first host of the node list, on one node loopback"},
+    {"MASTER_PORT", "a free TCP port such as 29500, the same on every rank",
+     "torchrun sets it, under srun dtcore derives one from SLURM_JOB_ID, otherwise it uses 29500"},
+    {"TORCHELASTIC_RUN_ID", "the job's id, the same on every rank"},
+    {"TORCHELASTIC_RESTART_COUNT", "the number of restarts so far, such as 0"},
+    {"SLURM_PROCID", "this task's rank (0 .. tasks - 1)"},
+    {"SLURM_NTASKS", "the number of tasks in the job"},
+    {"SLURM_NPROCS", "the number of tasks in the job"},
+    {"SLURM_LOCALID", "this task's index on its node (0 .. tasks on the node - 1)"},
+    {"SLURM_NODEID", "this node's index (0 .. nodes - 1)"},
+    {"SLURM_NNODES", "the number of nodes in the job step"},
+    {"SLURM_JOB_NUM_NODES", "the number of nodes in the job"},
+    {"SLURM_TASKS_PER_NODE", "the tasks on each node as SLURM writes them, e.g. 4(x2),3"},
+    {"SLURM_NTASKS_PER_NODE", "the number of tasks on each node"},
+    {"SLURM_STEP_NODELIST", kHostlist},
+    {"SLURM_JOB_NODELIST", kHostlist},
+    {"SLURM_NODELIST", kHostlist},
+    {"SLURM_JOB_ID", "the job's number, e.g. 123456"},
+    {"OMPI_COMM_WORLD_RANK", "this process's rank (0 .. world size - 1)"},
+    {"OMPI_COMM_WORLD_SIZE", "the number of processes in the job"},
+    {"OMPI_COMM_WORLD_LOCAL_RANK", "this process's index on its node"},
+    {"OMPI_COMM_WORLD_LOCAL_SIZE", "the number of processes on this node"},
+    {"OMPI_MCA_ess_base_jobid", "the job's id, the same on every rank"},
+    {"PMI_RANK", "this process's rank (0 .. world size - 1)"},
+    {"PMI_SIZE", "the number of processes in the job"},
+    {"MPI_LOCALRANKID", "this process's index on its node"},
+    {"MPI_LOCALNRANKS", "the number of processes on this node"},
+    {"PMI_JOBID", "the job's id, the same on every rank"},
+};
+
+// "set SLURM_PROCID to this task's rank (0 .. tasks - 1), or unset it and let srun set it."
+std::string fix_for(std::string_view name) {
+  for (const VariableDoc& doc : kVariableDocs) {
+    if (doc.name != name) continue;
+    if (!doc.unset.empty()) return detail::cat("set ", name, " to ", doc.holds, ", or unset it: ", doc.unset, ".");
+    std::string_view setter = name.starts_with("SLURM_")                             ? "srun"
+                              : name.starts_with("OMPI_")                            ? "Open MPI's mpirun"
+                              : name.starts_with("PMI_") || name.starts_with("MPI_") ? "mpiexec"
+                                                                                     : "the launcher";
+    return detail::cat("set ", name, " to ", doc.holds, ", or unset it and let ", setter, " set it.");
+  }
+  return detail::cat("set ", name, " to a whole number such as 0, or unset it and let the launcher set it.");
+}
+
+// A launcher variable as set; nullopt when it is not set at all, ConfigError when it is set to "".
+// See Note [Launcher variables are read by presence].
+std::optional<std::string> read_present(const Env& env, std::string_view name, Launcher launcher) {
+  auto text = env.raw(name);
+  DTCORE_CHECK(!text || !text->empty(), ConfigError, name, "='' is set but empty (launcher: ", launcher_name(launcher),
+               "). Fix: ", fix_for(name));
+  return text;
+}
+
+// `text` as a whole number in lo..hi, nothing else around it; nullopt otherwise.
+std::optional<long> whole_number(const std::string& text, long lo, long hi) {
   long value = 0;
-  const char* end = text->data() + text->size();
-  auto [ptr, ec] = std::from_chars(text->data(), end, value);
-  DTCORE_CHECK(ec == std::errc() && ptr == end && value >= INT32_MIN && value <= INT32_MAX, ConfigError, name, "='",
-               *text, "' is not an integer (launcher: ", launcher_name(launcher), "). Fix: set ", name,
-               " to a whole number such as 0, or unset it and let the launcher set it.");
-  return Sourced<int>{static_cast<int>(value), std::string(name)};
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr != end || value < lo || value > hi) return std::nullopt;
+  return value;
+}
+
+Sourced<int> parse_int(const std::string& text, std::string_view name, Launcher launcher) {
+  auto value = whole_number(text, INT32_MIN, INT32_MAX);
+  DTCORE_CHECK(value.has_value(), ConfigError, name, "='", text,
+               "' is not an integer (launcher: ", launcher_name(launcher), "). Fix: ", fix_for(name));
+  return Sourced<int>{static_cast<int>(*value), std::string(name)};
+}
+
+std::optional<Sourced<int>> read_int(const Env& env, std::string_view name, Launcher launcher) {
+  auto text = read_present(env, name, launcher);
+  if (!text) return std::nullopt;
+  return parse_int(*text, name, launcher);
+}
+
+[[noreturn]] void throw_not_set(std::string_view name, Launcher launcher, const char* hint) {
+  throw ConfigError(detail::cat(name, " is not set, but the environment looks like ", launcher_name(launcher), " (",
+                                hint, "). Fix: start the job with the launcher's own command (it sets ", name,
+                                "), or set ", name, " yourself."));
 }
 
 Sourced<int> require_int(const Env& env, const char* name, Launcher launcher, const char* hint) {
   auto v = read_int(env, name, launcher);
-  DTCORE_CHECK(v.has_value(), ConfigError, name, " is not set, but the environment looks like ",
-               launcher_name(launcher), " (", hint, "). Fix: start the job with the launcher's own command (it sets ",
-               name, "), or set ", name, " yourself.");
+  if (!v) throw_not_set(name, launcher, hint);
   return *v;
 }
 
-std::optional<Sourced<std::string>> read_str(const Env& env, const char* name) {
-  if (auto v = env.get(name)) return Sourced<std::string>{*v, name};
+std::optional<Sourced<std::string>> read_str(const Env& env, const char* name, Launcher launcher) {
+  if (auto v = read_present(env, name, launcher)) return Sourced<std::string>{*v, name};
   return std::nullopt;
 }
 
@@ -62,23 +157,35 @@ Partial read_torch_style(const Env& env, Launcher launcher) {
   p.node_rank = read_int(env, "GROUP_RANK", launcher);
   if (!p.node_rank) p.node_rank = read_int(env, "NODE_RANK", launcher);
   p.num_nodes = read_int(env, "GROUP_WORLD_SIZE", launcher);
-  p.master_addr = read_str(env, "MASTER_ADDR");
+  p.master_addr = read_str(env, "MASTER_ADDR", launcher);
   p.master_port = read_int(env, "MASTER_PORT", launcher);
   return p;
 }
 
+// SLURM_JOB_ID: SLURM numbers jobs from 1 (FirstJobId) within 32 bits.
+std::optional<long> read_slurm_job_id(const Env& env) {
+  auto text = read_present(env, "SLURM_JOB_ID", Launcher::Slurm);
+  if (!text) return std::nullopt;
+  auto id = whole_number(*text, 1, 4294967295L);
+  DTCORE_CHECK(id.has_value(), ConfigError, "SLURM_JOB_ID='", *text,
+               "' is not a SLURM job id, a whole number from 1 (launcher: slurm). Fix: ", fix_for("SLURM_JOB_ID"));
+  return id;
+}
+
 Partial read_slurm(const Env& env) {
   const Launcher l = Launcher::Slurm;
+  const char* hint = "SLURM_PROCID is set";
   Partial p;
-  p.rank = require_int(env, "SLURM_PROCID", l, "SLURM_PROCID is set");
+  p.rank = require_int(env, "SLURM_PROCID", l, hint);
   p.world_size = read_int(env, "SLURM_NTASKS", l);
-  if (!p.world_size) p.world_size = require_int(env, "SLURM_NPROCS", l, "SLURM_PROCID is set");
+  if (!p.world_size) p.world_size = read_int(env, "SLURM_NPROCS", l);  // the older name
+  if (!p.world_size) throw_not_set("SLURM_NTASKS", l, hint);
   p.local_rank = read_int(env, "SLURM_LOCALID", l);
   p.node_rank = read_int(env, "SLURM_NODEID", l);
   p.num_nodes = read_int(env, "SLURM_NNODES", l);
   if (!p.num_nodes) p.num_nodes = read_int(env, "SLURM_JOB_NUM_NODES", l);
   // Tasks per node may be uneven ("4(x2),3"): this node's count, and the total for validation.
-  if (auto tpn = env.get("SLURM_TASKS_PER_NODE")) {
+  if (auto tpn = read_present(env, "SLURM_TASKS_PER_NODE", l)) {
     auto counts = expand_tasks_per_node(*tpn, "SLURM_TASKS_PER_NODE");
     long total = 0;
     for (int c : counts) total += c;
@@ -89,21 +196,25 @@ Partial read_slurm(const Env& env) {
     }
   }
   if (!p.local_world_size) p.local_world_size = read_int(env, "SLURM_NTASKS_PER_NODE", l);
-  p.master_addr = read_str(env, "MASTER_ADDR");
-  if (!p.master_addr) {
-    for (const char* var : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
-      if (auto list = env.get(var)) {
-        p.master_addr = Sourced<std::string>{first_host(*list, var), std::string("first host of ") + var};
-        break;
-      }
+  // Every node list that is set must parse; the first names rank 0's host and bounds the node count.
+  for (const char* var : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+    auto list = read_present(env, var, l);
+    if (!list) continue;
+    size_t hosts = count_hosts(*list, var);
+    if (!p.node_list) {
+      p.node_list = Sourced<std::string>{*list, var};
+      p.node_list_hosts = static_cast<int>(std::min<size_t>(hosts, INT32_MAX));
     }
   }
+  p.master_addr = read_str(env, "MASTER_ADDR", l);
+  if (!p.master_addr && p.node_list) {
+    p.master_addr = Sourced<std::string>{first_host(p.node_list->value, p.node_list->source),
+                                         "first host of " + p.node_list->source};
+  }
+  auto job = read_slurm_job_id(env);
   p.master_port = read_int(env, "MASTER_PORT", l);
-  if (!p.master_port) {
-    if (auto job = read_int(env, "SLURM_JOB_ID", l)) {
-      p.master_port =
-          Sourced<int>{slurm_default_port(job->value), "derived from SLURM_JOB_ID=" + std::to_string(job->value)};
-    }
+  if (!p.master_port && job) {
+    p.master_port = Sourced<int>{slurm_default_port(*job), "derived from SLURM_JOB_ID=" + std::to_string(*job)};
   }
   return p;
 }
@@ -117,14 +228,28 @@ Partial read_mpi(const Env& env, Launcher l) {
   p.world_size = require_int(env, ompi ? "OMPI_COMM_WORLD_SIZE" : "PMI_SIZE", l, hint);
   p.local_rank = read_int(env, ompi ? "OMPI_COMM_WORLD_LOCAL_RANK" : "MPI_LOCALRANKID", l);
   p.local_world_size = read_int(env, ompi ? "OMPI_COMM_WORLD_LOCAL_SIZE" : "MPI_LOCALNRANKS", l);
-  p.master_addr = read_str(env, "MASTER_ADDR");
+  p.master_addr = read_str(env, "MASTER_ADDR", l);
   p.master_port = read_int(env, "MASTER_PORT", l);
   return p;
 }
 
-// A DTCORE_* variable beats the launcher's.
+// The variable that holds the launcher's own job id, or nullptr.
+const char* job_id_variable(Launcher launcher) {
+  switch (launcher) {
+    case Launcher::Torchrun:
+    case Launcher::Accelerate: return "TORCHELASTIC_RUN_ID";
+    case Launcher::Slurm: return "SLURM_JOB_ID";
+    case Launcher::OpenMPI: return "OMPI_MCA_ess_base_jobid";
+    case Launcher::Mpich: return "PMI_JOBID";
+    case Launcher::Env:
+    case Launcher::Single: return nullptr;
+  }
+  return nullptr;
+}
+
+// A DTCORE_* variable beats the launcher's; empty counts as unset (Env::get), as for every knob.
 void apply_knob(std::optional<Sourced<int>>& field, const Env& env, const Knob& knob) {
-  if (auto v = read_int(env, knob.name, Launcher::Env)) field = v;
+  if (auto text = env.get(knob.name)) field = parse_int(*text, knob.name, Launcher::Env);
 }
 void apply_knob(std::optional<Sourced<std::string>>& field, const Env& env, const Knob& knob) {
   if (auto v = knob_value(env, knob)) field = Sourced<std::string>{*v, std::string(knob.name)};
@@ -184,13 +309,15 @@ std::string_view launcher_name(Launcher launcher) {
 
 int slurm_default_port(long job_id) { return 15000 + static_cast<int>((job_id < 0 ? -job_id : job_id) % 15000); }
 
+// By presence: a variable set to "" still names its launcher. See Note [Launcher variables are read by presence].
 Launcher detect_launcher(const Env& env) {
-  if (env.has_prefix("ACCELERATE_") && (env.has("RANK") || env.has("WORLD_SIZE"))) return Launcher::Accelerate;
-  if (env.has("TORCHELASTIC_RUN_ID")) return Launcher::Torchrun;
-  if (env.has("OMPI_COMM_WORLD_RANK")) return Launcher::OpenMPI;
-  if (env.has("PMI_RANK")) return Launcher::Mpich;
-  if (env.has("SLURM_PROCID")) return Launcher::Slurm;
-  if (env.has("RANK") || env.has("WORLD_SIZE")) return Launcher::Env;
+  const bool torch_style = env.present("RANK") || env.present("WORLD_SIZE");
+  if (env.has_prefix("ACCELERATE_") && torch_style) return Launcher::Accelerate;
+  if (env.present("TORCHELASTIC_RUN_ID")) return Launcher::Torchrun;
+  if (env.present("OMPI_COMM_WORLD_RANK")) return Launcher::OpenMPI;
+  if (env.present("PMI_RANK")) return Launcher::Mpich;
+  if (env.present("SLURM_PROCID")) return Launcher::Slurm;
+  if (torch_style) return Launcher::Env;
   if (env.has_prefix("ACCELERATE_")) return Launcher::Accelerate;  // accelerate, one process
   return Launcher::Single;
 }
@@ -203,7 +330,7 @@ WorldSpec read_world(const Env& env, const WorldOverrides& o) {
     case Launcher::Torchrun:
     case Launcher::Env: p = read_torch_style(env, spec.launcher); break;
     case Launcher::Accelerate:
-      if (env.has("RANK") || env.has("WORLD_SIZE")) p = read_torch_style(env, spec.launcher);
+      if (env.present("RANK") || env.present("WORLD_SIZE")) p = read_torch_style(env, spec.launcher);
       break;
     case Launcher::Slurm: p = read_slurm(env); break;
     case Launcher::OpenMPI:
@@ -257,6 +384,8 @@ WorldSpec read_world(const Env& env, const WorldOverrides& o) {
   }
   spec.num_nodes = *p.num_nodes;
   spec.tasks_over_nodes = p.tasks_over_nodes;
+  spec.node_list = p.node_list;
+  spec.node_list_hosts = p.node_list_hosts;
 
   if (!p.master_addr) {
     DTCORE_CHECK(spec.num_nodes.value <= 1, ConfigError, "MASTER_ADDR is not set and the job spans ",
@@ -282,6 +411,8 @@ WorldSpec read_world(const Env& env, const WorldOverrides& o) {
     }
   }
   spec.cuda_visible_devices = env.get("CUDA_VISIBLE_DEVICES").value_or("");
+  // The launcher's own id variable must not be empty; another launcher's empty one is skipped.
+  if (const char* own_id = job_id_variable(spec.launcher)) read_present(env, own_id, spec.launcher);
   for (const char* var : {"TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid", "PMI_JOBID"}) {
     if (auto id = env.get(var)) {
       spec.job_id = Sourced<std::string>{*id, var};

@@ -6,7 +6,10 @@
 //   accelerate (ACCELERATE_*) > torchrun (TORCHELASTIC_RUN_ID) > Open MPI (OMPI_COMM_WORLD_RANK)
 //   > MPICH/Intel MPI (PMI_RANK) > SLURM (SLURM_PROCID) > plain RANK/WORLD_SIZE > single process.
 // torchrun and mpirun inside a SLURM allocation therefore win over the allocation's SLURM_*.
-// Values are parsed, not validated: check_world() (validate.h) judges them.
+// A launcher's variable counts when it is set, even to "" (SLURM_PROCID='' is SLURM, not a single
+// process), and one that is set must be readable: empty, not a number where one belongs, or a
+// malformed SLURM list is a ConfigError naming it. See Note [Launcher variables are read by presence].
+// Whether the values fit together is check_world()'s to judge (validate.h).
 // Thread safety: pure functions of their arguments.
 #pragma once
 
@@ -32,10 +35,12 @@ struct WorldOverrides {
 // wrong type, naming the argument as the user wrote it.
 WorldOverrides parse_overrides(const Arguments& arguments);
 
+// Which launcher started this process, by the presence of its variables (see above).
 Launcher detect_launcher(const Env& env);
 
-// Throws ConfigError for a value that is not an integer, or a required variable that is
-// missing, naming the variable, its value and the fix.
+// Throws ConfigError, on the first unreadable value, for a launcher variable that is set but empty
+// or not an integer (or not a list, or not a job id, where one belongs), or a required variable
+// that is missing, naming the variable, its value and the fix.
 WorldSpec read_world(const Env& env, const WorldOverrides& overrides = {});
 
 // The port a SLURM job uses when MASTER_PORT is unset: the same on every rank of the job,

@@ -83,6 +83,15 @@ std::vector<Problem> check_world(const WorldSpec& s, const WorldCheckOptions& o)
   }
   index_within("node_rank", s.node_rank, "num_nodes", s.num_nodes, "set it to the number of nodes.",
                "give each node a distinct index below the number of nodes (torchrun: --node_rank).");
+  // Only where both are known: SLURM's node list bounds the nodes (a step may use fewer than the job has).
+  if (s.node_list && s.num_nodes.value > s.node_list_hosts) {
+    add("num_nodes", s.num_nodes,
+        detail::cat(shown("num_nodes", s.num_nodes), " exceeds the ", s.node_list_hosts, " host(s) that ",
+                    as_written(s.node_list->source, s.node_list->value),
+                    " names: the job waits for nodes that do not exist."),
+        detail::cat("make the node count match the allocation (srun -N ", s.node_list_hosts,
+                    "), or correct the variable you set by hand."));
+  }
   // No GPU at all is choose_backend()'s to report; this is the case of too few.
   if (o.backend == "nccl" && o.visible_gpus > 0 && cuda_device_index(s, o.visible_gpus) >= o.visible_gpus) {
     std::string visible = s.cuda_visible_devices.empty() ? std::string("CUDA_VISIBLE_DEVICES unset")

@@ -51,6 +51,11 @@ struct WorldSpec {
   // Total tasks over all nodes when the launcher reports uneven nodes (SLURM_TASKS_PER_NODE);
   // then it replaces num_nodes * local_world_size in validation.
   std::optional<Sourced<int>> tasks_over_nodes;
+  // SLURM's node list as written (source: SLURM_STEP_NODELIST, SLURM_JOB_NODELIST or
+  // SLURM_NODELIST, whichever is set, in that order) and the number of hosts it names; unset
+  // under other launchers. The job cannot span more nodes than that: validation checks num_nodes.
+  std::optional<Sourced<std::string>> node_list;
+  int node_list_hosts = 0;
   // torchrun's agent already serves a TCPStore at master_addr:master_port; every rank
   // connects to it as a client instead of rank 0 serving (TORCHELASTIC_USE_AGENT_STORE). This is
   // the one judgement of that variable: init() follows it and the checker reports it.

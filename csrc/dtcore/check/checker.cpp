@@ -14,12 +14,6 @@ namespace {
 // NVML answers in well under a second; a GPU that fell off the bus makes it hang for minutes.
 constexpr std::chrono::milliseconds kGpuProbeDeadline{15000};
 
-std::optional<std::string> raw(const std::map<std::string, std::string>& env, const char* name) {
-  auto it = env.find(name);
-  if (it == env.end()) return std::nullopt;
-  return it->second;  // unlike Env::get, "" is a value: CUDA_VISIBLE_DEVICES="" hides every GPU
-}
-
 void append(std::vector<Item>& to, Items&& from) {
   for (Item& i : from.take()) to.push_back(std::move(i));
 }
@@ -36,7 +30,7 @@ CheckResult run_checks(const CheckInputs& in) {
   } else {
     r.gpus.hung = true;
   }
-  const auto cvd = raw(in.env, "CUDA_VISIBLE_DEVICES");
+  const auto cvd = env.raw("CUDA_VISIBLE_DEVICES");  // unlike Env::get, "" is a value: it hides every GPU
   r.visible_gpus = r.gpus.driver_loaded ? static_cast<int>(visible_devices(cvd, r.gpus.devices).indices.size()) : 0;
 
   // The settings and the backend exactly as init() reads and chooses them; a bad value is an item.

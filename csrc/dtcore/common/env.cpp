@@ -28,6 +28,12 @@ std::optional<std::string> Env::get(std::string_view name) const {
   return it->second;
 }
 
+std::optional<std::string> Env::raw(std::string_view name) const {
+  auto it = vars_.find(name);
+  if (it == vars_.end()) return std::nullopt;
+  return it->second;
+}
+
 bool Env::has_prefix(std::string_view prefix) const {
   auto it = vars_.lower_bound(prefix);
   return it != vars_.end() && std::string_view(it->first).starts_with(prefix);

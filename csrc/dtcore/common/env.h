@@ -20,9 +20,15 @@ class Env {
   // The current process environment.
   static Env from_process();
 
-  // The value of `name`; a variable set to the empty string counts as unset.
+  // The value of `name`; a variable set to the empty string counts as unset. Right for knobs
+  // (DTCORE_*, NCCL_*), where an empty value means "use the default".
   std::optional<std::string> get(std::string_view name) const;
   bool has(std::string_view name) const { return get(name).has_value(); }
+
+  // The value of `name` as set, the empty string included; nullopt only when it is not set at all.
+  // Right for a launcher's own variables, where SLURM_PROCID='' is a broken launch, not no launcher.
+  std::optional<std::string> raw(std::string_view name) const;
+  bool present(std::string_view name) const { return raw(name).has_value(); }
 
   // True when any variable starts with `prefix` (e.g. "ACCELERATE_").
   bool has_prefix(std::string_view prefix) const;

@@ -1,9 +1,13 @@
 """Real processes on loopback: every launcher style, 1, 2 and 4 ranks, and what goes wrong at start-up."""
 
+import json
 import socket
 import sys
 
 import pytest
+import torch
+
+from dtcore import _C
 
 from launch_helpers import (
     WORKERS,
@@ -141,6 +145,100 @@ def test_bad_values_fail_fast_with_config_error(env, expected):
     assert expected in j["message"], j["message"]
     assert "Fix:" in j["message"]
     assert j["seconds"] < 2.0  # validation happens before any waiting
+    assert not leftover_processes(sessions)
+
+
+# Note [Launcher variables are read by presence] (csrc/dtcore/bootstrap/launcher.cpp): a launcher
+# variable that is set, even to "", must be valid. Each case is one rank of a world of 2 (or a world
+# of 1 for the knobs) with one variable broken; before, each trained alone as "rank 0 of 1" or waited
+# for a rendezvous that could not happen. Case id -> (environment, what the ConfigError says).
+def _broken(style, variable: str, value: str = "", says: str = "", **also: str) -> tuple[dict[str, str], str]:
+    """Rank 0 of 2 in `style` (None: no launcher) with `variable` set to `value`; what the error says."""
+    env = dict(style(0, 2, 0)) if style else {}
+    env.update(also, **{variable: value})
+    return env, says or f"{variable}='{value}' is set but empty"
+
+
+_PRESENT_MUST_BE_VALID = {
+    "slurm_procid_empty": _broken(
+        slurm_style, "SLURM_PROCID", says="SLURM_PROCID='' is set but empty (launcher: slurm)"
+    ),
+    "ompi_rank_empty": _broken(
+        openmpi_style, "OMPI_COMM_WORLD_RANK", says="OMPI_COMM_WORLD_RANK='' is set but empty (launcher: openmpi)"
+    ),
+    "pmi_rank_empty": _broken(mpich_style, "PMI_RANK", says="PMI_RANK='' is set but empty (launcher: mpich)"),
+    "rank_empty": _broken(torchrun_style, "RANK", says="RANK='' is set but empty (launcher: env)"),
+    "world_size_empty": _broken(torchrun_style, "WORLD_SIZE"),
+    "local_rank_empty": _broken(torchrun_style, "LOCAL_RANK"),
+    "local_world_size_empty": _broken(torchrun_style, "LOCAL_WORLD_SIZE"),
+    "master_addr_empty": _broken(torchrun_style, "MASTER_ADDR"),
+    "master_port_empty": _broken(
+        torchrun_style, "MASTER_PORT", says="MASTER_PORT='' is set but empty (launcher: env). Fix: set MASTER_PORT to a"
+    ),
+    "slurm_master_port_empty": _broken(
+        slurm_style, "MASTER_PORT", says="MASTER_PORT='' is set but empty (launcher: slurm)"
+    ),
+    "slurm_ntasks_empty": _broken(slurm_style, "SLURM_NTASKS", SLURM_NPROCS="2"),  # named, not the older name
+    "slurm_tasks_per_node_empty": _broken(slurm_style, "SLURM_TASKS_PER_NODE"),
+    "slurm_job_nodelist_empty": _broken(slurm_style, "SLURM_JOB_NODELIST"),
+    "slurm_job_id_negative": _broken(slurm_style, "SLURM_JOB_ID", "-1", "SLURM_JOB_ID='-1' is not a SLURM job id"),
+    "slurm_nnodes_beyond_the_node_list": _broken(
+        slurm_style,
+        "SLURM_NNODES",
+        "3",
+        "SLURM_NNODES=3 exceeds the 1 host(s) that SLURM_JOB_NODELIST='localhost' names",
+    ),
+    "log_ranks_negative": _broken(None, "DTCORE_LOG_RANKS", "-1", "DTCORE_LOG_RANKS='-1' is not a list of ranks"),
+    "backend_nccl_without_a_gpu": _broken(
+        None, "DTCORE_BACKEND", "nccl", "DTCORE_BACKEND='nccl', but torch sees no usable"
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def present_must_be_valid_results():
+    """Every case of _PRESENT_MUST_BE_VALID in one process (one start of torch), each fresh."""
+    port = str(free_port())  # where a case does wait, it waits alone on a port of its own
+    cases = {
+        case: {k: port if k == "MASTER_PORT" and v == "0" else v for k, v in env.items()}
+        for case, (env, _) in _PRESENT_MUST_BE_VALID.items()
+    }
+    timeout = 3.0
+    results, sessions = run_ranks(
+        "env_cases_worker.py", [clean_env()], args=(str(timeout), json.dumps(cases)), timeout=60 + 5 * len(cases)
+    )
+    assert not leftover_processes(sessions)
+    by_case = {j["case"]: j for j in results[0].json_lines()}
+    assert set(by_case) == set(cases), describe(results)
+    return by_case
+
+
+@pytest.mark.parametrize("case", list(_PRESENT_MUST_BE_VALID))
+def test_a_present_launcher_variable_must_be_valid(case, present_must_be_valid_results):
+    """A ConfigError at once that names the variable, its value and the fix; never a lone rank or a wait."""
+    if case == "backend_nccl_without_a_gpu" and _C.has_nccl and torch.cuda.is_available():
+        pytest.skip("this machine can run NCCL")
+    j = present_must_be_valid_results[case]
+    assert not j["ok"], j  # never "rank 0 of 1" on its own
+    assert j["type"] == "ConfigError", j
+    assert _PRESENT_MUST_BE_VALID[case][1] in j["message"], j["message"]
+    assert "Fix:" in j["message"], j["message"]
+    assert j["seconds"] < 2.0, j  # before any waiting
+
+
+@pytest.mark.parametrize("style", [slurm_style, openmpi_style, mpich_style], ids=["slurm", "openmpi", "mpich"])
+def test_an_empty_rank_on_every_process_fails_each_instead_of_training_alone(style):
+    """SLURM_PROCID='' (or OMPI_COMM_WORLD_RANK, PMI_RANK) on every rank of a job of 2: each process
+    raises a ConfigError at once, where before each trained alone as "rank 0 of 1"."""
+    rank_variable = next(iter(style(0, 2, 0)))
+    port, timeout = free_port(), 4.0
+    envs = [clean_env(**dict(style(rank, 2, port), **{rank_variable: ""})) for rank in range(2)]
+    results, sessions = run_ranks("init_worker.py", envs, args=(str(timeout),), timeout=timeout + 30)
+    for r in results:
+        j = r.json()
+        assert not j["ok"] and j["type"] == "ConfigError", describe(results)
+        assert f"{rank_variable}='' is set but empty" in j["message"] and "Fix:" in j["message"], j["message"]
+        assert j["seconds"] < 2.0, j
     assert not leftover_processes(sessions)
 
 

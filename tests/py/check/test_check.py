@@ -25,6 +25,7 @@ from launch_helpers import (
     leftover_processes,
     run_processes,
     run_ranks,
+    slurm_style,
     torchrun_style,
 )
 
@@ -144,6 +145,32 @@ def test_slurm_allocation_smaller_than_the_torchrun_job():
     )
     item = check(**env).item("launch.slurm_nodes")
     assert item.status == "FAIL" and "sbatch -N 2" in item.fix
+
+
+@pytest.mark.parametrize(
+    "variable,value,expected",
+    [
+        ("SLURM_PROCID", "", "SLURM_PROCID='' is set but empty (launcher: slurm)"),
+        ("MASTER_PORT", "", "MASTER_PORT='' is set but empty (launcher: slurm)"),
+        ("SLURM_JOB_ID", "-1", "SLURM_JOB_ID='-1' is not a SLURM job id"),
+    ],
+)
+def test_a_launcher_variable_that_is_present_must_be_valid(variable, value, expected):
+    """The checker reads the environment as init() does: SLURM_PROCID='' is SLURM, and wrong."""
+    report = check(**dict(slurm_style(0, 2, free_port()), **{variable: value}))
+    item = report.item("launch.env")
+    assert item.status == "FAIL", item
+    assert expected in item.message, item
+    assert variable in item.fix, item
+    assert "launch.launcher" not in {i.id for i in report.items}  # not judged as a single process
+
+
+def test_more_slurm_nodes_than_the_node_list_names():
+    """init()'s validation, item by item: SLURM_NNODES=3 where the node list names one host."""
+    nodes = check(**dict(slurm_style(0, 2, free_port()), SLURM_NNODES="3")).item("launch.num_nodes")
+    assert nodes.status == "FAIL", nodes
+    assert "SLURM_NNODES=3" in nodes.message and "SLURM_JOB_NODELIST='localhost'" in nodes.message, nodes
+    assert "srun -N 1" in nodes.fix, nodes
 
 
 def test_accelerate_config_for_gpus_on_a_machine_without(tmp_path):
