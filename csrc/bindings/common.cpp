@@ -45,17 +45,18 @@ void bind_common(py::module_& m) {
       .def_property_readonly("log_ranks", [](const Settings& s) { return s.log_ranks.value.to_string(); })
       .def_property_readonly("log_dir", [](const Settings& s) { return s.log_dir.value; })
       .def_property_readonly("rdzv_log_interval_s", [](const Settings& s) { return s.rdzv_log_interval_s.value; })
-      .def_property_readonly("store_libuv", [](const Settings& s) { return s.store_libuv.value; })
       .def_property_readonly("heartbeat_interval_s", [](const Settings& s) { return s.heartbeat_interval_s.value; })
-      .def_property_readonly(
-          "sources",
-          [](const Settings& s) {
-            return std::map<std::string, std::string>{
-                {"timeout_s", s.timeout_s.source},     {"backend", s.backend.source},
-                {"log_level", s.log_level.source},     {"log_ranks", s.log_ranks.source},
-                {"log_dir", s.log_dir.source},         {"rdzv_log_interval_s", s.rdzv_log_interval_s.source},
-                {"store_libuv", s.store_libuv.source}, {"heartbeat_interval_s", s.heartbeat_interval_s.source}};
-          })
+      .def_property_readonly("sources",
+                             [](const Settings& s) {
+                               return std::map<std::string, std::string>{
+                                   {"timeout_s", s.timeout_s.source},
+                                   {"backend", s.backend.source},
+                                   {"log_level", s.log_level.source},
+                                   {"log_ranks", s.log_ranks.source},
+                                   {"log_dir", s.log_dir.source},
+                                   {"rdzv_log_interval_s", s.rdzv_log_interval_s.source},
+                                   {"heartbeat_interval_s", s.heartbeat_interval_s.source}};
+                             })
       .def(
           "console_level",
           [](const Settings& s, int rank) { return std::string(log::level_name(s.console_level(rank))); },

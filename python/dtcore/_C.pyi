@@ -30,7 +30,6 @@ class Settings:
     log_ranks: str
     log_dir: str
     rdzv_log_interval_s: float
-    store_libuv: str
     heartbeat_interval_s: float
     sources: dict[str, str]
     def console_level(self, rank: int) -> str: ...
@@ -97,7 +96,6 @@ class Rendezvous:
     store: Any  # torch.distributed.Store
     port: int
     spec: WorldSpec
-    uses_libuv: bool
     def roster(self) -> list[RosterEntry]: ...
     def close(self) -> None: ...
 

@@ -1,12 +1,17 @@
 #include "dtcore/comm/health.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include <c10/util/Exception.h>
 
 #include "dtcore/bootstrap/roster.h"
 #include "dtcore/common/c10_error.h"
+#include "dtcore/common/call_until.h"
 #include "dtcore/common/error.h"
 #include "dtcore/common/log.h"
 #include "dtcore/common/units.h"
@@ -120,45 +125,29 @@ std::string HealthMonitor::diagnose(uint64_t failing_seq, const std::string& op_
 
   // Sampled on a detached thread: if the server is stopped (not gone), c10d's client waits for a
   // reply without bound, and this rank must still raise its error (see "Why two connections").
-  struct Result {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    std::vector<Sample> first, second;
-    std::string error;
-  };
-  auto result = std::make_shared<Result>();
+  using Samples = std::pair<std::vector<Sample>, std::vector<Sample>>;
   const auto wait = interval_ * 2 + interval_ / 5;
   const size_t world = peers_.size();
-  std::thread([result, store, wait, world] {
-    std::vector<Sample> first, second;
-    std::string error;
-    try {
-      first = sample(*store, world);
-      std::this_thread::sleep_for(wait);
-      second = sample(*store, world);
-    } catch (const std::exception& e) {
-      error = error_text(e);
-    }
-    std::lock_guard<std::mutex> lock(result->mu);
-    result->first = std::move(first);
-    result->second = std::move(second);
-    result->error = std::move(error);
-    result->done = true;
-    result->cv.notify_all();
-  }).detach();
-
-  std::unique_lock<std::mutex> lock(result->mu);
-  bool answered = result->cv.wait_for(lock, wait + request_bound_ * 2, [&] { return result->done; });
+  std::string error;
+  std::optional<Samples> samples = call_until<Samples>(
+      std::chrono::steady_clock::now() + wait + request_bound_ * 2,
+      [store, wait, world] {
+        Samples out;
+        out.first = sample(*store, world);
+        std::this_thread::sleep_for(wait);
+        out.second = sample(*store, world);
+        return out;
+      },
+      error);
   if (closed_) return "";  // shut down meanwhile: not a finding
-  if (!answered) {
+  if (!error.empty()) {
+    return detail::cat("health check: the rendezvous store is unreachable (", error, "), so ", store_owner_,
+                       " has exited or its host is down; look at its error first.");
+  }
+  if (!samples) {
     return detail::cat("health check: the rendezvous store did not answer within ",
                        std::chrono::duration<double>(wait + request_bound_ * 2).count(), " s, so ", store_owner_,
                        " is stopped or its host is unreachable; look at it first.");
-  }
-  if (!result->error.empty()) {
-    return detail::cat("health check: the rendezvous store is unreachable (", result->error, "), so ", store_owner_,
-                       " has exited or its host is down; look at its error first.");
   }
   std::vector<int> dead, stalled;
   std::string lines;
@@ -166,8 +155,8 @@ std::string HealthMonitor::diagnose(uint64_t failing_seq, const std::string& op_
     int r = static_cast<int>(i);
     if (r == rank_) continue;
     const PeerInfo& p = peers_[i];
-    const Sample& a = result->first[i];
-    const Sample& b = result->second[i];
+    const Sample& a = samples->first[i];
+    const Sample& b = samples->second[i];
     if (!b.present || b.beat == a.beat) {
       dead.push_back(r);
       lines += detail::cat("\n  - rank ", r, " (host ", p.host, ", pid ", p.pid, "): no heartbeat for ",

@@ -39,17 +39,18 @@ inline constexpr Knob kBackend{"DTCORE_BACKEND", "auto", "Communicator: auto (NC
 inline constexpr Knob kTimeout{"DTCORE_TIMEOUT", "300", "Seconds that rendezvous and each collective may take before failing with the missing ranks; init(timeout=) beats it."};
 inline constexpr Knob kRdzvLogInterval{"DTCORE_RDZV_LOG_INTERVAL", "5", "Seconds between rendezvous progress lines that name the ranks still missing."};
 inline constexpr Knob kHeartbeatInterval{"DTCORE_HEARTBEAT_INTERVAL", "1", "Seconds between health heartbeats; a failed collective names ranks silent for two intervals."};
-inline constexpr Knob kStoreLibuv{"DTCORE_STORE_LIBUV", "auto", "TCPStore server backend: auto (libuv when this torch has it), 1 or 0."};
+inline constexpr Knob kJobSecret{"DTCORE_JOB_SECRET", "", "Secret every rank proves to the rendezvous store; the same value on every node (needed for a multi-node job to be authenticated). Never logged."};
+inline constexpr Knob kJobSecretFile{"DTCORE_JOB_SECRET_FILE", "", "File (mode 0600) holding the job secret, e.g. on a shared filesystem; rank 0 writes a random one there when it is missing."};
 inline constexpr Knob kLogLevel{"DTCORE_LOG_LEVEL", "info", "Console level: debug, info, warn or error."};
 inline constexpr Knob kLogRanks{"DTCORE_LOG_RANKS", "0", "Ranks whose info lines reach the console: a list such as 0,3 or 'all'; others print warnings and errors only."};
 inline constexpr Knob kLogDir{"DTCORE_LOG_DIR", "", "Directory for per-rank log files (dtcore-<time>-rank<r>.log); init(log_dir=) beats it."};
 // clang-format on
 
 // Every knob, in the order of docs/knobs.md.
-inline constexpr std::array<const Knob*, 16> kAll = {
-    &kRank,       &kWorldSize,  &kLocalRank, &kLocalWorldSize, &kNodeRank,        &kNumNodes,
-    &kMasterAddr, &kMasterPort, &kBackend,   &kTimeout,        &kRdzvLogInterval, &kHeartbeatInterval,
-    &kStoreLibuv, &kLogLevel,   &kLogRanks,  &kLogDir,
+inline constexpr std::array<const Knob*, 17> kAll = {
+    &kRank,       &kWorldSize,     &kLocalRank, &kLocalWorldSize, &kNodeRank,        &kNumNodes,
+    &kMasterAddr, &kMasterPort,    &kBackend,   &kTimeout,        &kRdzvLogInterval, &kHeartbeatInterval,
+    &kJobSecret,  &kJobSecretFile, &kLogLevel,  &kLogRanks,       &kLogDir,
 };
 
 }  // namespace knobs

@@ -36,7 +36,6 @@ struct Settings {
   Sourced<LogRanks> log_ranks;
   Sourced<std::string> log_dir;          // "" = no log files
   Sourced<double> rdzv_log_interval_s;   // between rendezvous progress lines
-  Sourced<std::string> store_libuv;      // "auto", "1" or "0"
   Sourced<double> heartbeat_interval_s;  // health monitor beats
 
   // The console level of `rank`: the log level where DTCORE_LOG_RANKS selects it, else warnings
