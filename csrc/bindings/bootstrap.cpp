@@ -104,7 +104,6 @@ void bind_bootstrap(py::module_& m) {
       .def_property_readonly("store", &Rendezvous::store)
       .def_property_readonly("port", &Rendezvous::port)
       .def_property_readonly("spec", &Rendezvous::spec)
-      .def_property_readonly("uses_libuv", &Rendezvous::uses_libuv)
       .def("close", &Rendezvous::close, py::call_guard<py::gil_scoped_release>())
       .def("roster", &Rendezvous::roster, py::call_guard<py::gil_scoped_release>());
   m.def(

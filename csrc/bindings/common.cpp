@@ -62,10 +62,7 @@ void bind_common(py::module_& m) {
       .def_property_readonly("log_ranks", [](const Settings& s) { return s.log_ranks.value.to_string(); })
       .def_property_readonly("log_dir", [](const Settings& s) { return s.log_dir.value; })
       .def_property_readonly("rdzv_log_interval_s", [](const Settings& s) { return s.rdzv_log_interval_s.value; })
-      .def_property_readonly("store_libuv", [](const Settings& s) { return s.store_libuv.value; })
       .def_property_readonly("heartbeat_interval_s", [](const Settings& s) { return s.heartbeat_interval_s.value; })
-      .def_property_readonly("check_collectives", [](const Settings& s) { return s.check_collectives.value; })
-      .def_property_readonly("flight_records", [](const Settings& s) { return s.flight_records.value; })
       .def_property_readonly("check_collectives", [](const Settings& s) { return s.check_collectives.value; })
       .def_property_readonly("flight_records", [](const Settings& s) { return s.flight_records.value; })
       .def_property_readonly("sources",
@@ -77,7 +74,6 @@ void bind_common(py::module_& m) {
                                    {"log_ranks", s.log_ranks.source},
                                    {"log_dir", s.log_dir.source},
                                    {"rdzv_log_interval_s", s.rdzv_log_interval_s.source},
-                                   {"store_libuv", s.store_libuv.source},
                                    {"heartbeat_interval_s", s.heartbeat_interval_s.source},
                                    {"check_collectives", s.check_collectives.source},
                                    {"flight_records", s.flight_records.source}};

@@ -30,7 +30,6 @@ class Settings:
     log_ranks: str
     log_dir: str
     rdzv_log_interval_s: float
-    store_libuv: str
     heartbeat_interval_s: float
     check_collectives: str
     flight_records: int
@@ -99,7 +98,6 @@ class Rendezvous:
     store: Any  # torch.distributed.Store
     port: int
     spec: WorldSpec
-    uses_libuv: bool
     def roster(self) -> list[RosterEntry]: ...
     def close(self) -> None: ...
 

@@ -62,10 +62,11 @@ TEST(KnobRegistry, EveryKnobHasAOneLineDoc) {
 TEST(KnobRegistry, EveryDeclaredKnobIsListedOnce) {
   std::set<const Knob*> listed(knobs::kAll.begin(), knobs::kAll.end());
   EXPECT_EQ(listed.size(), knobs::kAll.size());
-  for (const Knob* k : {&knobs::kRank, &knobs::kWorldSize, &knobs::kLocalRank, &knobs::kLocalWorldSize,
-                        &knobs::kNodeRank, &knobs::kNumNodes, &knobs::kMasterAddr, &knobs::kMasterPort,
-                        &knobs::kBackend, &knobs::kTimeout, &knobs::kRdzvLogInterval, &knobs::kHeartbeatInterval,
-                        &knobs::kStoreLibuv, &knobs::kLogLevel, &knobs::kLogRanks, &knobs::kLogDir}) {
+  for (const Knob* k :
+       {&knobs::kRank, &knobs::kWorldSize, &knobs::kLocalRank, &knobs::kLocalWorldSize, &knobs::kNodeRank,
+        &knobs::kNumNodes, &knobs::kMasterAddr, &knobs::kMasterPort, &knobs::kBackend, &knobs::kTimeout,
+        &knobs::kRdzvLogInterval, &knobs::kHeartbeatInterval, &knobs::kJobSecret, &knobs::kJobSecretFile,
+        &knobs::kLogLevel, &knobs::kLogRanks, &knobs::kLogDir}) {
     EXPECT_TRUE(listed.count(k)) << k->name << " is not in knobs::kAll";
   }
 }

@@ -34,7 +34,6 @@ TEST(Settings, DefaultsComeFromTheKnobRegistry) {
   EXPECT_EQ(s.log_ranks.value.to_string(), "0");
   EXPECT_EQ(s.log_dir.value, "");
   EXPECT_EQ(s.rdzv_log_interval_s.value, 5.0);
-  EXPECT_EQ(s.store_libuv.value, "auto");
   EXPECT_EQ(s.heartbeat_interval_s.value, 1.0);
   for (const auto* source : {&s.timeout_s.source, &s.backend.source, &s.log_level.source, &s.log_dir.source}) {
     EXPECT_EQ(*source, "default");
@@ -76,11 +75,9 @@ TEST(Settings, BackendAutoAsAnArgumentDefersToTheVariable) {
 }
 
 TEST(Settings, WordsAreCaseFolded) {
-  Settings s = read_settings(
-      vars({{"DTCORE_BACKEND", "NCCL"}, {"DTCORE_LOG_LEVEL", "Warning"}, {"DTCORE_STORE_LIBUV", "AUTO"}}));
+  Settings s = read_settings(vars({{"DTCORE_BACKEND", "NCCL"}, {"DTCORE_LOG_LEVEL", "Warning"}}));
   EXPECT_EQ(s.backend.value, "nccl");
   EXPECT_EQ(s.log_level.value, log::Level::Warn);
-  EXPECT_EQ(s.store_libuv.value, "auto");
   EXPECT_EQ(read_settings(Env(), {{"backend", Argument{std::string("Gloo")}}}).backend.value, "gloo");
 }
 
@@ -88,7 +85,7 @@ TEST(Settings, OneBadValueIsOneConfigErrorWithItsFix) {
   std::string m = refusal(vars({{"DTCORE_TIMEOUT", "abc"}}));
   EXPECT_EQ(m.find("not valid:"), std::string::npos) << m;  // no list for a single problem
   expect_contains(m, {"DTCORE_TIMEOUT='abc' is not a positive number of seconds", "Fix:"});
-  expect_contains(refusal(vars({{"DTCORE_STORE_LIBUV", "yes"}})), {"DTCORE_STORE_LIBUV='yes'", "auto, 1, 0"});
+  expect_contains(refusal(vars({{"DTCORE_BACKEND", "yes"}})), {"DTCORE_BACKEND='yes'", "auto, nccl, gloo"});
   expect_contains(refusal(Env(), {{"timeout", Argument{int64_t{0}}}}),
                   {"init(timeout=0) is not a positive number of seconds"});
   expect_contains(refusal(Env(), {{"timeout", Argument{-1.5}}}), {"init(timeout=-1.5)"});

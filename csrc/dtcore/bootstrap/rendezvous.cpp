@@ -1,21 +1,14 @@
 #include "dtcore/bootstrap/rendezvous.h"
 
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <fcntl.h>
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <thread>
+#include <memory>
 #include <utility>
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "dtcore/bootstrap/rendezvous_store.h"
+#include "dtcore/bootstrap/store_socket.h"
 #include "dtcore/common/backoff.h"
 #include "dtcore/common/c10_error.h"
 #include "dtcore/common/error.h"
@@ -54,50 +47,6 @@ std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 // Store polls: fast when ranks arrive together, light on rank 0's server when they do not.
 Backoff store_backoff() { return Backoff(milliseconds(5), milliseconds(200)); }
 
-// The addresses of host:port, resolved once (a slow resolver must not eat the timeout per retry).
-struct Addresses {
-  addrinfo* list = nullptr;
-  Addresses(const std::string& host, int port) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &list) != 0) list = nullptr;
-  }
-  ~Addresses() {
-    if (list != nullptr) freeaddrinfo(list);
-  }
-  Addresses(const Addresses&) = delete;
-  Addresses& operator=(const Addresses&) = delete;
-};
-
-// True once something accepts TCP connections at one of `addrs` (a plain socket, so c10d's
-// client never logs its retry warnings while rank 0 is still starting).
-bool port_accepts(const Addresses& addrs, milliseconds wait) {
-  bool ok = false;
-  for (addrinfo* ai = addrs.list; ai != nullptr && !ok; ai = ai->ai_next) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) continue;
-    int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
-    if (rc == 0) {
-      ok = true;
-    } else if (errno == EINPROGRESS) {
-      pollfd pfd{fd, POLLOUT, 0};
-      if (poll(&pfd, 1, static_cast<int>(wait.count())) == 1) {
-        int err = 0;
-        socklen_t len = sizeof(err);
-        getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-        ok = err == 0;
-      }
-    }
-    close(fd);
-  }
-  return ok;
-}
-
-bool is_addr_in_use(const std::string& msg) {
-  return msg.find("EADDRINUSE") != std::string::npos || msg.find("ddress already in use") != std::string::npos;
-}
-
 struct Context {
   const WorldSpec& spec;
   const RendezvousOptions& options;
@@ -107,81 +56,7 @@ struct Context {
 
   double elapsed() const { return seconds_between(start, Clock::now()); }
   double left() const { return std::max(0.0, seconds_between(Clock::now(), deadline)); }
-  milliseconds left_ms() const {
-    return std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
-  }
 };
-
-c10::intrusive_ptr<c10d::TCPStore> serve(const Context& c, bool& uses_libuv) {
-  c10d::TCPStoreOptions opts;
-  opts.port = static_cast<std::uint16_t>(c.spec.master_port.value);
-  opts.isServer = true;
-  opts.waitWorkers = false;  // dtcore waits itself, naming who is missing
-  opts.timeout = c.left_ms();
-  // Chosen explicitly: "auto" asks for libuv and falls back to the classic backend, so "use_libuv
-  // was requested but PyTorch was built without libuv support" never reaches a user.
-  opts.useLibUV = c.options.libuv != "0";
-  for (;;) {
-    try {
-      auto store = c10::make_intrusive<c10d::TCPStore>(c.spec.master_addr.value, opts);
-      uses_libuv = store->isLibUvBackend();
-      return store;
-    } catch (const std::exception& e) {
-      std::string msg = error_text(e);
-      if (is_addr_in_use(msg)) {
-        DTCORE_CHECK(false, RendezvousError, "the master port ", c.where, " is already in use on this host, so rank 0 ",
-                     "cannot serve the rendezvous store there (", c.spec.master_port.source,
-                     "). Another job or a "
-                     "leftover process holds it. Fix: choose a free port for the whole job (MASTER_PORT=<port>, "
-                     "torchrun --master_port=<port>, or init(master_port=)), or find the holder with "
-                     "`ss -ltnp 'sport = :",
-                     c.spec.master_port.value, "'`.");
-      }
-      if (opts.useLibUV && c.options.libuv == "auto" && msg.find("libuv") != std::string::npos) {
-        log::debug("rendezvous: this torch has no libuv store backend; using the classic one");
-        opts.useLibUV = false;
-        continue;
-      }
-      DTCORE_CHECK(false, RendezvousError, "rank 0 could not start the rendezvous store at ", c.where, ": ", msg,
-                   " Fix: check that MASTER_ADDR names this host and MASTER_PORT is a port it may listen on.");
-    }
-  }
-}
-
-c10::intrusive_ptr<c10d::TCPStore> connect(const Context& c, const std::string& server) {
-  // Wait for the port with our own probe (and progress lines), then connect once.
-  auto next_log = Clock::now() + c.options.log_interval;
-  Backoff backoff = store_backoff();
-  Addresses addrs(c.spec.master_addr.value, c.spec.master_port.value);
-  while (!port_accepts(addrs, milliseconds(500))) {
-    DTCORE_CHECK(Clock::now() < c.deadline, RendezvousError, "rendezvous timed out after ",
-                 static_cast<int>(c.elapsed()), " s on rank ", c.spec.rank.value, ": nothing accepts connections at ",
-                 c.where, ", where ", server, " should serve the rendezvous store. Missing ranks: 0 (", server,
-                 " is not running or not reachable). Fix: check that ", server,
-                 " was started and that MASTER_ADDR=", c.spec.master_addr.value,
-                 " and MASTER_PORT=", c.spec.master_port.value, " name its host and port as this host can reach them.");
-    if (Clock::now() >= next_log) {
-      log::info("rendezvous: waiting for ", server, " to serve the store at ", c.where, " (",
-                static_cast<int>(c.left()), " s left)");
-      next_log = Clock::now() + c.options.log_interval;
-    }
-    backoff.pause();
-  }
-  c10d::TCPStoreOptions opts;
-  opts.port = static_cast<std::uint16_t>(c.spec.master_port.value);
-  opts.isServer = false;
-  opts.waitWorkers = false;
-  opts.timeout = c.left_ms();
-  opts.useLibUV = c.options.libuv != "0";  // ignored by clients, set for clarity
-  try {
-    return c10::make_intrusive<c10d::TCPStore>(c.spec.master_addr.value, opts);
-  } catch (const std::exception& e) {
-    DTCORE_CHECK(false, RendezvousError, "rank ", c.spec.rank.value, " reached ", c.where,
-                 " but could not talk to a rendezvous store there: ", error_text(e),
-                 " Fix: check that MASTER_PORT is this job's and not another program's.");
-  }
-  return {};  // unreachable
-}
 
 std::vector<int> missing_ranks(c10d::Store& store, int world) {
   std::vector<int> missing;
@@ -301,42 +176,38 @@ RendezvousOptions RendezvousOptions::from(const Settings& settings, int generati
   RendezvousOptions o;
   o.timeout = seconds_to_timeout(settings.timeout_s.value, settings.timeout_s.source);
   o.log_interval = seconds_to_timeout(settings.rdzv_log_interval_s.value, settings.rdzv_log_interval_s.source);
-  o.libuv = settings.store_libuv.value;
   o.generation = generation;
   return o;
 }
 
 std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry self,
                                              const RendezvousOptions& options) {
+  const Env env = Env::from_process();
   Context c{spec, options, Clock::now(), Clock::now() + options.timeout,
-            detail::cat(spec.master_addr.value, ":", spec.master_port.value)};
+            store::endpoint(spec.master_addr.value, spec.master_port.value)};
   const int rank = spec.rank.value;
   const int world = spec.world_size.value;
   const std::string server = spec.use_agent_store ? std::string("the torchrun agent") : std::string("rank 0");
   std::unique_ptr<Rendezvous> rdzv(new Rendezvous());
 
-  c10::intrusive_ptr<c10d::TCPStore> tcp;
   const bool serving = rank == 0 && !spec.use_agent_store;
-  if (serving) {
-    tcp = serve(c, rdzv->uses_libuv_);
-  } else {
-    tcp = connect(c, server);
-  }
-  rdzv->port_ = tcp->getPort();
+  // Rank 0's secret file lives until the rendezvous ends: by then every rank has read it.
+  StoreConnection connection = connect_store(StoreDial{spec, env, options.log_interval, c.start, c.deadline});
+  c10::intrusive_ptr<c10d::Store> raw = connection.store;
+  rdzv->port_ = connection.port;
   rdzv->spec_ = spec;
   if (spec.master_port.value != rdzv->port_) {
     rdzv->spec_.master_port = Sourced<int>{rdzv->port_, "chosen: a free port (" + spec.master_port.source + ")"};
   }
-  c.where = detail::cat(spec.master_addr.value, ":", rdzv->port_);
-  rdzv->tcp_store_ = tcp;
+  c.where = store::endpoint(spec.master_addr.value, rdzv->port_);
+  rdzv->raw_store_ = raw;
   rdzv->rank_ = rank;
   rdzv->prefix_ = detail::cat("dtcore/attempt_", spec.restart_count, "/generation_", options.generation);
-  rdzv->store_ = c10::make_intrusive<c10d::PrefixStore>(rdzv->prefix_, tcp);
+  rdzv->store_ = c10::make_intrusive<c10d::PrefixStore>(rdzv->prefix_, raw);
   rdzv->store_owner_ = spec.use_agent_store ? "the torchrun agent at " + c.where
                                             : detail::cat("rank 0 (host ", spec.master_addr.value, ")");
   c10d::Store& store = *rdzv->store_;
-  log::debug("rendezvous: ", serving ? "serving" : "connected to", " the store at ", c.where,
-             rdzv->uses_libuv_ ? " (libuv)" : "");
+  log::debug("rendezvous: ", serving ? "serving" : "connected to", " the store at ", c.where);
 
   try {
     store.add("roster/started", 1);
@@ -356,7 +227,7 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry 
     store.set("roster/" + std::to_string(rank), bytes(self.encode()));
     // Opened before this rank counts as joined: rank 0 (serving) waits for every join, so the
     // server is up now, which it need not be once rank 0 has returned from init().
-    auto spare = tcp->clone();
+    auto spare = raw->clone();
     spare->setTimeout(options.timeout);  // a clone inherits what is left of the rendezvous timeout
     rdzv->spare_ = c10::make_intrusive<c10d::PrefixStore>(rdzv->prefix_, spare);
     store.add("roster/joined", 1);
@@ -388,22 +259,22 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry 
                  "'s error first; this rank only lost its connection.");
   }
   // Operations after rendezvous (communicator set-up) get the full timeout of their own.
-  rdzv->tcp_store_->setTimeout(options.timeout);
+  rdzv->raw_store_->setTimeout(options.timeout);
   return rdzv;
 }
 
 void Rendezvous::close() {
   spare_.reset();
   store_.reset();
-  tcp_store_.reset();
+  raw_store_.reset();
 }
 
 c10::intrusive_ptr<c10d::Store> Rendezvous::new_connection() {
   if (spare_) return std::exchange(spare_, {});
-  DTCORE_CHECK(tcp_store_, CommError,
+  DTCORE_CHECK(raw_store_, CommError,
                "the rendezvous store is closed (dtcore.shutdown() was called). Fix: call dtcore.init() again.");
-  auto connection = tcp_store_->clone();
-  connection->setTimeout(tcp_store_->getTimeout());
+  auto connection = raw_store_->clone();
+  connection->setTimeout(raw_store_->getTimeout());
   return c10::make_intrusive<c10d::PrefixStore>(prefix_, connection);
 }
 

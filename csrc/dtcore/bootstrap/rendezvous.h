@@ -1,14 +1,17 @@
-// Rendezvous: every rank meets every other through c10d's TCPStore, or says who is missing.
+// Rendezvous: every rank meets every other through the rendezvous store, or says who is missing.
 //
-// Rank 0 serves the store at master_addr:master_port (under torchrun's agent store, everyone is
-// a client of the agent's). Each rank registers a roster entry; rank 0 waits for all of them,
+// Rank 0 serves dtcore's authenticated store (StoreServer) at master_addr:master_port, at that
+// address only, and every rank connects with the job secret (StoreClient; Note [Job secret]).
+// Under torchrun's agent store, everyone is a client of the agent's c10d TCPStore instead.
+// Connecting and every handshake are bounded by the timeout: a listener at the port that is not
+// a store ends in a RendezvousError naming host:port. Each rank registers a roster entry; rank 0 waits for all of them,
 // logging every `log_interval` who has joined and who is missing, then checks that the
 // fingerprints agree and publishes the roster. At `timeout` (counted from join()'s start) every
 // started rank throws RendezvousError naming the missing ranks. See Note [Rendezvous keys].
 //
-// Ownership: a Rendezvous owns the store connection (and on rank 0 the server); destroying it
-// stops the server. Thread safety: join() is a blocking call; the accessors are const and the
-// store may be used from several threads as c10d allows.
+// Ownership: a Rendezvous owns its store connections; on rank 0 they hold the server, which
+// stops once nothing on rank 0 holds a connection (torch.distributed may hold one after close()). Thread safety: join()
+// is a blocking call; the accessors are const and the store may be used from several threads as c10d allows.
 #pragma once
 
 #include <chrono>
@@ -27,13 +30,12 @@ namespace dtcore {
 struct RendezvousOptions {
   std::chrono::milliseconds timeout{300'000};
   std::chrono::milliseconds log_interval{5'000};
-  std::string libuv = "auto";  // the server's backend: "auto" (libuv if this torch has it), "1", "0"
   // How many times this process has joined before: every rank of a job counts the same, and the
   // count namespaces the keys, so init() after shutdown() never reads the last round's keys from
   // a store that outlives it (torchrun's agent store).
   int generation = 0;
 
-  // The timeout, progress interval and store backend of `settings`.
+  // The timeout and progress interval of `settings`.
   static RendezvousOptions from(const Settings& settings, int generation);
 };
 
@@ -49,7 +51,6 @@ class Rendezvous {
   // The world this process joined: the spec it was given, with the port really used.
   const WorldSpec& spec() const { return spec_; }
   int rank() const { return rank_; }
-  bool uses_libuv() const { return uses_libuv_; }
   // Every rank's entry, indexed by rank (fetched from the store once, on first use off rank 0).
   const std::vector<RosterEntry>& roster();
   // A second connection to the same store under the same prefix, for a thread of its own. The
@@ -65,15 +66,15 @@ class Rendezvous {
  private:
   Rendezvous() = default;
 
-  c10::intrusive_ptr<c10d::Store> tcp_store_;  // the raw TCPStore (owns the server on rank 0)
-  c10::intrusive_ptr<c10d::Store> store_;      // tcp_store_ under this job attempt's prefix
-  c10::intrusive_ptr<c10d::Store> spare_;      // a second connection, opened before joining
+  // StoreClient (on rank 0 it holds the server) or the agent's TCPStore.
+  c10::intrusive_ptr<c10d::Store> raw_store_;
+  c10::intrusive_ptr<c10d::Store> store_;  // raw_store_ under this job attempt's prefix
+  c10::intrusive_ptr<c10d::Store> spare_;  // a second connection, opened before joining
   WorldSpec spec_;
   std::string prefix_;
   std::string store_owner_;
   int rank_ = -1;
   int port_ = 0;
-  bool uses_libuv_ = false;
   std::vector<RosterEntry> roster_;
 };
 

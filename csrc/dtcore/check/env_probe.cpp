@@ -16,7 +16,8 @@ bool falsy(const std::string& v) {
 void judge_store(const Env& env, const TrapContext& c, Items& out) {
   if (auto v = env.get("USE_LIBUV"); v && falsy(*v)) {
     out.warn("env.use_libuv", "USE_LIBUV", *v,
-             "selects the legacy TCPStore server: one thread per connection, deprecated in torch, and slow to "
+             "selects the legacy TCPStore server for torchrun's agent store (dtcore's own store, which rank 0 "
+             "serves outside torchrun, is not affected): one thread per connection, deprecated in torch, and slow to "
              "start or out of threads beyond a few thousand ranks.",
              "unset USE_LIBUV (libuv is torch's default).");
   } else {

@@ -41,14 +41,15 @@ inline constexpr Knob kRdzvLogInterval{"DTCORE_RDZV_LOG_INTERVAL", "5", "Seconds
 inline constexpr Knob kHeartbeatInterval{"DTCORE_HEARTBEAT_INTERVAL", "1", "Seconds between health heartbeats; a failed collective names ranks silent for two intervals."};
 inline constexpr Knob kCheckCollectives{"DTCORE_CHECK_COLLECTIVES", "auto", "Check that ranks call the same collectives before each call: auto (on Gloo, where a mismatch kills a rank; elsewhere by heartbeat), 1 (everywhere; slow on NCCL) or 0 (by heartbeat only)."};
 inline constexpr Knob kFlightRecorder{"DTCORE_FLIGHT_RECORDER", "2000", "Collectives each rank's flight recorder keeps for the post-mortem (dumped to the log on a failure or SIGUSR2); 0 keeps none."};
-inline constexpr Knob kStoreLibuv{"DTCORE_STORE_LIBUV", "auto", "TCPStore server backend: auto (libuv when this torch has it), 1 or 0."};
+inline constexpr Knob kJobSecret{"DTCORE_JOB_SECRET", "", "Secret every rank proves to the rendezvous store; the same value on every node (needed for a multi-node job to be authenticated). Never logged."};
+inline constexpr Knob kJobSecretFile{"DTCORE_JOB_SECRET_FILE", "", "File (mode 0600) holding the job secret, e.g. on a shared filesystem; rank 0 writes a random one there when it is missing."};
 inline constexpr Knob kLogLevel{"DTCORE_LOG_LEVEL", "info", "Console level: debug, info, warn or error."};
 inline constexpr Knob kLogRanks{"DTCORE_LOG_RANKS", "0", "Ranks whose info lines reach the console: a list such as 0,3 or 'all'; others print warnings and errors only."};
 inline constexpr Knob kLogDir{"DTCORE_LOG_DIR", "", "Directory for per-rank log files (dtcore-<time>-rank<r>.log); init(log_dir=) beats it."};
 // clang-format on
 
 // Every knob, in the order of docs/knobs.md.
-inline constexpr std::array<const Knob*, 18> kAll = {
+inline constexpr std::array<const Knob*, 19> kAll = {
     &kRank,
     &kWorldSize,
     &kLocalRank,
@@ -63,7 +64,8 @@ inline constexpr std::array<const Knob*, 18> kAll = {
     &kHeartbeatInterval,
     &kCheckCollectives,
     &kFlightRecorder,
-    &kStoreLibuv,
+    &kJobSecret,
+    &kJobSecretFile,
     &kLogLevel,
     &kLogRanks,
     &kLogDir,

@@ -225,10 +225,6 @@ Settings read_settings(const Env& env, const Arguments& args, std::vector<Proble
   s.log_ranks = r.get<LogRanks>("log_ranks", knobs::kLogRanks, parse_log_ranks);
   s.log_dir = r.get<std::string>("log_dir", knobs::kLogDir, [](const std::string& t, const std::string&) { return t; });
   s.rdzv_log_interval_s = r.get<double>("rdzv_log_interval", knobs::kRdzvLogInterval, parse_seconds);
-  s.store_libuv =
-      r.get<std::string>("store_libuv", knobs::kStoreLibuv, [](const std::string& t, const std::string& shown) {
-        return parse_choice(t, shown, {"auto", "1", "0"}, "auto, 1 or 0");
-      });
   s.heartbeat_interval_s = r.get<double>("heartbeat_interval", knobs::kHeartbeatInterval, parse_seconds);
   s.check_collectives = r.get<std::string>("check_collectives", knobs::kCheckCollectives,
                                            [](const std::string& t, const std::string& shown) {

@@ -36,7 +36,6 @@ struct Settings {
   Sourced<LogRanks> log_ranks;
   Sourced<std::string> log_dir;            // "" = no log files
   Sourced<double> rdzv_log_interval_s;     // between rendezvous progress lines
-  Sourced<std::string> store_libuv;        // "auto", "1" or "0"
   Sourced<double> heartbeat_interval_s;    // health monitor beats
   Sourced<std::string> check_collectives;  // "auto", "1" or "0"; See Note [Collective signature]
   Sourced<int64_t> flight_records;         // collectives each rank's flight recorder keeps

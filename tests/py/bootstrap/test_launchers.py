@@ -135,7 +135,7 @@ def test_taken_master_port_names_host_port_and_fix():
             "mpirun -x MASTER_ADDR",
         ),
         ({"DTCORE_LOG_LEVEL": "loud"}, "DTCORE_LOG_LEVEL"),
-        ({"DTCORE_STORE_LIBUV": "true"}, "DTCORE_STORE_LIBUV='true' is not auto, 1 or 0"),
+        ({"DTCORE_BACKEND": "mpi"}, "DTCORE_BACKEND='mpi' is not a backend"),
     ],
 )
 def test_bad_values_fail_fast_with_config_error(env, expected):

@@ -38,12 +38,12 @@ def test_each_setting_knows_its_source():
 def test_every_bad_value_is_listed_with_its_source_and_fix():
     with pytest.raises(dtcore.ConfigError) as e:
         _C.read_settings(
-            {"timeout": -1}, {"DTCORE_LOG_RANKS": "-1", "DTCORE_STORE_LIBUV": "yes", "DTCORE_HEARTBEAT_INTERVAL": "0"}
+            {"timeout": -1}, {"DTCORE_LOG_RANKS": "-1", "DTCORE_BACKEND": "yes", "DTCORE_HEARTBEAT_INTERVAL": "0"}
         )
     text = str(e.value)
     assert "init(timeout=-1) is not a positive number of seconds" in text
     assert "DTCORE_LOG_RANKS='-1' is not a list of ranks" in text
-    assert "DTCORE_STORE_LIBUV='yes' is not auto, 1 or 0" in text
+    assert "DTCORE_BACKEND='yes' is not a backend" in text
     assert "DTCORE_HEARTBEAT_INTERVAL='0'" in text
     assert text.count("Fix:") == 4
     with pytest.raises(dtcore.ConfigError, match=r"init\(timeout='300'\) must be a number of seconds"):
