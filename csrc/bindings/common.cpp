@@ -6,6 +6,7 @@
 
 #include "bindings/bindings.h"
 #include "dtcore/common/error.h"
+#include "dtcore/common/interrupt.h"
 #include "dtcore/common/knobs.h"
 #include "dtcore/common/log.h"
 #include "dtcore/common/settings.h"
@@ -30,6 +31,19 @@ void rethrow_as_python_error(std::exception_ptr error) {
 }
 
 void bind_common(py::module_& m) {
+  // Long C++ waits end on Ctrl-C: see interrupt.h.
+  set_interrupt_check([] {
+    py::gil_scoped_acquire gil;
+    return PyErr_CheckSignals() != 0;  // the signal's handler ran and raised (KeyboardInterrupt)
+  });
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Interrupted&) {
+      if (!PyErr_Occurred()) PyErr_SetNone(PyExc_KeyboardInterrupt);  // else: the handler's own error
+    }
+  });
+
   m.attr("__version__") = DTCORE_VERSION;
   m.attr("built_torch_version") = DTCORE_TORCH_VERSION;
 

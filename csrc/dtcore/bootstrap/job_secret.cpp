@@ -47,7 +47,8 @@ std::string mode_text(mode_t mode) {
 // The secret in `path`, or nullopt when there is no such file. Refuses a file that is not the
 // user's own, or that others may read: such a secret is not secret any more.
 std::optional<std::string> read_secret_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  // O_NONBLOCK: a FIFO planted at the path must not block open(); it is refused below (not regular).
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0 && errno == ENOENT) return std::nullopt;
   DTCORE_CHECK(fd >= 0, RendezvousError, "cannot open the job secret file ", path, ": ", std::strerror(errno),
                ". Fix: make it a regular file of yours with mode 0600 (chmod 600 ", path, "), or ", fix_with_variable(),

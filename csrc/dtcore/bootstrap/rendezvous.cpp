@@ -12,6 +12,7 @@
 #include "dtcore/common/backoff.h"
 #include "dtcore/common/c10_error.h"
 #include "dtcore/common/error.h"
+#include "dtcore/common/interrupt.h"
 #include "dtcore/common/knobs.h"
 #include "dtcore/common/log.h"
 #include "dtcore/common/units.h"
@@ -129,9 +130,11 @@ void wait_as_rank0(const Context& c, c10d::Store& store, bool serving) {
     if (Clock::now() >= c.deadline) abort_all(store, timeout_message(c, missing_ranks(store, world)), serving);
     if (Clock::now() >= next_log) {
       auto missing = missing_ranks(store, world);
-      log::info("rendezvous: ", world - static_cast<int>(missing.size()), "/", world, " ranks joined at ", c.where,
-                "; missing rank", missing.size() == 1 ? " " : "s ", format_ranks(missing), " (",
-                static_cast<int>(c.left()), " s left)");
+      // A warning: a wait of seconds is worth seeing on every console, whichever ranks log info.
+      log::warn("rendezvous: ", world - static_cast<int>(missing.size()), "/", world, " ranks joined at ", c.where,
+                " after ", static_cast<int>(c.elapsed()), " s; waiting for rank", missing.size() == 1 ? " " : "s ",
+                format_ranks(missing), ", not started yet or unable to reach this host (", static_cast<int>(c.left()),
+                " s left)");
       next_log = Clock::now() + c.options.log_interval;
     }
     backoff.pause();
@@ -150,8 +153,10 @@ void wait_for_verdict(const Context& c, c10d::Store& store) {
       abort_all(store, timeout_message(c, missing_ranks(store, c.spec.world_size.value)), false);
     }
     if (Clock::now() >= next_log) {
-      log::info("rendezvous: rank ", c.spec.rank.value, " waiting for the others; ", store.add("roster/joined", 0), "/",
-                c.spec.world_size.value, " joined (", static_cast<int>(c.left()), " s left)");
+      const auto missing = missing_ranks(store, c.spec.world_size.value);
+      log::warn("rendezvous: rank ", c.spec.rank.value, " has waited ", static_cast<int>(c.elapsed()), " s for rank",
+                missing.size() == 1 ? " " : "s ", format_ranks(missing), " to join at ", c.where,
+                ", not started yet or unable to reach it (", static_cast<int>(c.left()), " s left)");
       next_log = Clock::now() + c.options.log_interval;
     }
     backoff.pause();
@@ -251,6 +256,8 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry 
       wait_for_verdict(c, store);
     }
   } catch (const RendezvousError&) {
+    throw;
+  } catch (const Interrupted&) {
     throw;
   } catch (const std::exception& e) {
     DTCORE_CHECK(false, RendezvousError, "rank ", rank, " lost the rendezvous store at ", c.where, " (served by ",

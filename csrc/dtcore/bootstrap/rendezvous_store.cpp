@@ -144,7 +144,8 @@ void wait_for_listener(const Context& c, const std::string& server, bool greetin
                  "init(master_port=)), or stop the other program (`ss -ltnp 'sport = :", port, "'` names it).");
     if (Clock::now() >= c.deadline) nothing_accepts(c, server);
     if (Clock::now() >= next_log) {
-      log::info("rendezvous: waiting for ", server, " to serve the store at ", c.where, " (",
+      log::warn("rendezvous: rank ", c.spec.rank.value, " has waited ", static_cast<int>(c.elapsed()), " s for ",
+                server, " to serve the store at ", c.where, ": not started yet, or its host is unreachable (",
                 static_cast<int>(c.left()), " s left)");
       next_log = Clock::now() + c.dial.log_interval;
     }

@@ -72,6 +72,13 @@ std::vector<Address> resolve(const std::string& host, int port, std::string& err
   }
   freeaddrinfo(list);
   if (out.empty()) error = "no IPv4 or IPv6 address";
+  // One family, the same on the server and every client: IPv4 when the name has an IPv4 address.
+  // A client that also tried the other family's addresses could reach a stranger listening at the
+  // same port there (e.g. at [::1] when rank 0 listens at 127.0.0.1 for "localhost"), which then
+  // relays the handshake to the real store and sits in the middle of an authenticated session.
+  if (std::any_of(out.begin(), out.end(), [](const Address& a) { return a.family == AF_INET; })) {
+    std::erase_if(out, [](const Address& a) { return a.family != AF_INET; });
+  }
   return out;
 }
 

@@ -52,7 +52,8 @@ struct Address {
   int family = 0;
 };
 
-// The addresses of host:port, in the resolver's order. Empty with `error` set on failure.
+// The addresses of host:port, in the resolver's order, of one family: IPv4 when there is one, else
+// IPv6. Empty with `error` set on failure.
 std::vector<Address> resolve(const std::string& host, int port, std::string& error);
 
 // "host:port", with brackets around an IPv6 literal: "[::1]:29500".

@@ -2,13 +2,17 @@
 //
 // Starts short, so that a wait that ends soon ends soon, and doubles up to a cap, so that a long
 // wait costs neither CPU nor requests to a shared server. Each waiter picks its own bounds (a
-// CUDA event: microseconds; the rendezvous store, polled by every rank: milliseconds).
+// CUDA event: microseconds; the rendezvous store, polled by every rank: milliseconds). Once its
+// sleeps reach a millisecond, each pause first checks for Ctrl-C (interrupt.h), so that no wait
+// outlasts the user's patience; shorter sleeps skip the check, which costs a lock.
 // Thread safety: one Backoff per waiting loop.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <thread>
+
+#include "dtcore/common/interrupt.h"
 
 namespace dtcore {
 
@@ -17,6 +21,7 @@ class Backoff {
   Backoff(std::chrono::microseconds first, std::chrono::microseconds cap) : delay_(first), cap_(cap) {}
 
   void pause() {
+    if (delay_ >= std::chrono::milliseconds(1)) check_interrupt();
     std::this_thread::sleep_for(delay_);
     delay_ = std::min(delay_ * 2, cap_);
   }
