@@ -99,3 +99,29 @@ TEST(Judge, FailedRanksAreNamedButNeverTheRootCause) {
   EXPECT_NE(d.text(0).find("alive; its collective #4 failed there"), std::string::npos);
   EXPECT_EQ(d.text(0).find("root cause"), std::string::npos);
 }
+
+TEST(Judge, AGoneOrStoppedProcessOnThisHostIsConfirmedBeforeDeadAfter) {
+  // Silent for 1.6 s of a 2.2 s dead_after: too short to call silence alone, long enough with its
+  // process seen gone; a process that is there (another PID namespace, say) is not accused.
+  for (auto [process, culprit] : {std::pair{ProcessState::kGone, true},
+                                  {ProcessState::kStopped, true},
+                                  {ProcessState::kRunning, false},
+                                  {ProcessState::kUnknown, false}}) {
+    std::vector<PeerView> views{view(3, 2), view(2, 2, 1.6, process)};
+    EXPECT_EQ(confirmed_silent(views[1], 2.2), culprit);
+    Diagnosis d = judge(views, 0, 3, "all_reduce", 2.2);
+    EXPECT_EQ(!d.culprits.empty() && d.culprit_kind != "stalled", culprit) << d.text(0);
+  }
+  EXPECT_FALSE(confirmed_silent(view(2, 2, 0.5, ProcessState::kGone), 2.2));  // silent too briefly
+}
+
+TEST(Judge, ARankThatFailedAndThenExitedIsAVictimNotDead) {
+  std::vector<PeerView> views{view(3, 2), view(3, 3, 5.0, ProcessState::kGone), view(2, 2, 5.0, ProcessState::kGone)};
+  views[1].beat.state = Beat::State::kFailed;  // rank 1 failed at #3, raised and exited
+  views[1].beat.failed = 3;
+  Diagnosis d = judge(views, 0, 3, "all_reduce", 2.2);
+  EXPECT_EQ(d.culprits, std::vector<int>{2}) << d.text(0);
+  EXPECT_NE(d.text(0).find("rank 1 (host h, pid 100): exited or stopped after its collective #3 failed there"),
+            std::string::npos)
+      << d.text(0);
+}

@@ -68,10 +68,10 @@ void refuse_loopback_for_many_nodes(const Context& c) {
                "lists them).");
 }
 
-[[noreturn]] void nothing_accepts(const Context& c, const std::string& server) {
+[[noreturn]] void nothing_accepts(const Context& c, const std::string& server, const std::string& seen = "") {
   DTCORE_CHECK(false, RendezvousError, "rendezvous timed out after ", static_cast<int>(c.elapsed()), " s on rank ",
-               c.spec.rank.value, ": nothing accepts connections at ", c.where, ", where ", server,
-               " should serve the rendezvous store. Missing ranks: 0 (", server,
+               c.spec.rank.value, ": no store serves at ", c.where, seen.empty() ? "" : " (last try: " + seen + ")",
+               ", where ", server, " should serve the rendezvous store. Missing ranks: 0 (", server,
                " is not running or not reachable). Fix: check that ", server,
                " was started and that MASTER_ADDR=", c.spec.master_addr.value,
                " and MASTER_PORT=", c.spec.master_port.value, " name its host and port as this host can reach them.");
@@ -142,7 +142,7 @@ void wait_for_listener(const Context& c, const std::string& server, bool greetin
                  "store: ", detail, " (after ", static_cast<int>(c.elapsed() * 1000), " ms). Another program holds ",
                  "that port. Fix: give the job another port (MASTER_PORT=<port>, torchrun --master_port=<port>, or ",
                  "init(master_port=)), or stop the other program (`ss -ltnp 'sport = :", port, "'` names it).");
-    if (Clock::now() >= c.deadline) nothing_accepts(c, server);
+    if (Clock::now() >= c.deadline) nothing_accepts(c, server, detail);
     if (Clock::now() >= next_log) {
       log::warn("rendezvous: rank ", c.spec.rank.value, " has waited ", static_cast<int>(c.elapsed()), " s for ",
                 server, " to serve the store at ", c.where, ": not started yet, or its host is unreachable (",

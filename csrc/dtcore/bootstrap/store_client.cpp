@@ -354,6 +354,12 @@ Probe probe(const std::string& host, int port, Clock::time_point connect_deadlin
     return Probe::Silent;
   }
   if (r == IoResult::Ok) r = recv_exact(fd.get(), greeting, sizeof(greeting), greeting_deadline, detail);
+  if (r == IoResult::Closed) {
+    // Closed without a greeting: a dtcore store stopping (init() right after shutdown() on the
+    // same port) does this as much as another program; the caller tries again until its timeout.
+    detail = "it accepted the connection and closed it without a greeting (a store shutting down, or another program)";
+    return Probe::Nothing;
+  }
   if (r != IoResult::Ok) {
     detail = r == IoResult::Closed ? "it closed the connection without a dtcore store's greeting"
                                    : "it did not send a dtcore store's whole greeting";

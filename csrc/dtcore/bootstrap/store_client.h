@@ -112,9 +112,9 @@ namespace store {
 
 enum class Probe {
   Store,    // a dtcore store greeted
-  Nothing,  // nothing accepts connections there (refused, unreachable, no answer): retry later
+  Nothing,  // nothing serves there yet (refused, unreachable, or closed at once): retry later
   Silent,   // something accepted the connection and said nothing within the wait
-  Foreign,  // something accepted and sent something else, or closed the connection at once
+  Foreign,  // something accepted and sent something other than a greeting
 };
 
 // One connection to host:port: does a dtcore store greet there? Connecting is bounded by

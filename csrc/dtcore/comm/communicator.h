@@ -51,10 +51,11 @@ std::string_view collective_name(CollectiveKind kind);  // "all_reduce", "reduce
 // a running 64-bit signature, s_n = mix(s_{n-1}, seq, kind, op, root, dtype, numels), so that two
 // ranks agree on s_n exactly when they agreed on collectives 1..n. Gloo checks s_n across ranks
 // before collective n moves any data (a mismatched size would otherwise kill a rank inside Gloo,
-// and a mismatched dtype or op give a wrong result silently); NCCL does when asked
-// (DTCORE_CHECK_COLLECTIVES=1), and the heartbeat compares them between ranks in any case, so a
-// mismatch is found even where it was not checked before the call. A mismatch is a CommError on
-// every rank naming each rank's collective.
+// and a mismatched dtype or op give a wrong result silently). A mismatch is a CommError on every
+// rank naming each rank's collective, and every later collective fails too. NCCL does not check
+// yet: the check needs a host round trip per call there, and the heartbeat comparison that would
+// catch it asynchronously is still to come; DTCORE_CHECK_COLLECTIVES=1 is refused on NCCL rather
+// than ignored, and a mismatch on NCCL is debugged on CPU with backend="gloo".
 
 // One collective, checked by the Communicator and handed to its engine.
 struct Collective {
@@ -104,9 +105,9 @@ class Work {
 
 // How a communicator checks that ranks call the same collectives; See Note [Collective signature].
 enum class CollectiveCheck {
-  kAuto,    // before every call where it is cheap and needed to stay alive (Gloo); by heartbeat elsewhere
-  kAlways,  // before every call, everywhere (on NCCL the caller waits for the check: for debugging)
-  kNever,   // by heartbeat only
+  kAuto,    // before every call on Gloo, where a mismatch would kill a rank; not on NCCL (not yet)
+  kAlways,  // before every call, everywhere: refused on NCCL until it checks
+  kNever,   // never: a mismatch on Gloo may then abort a rank or give a wrong result
 };
 
 struct CommunicatorOptions {

@@ -64,6 +64,10 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
     });
   }
 
+  // Failed, before the message is known: the flight recorder and the peers' diagnoses learn it
+  // now, not after this rank's own diagnosis (a rank that then raises and exits is no suspect).
+  void failing() { report_finished(false); }
+
   // It will never reach Gloo: `why` is what every wait() raises.
   void failed(std::string why) {
     {
@@ -80,8 +84,8 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
     std::unique_lock<std::mutex> lock(mu_);
     if (done_) return;
     if (!cv_.wait_until(lock, deadline, [this] { return work_ || !failure_.empty(); })) {
+      report_finished(false);  // first: the peers' diagnoses then see this rank failed, not died
       std::string who = diagnosis_();
-      report_finished(false);
       DTCORE_CHECK(false, CommError, c_.what, " timed out", rank_text(), " after ", seconds_since(issued_),
                    " s (timeout ", timeout.count() / 1000.0,
                    " s) before it could start: the other ranks have not all issued it yet, so the check that they "
@@ -100,8 +104,8 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
     } catch (const std::exception& e) {
       std::string msg = error_text(e);
       bool timed_out = msg.find("timed out") != std::string::npos || msg.find("Timed out") != std::string::npos;
+      report_finished(false);  // first: the peers' diagnoses then see this rank failed, not died
       std::string who = diagnosis_();
-      report_finished(false);
       DTCORE_CHECK(false, CommError, c_.what, " ", timed_out ? "timed out" : "failed", rank_text(), " after ",
                    seconds_since(issued_), " s (timeout ", timeout.count() / 1000.0, " s): ", msg,
                    who.empty() ? std::string() : "\n" + who,
@@ -212,6 +216,7 @@ void GlooCommunicator::submit_loop() {
     try {
       mismatch = check() == CollectiveCheck::kNever ? "" : check_against_peers(backend, c);
     } catch (const std::exception& e) {
+      work->failing();
       // The check itself failed (a peer died or never issued the collective): Gloo's group is
       // broken, so nothing later can run either.
       std::string who = diagnosis_for(c)();

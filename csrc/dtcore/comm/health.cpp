@@ -99,7 +99,11 @@ void HealthMonitor::record_finished(uint64_t seq, bool ok) {
   in_flight_.erase(seq);
   if (was_oldest) waiting_since_ = Clock::now();  // the next one has waited only since now
   finished_ = std::max(finished_, seq);
-  if (!ok && failed_ == 0) failed_ = seq;
+  if (!ok && failed_ == 0) {
+    failed_ = seq;
+    beat_soon_ = true;  // the peers learn at once that this rank failed (and did not die)
+    cv_.notify_all();
+  }
 }
 
 Beat HealthMonitor::beat_now(Beat::State state) {
@@ -126,7 +130,8 @@ void HealthMonitor::beat_loop() {
   bool failing = false;  // log a run of failures once, not every interval
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
-    if (cv_.wait_for(lock, interval_, [this] { return stop_; })) break;
+    if (cv_.wait_for(lock, interval_, [this] { return stop_ || beat_soon_; }) && stop_) break;
+    beat_soon_ = false;
     lock.unlock();
     try {
       beat_once();
@@ -164,7 +169,9 @@ void HealthMonitor::watch_loop() {
     warn_if_waiting();
     lock.lock();
     cv_.notify_all();  // diagnoses waiting for a sample
-    cv_.wait_for(lock, interval_, [this] { return stop_; });
+    // While a diagnosis waits, samples come four times as often: its answer waits on them.
+    sample_now_ = false;
+    cv_.wait_for(lock, wanted_ > 0 ? interval_ / 4 : interval_, [this] { return stop_ || sample_now_; });
   }
 }
 
@@ -222,12 +229,25 @@ void HealthMonitor::sample_once(const c10::intrusive_ptr<c10d::Store>& store) {
   }
 }
 
-std::string HealthMonitor::judge_locked(uint64_t seq, const std::string& op_name) {
+std::vector<PeerView> HealthMonitor::views_locked() const {
   std::vector<PeerView> views = watch_.views;
   const std::string& here = peers_[static_cast<size_t>(rank_)].host;
   for (PeerView& v : views) {
     v.process = v.host == here ? process_state(v.pid) : ProcessState::kUnknown;
   }
+  return views;
+}
+
+bool HealthMonitor::confirmed_locked() const {
+  const double dead = seconds(dead_after());
+  for (const PeerView& v : views_locked()) {
+    if (v.seen && v.beat.state != Beat::State::kLeft && confirmed_silent(v, dead)) return true;
+  }
+  return false;
+}
+
+std::string HealthMonitor::judge_locked(uint64_t seq, const std::string& op_name) {
+  std::vector<PeerView> views = views_locked();
   std::string text = judge(views, rank_, seq, op_name, seconds(dead_after())).text(rank_);
   if (watch_.store_error.empty()) return text;
   std::string last;
@@ -286,13 +306,16 @@ std::string HealthMonitor::diagnose(uint64_t failing_seq, const std::string& op_
   const auto asked = Clock::now();
   ++wanted_;
   watch_until_ = std::max(watch_until_, asked + kKeepWatching);
+  sample_now_ = true;
   cv_.notify_all();
   // Ready when the watch has spanned dead_after() and sampled since the question: at once when
   // it has been watching this wait already.
   const auto bound = dead_after() + interval_ + request_bound_ * 2;
+  // Sooner when a silent peer on this host is seen to be gone or stopped (confirmed_silent()).
   const bool ready = cv_.wait_until(lock, asked + bound, [&] {
-    return stop_ || (watch_.active && watch_.sampled >= asked && watch_.sampled - watch_.began >= dead_after()) ||
-           (watch_.active && !watch_.store_error.empty() && watch_.sampled >= asked);
+    if (stop_) return true;
+    if (!watch_.active || watch_.sampled < asked) return false;
+    return watch_.sampled - watch_.began >= dead_after() || !watch_.store_error.empty() || confirmed_locked();
   });
   --wanted_;
   if (stop_ || closed_) return "";  // shut down meanwhile: not a finding

@@ -94,6 +94,10 @@ class HealthMonitor {
   bool should_watch_locked(std::chrono::steady_clock::time_point now) const;
   // One sample into watch_; takes mu_ itself.
   void sample_once(const c10::intrusive_ptr<c10d::Store>& store);
+  // The watch's views with each peer's process state where it runs on this host; mu_ held.
+  std::vector<PeerView> views_locked() const;
+  // A silent peer on this host is gone or stopped already (confirmed_silent()); mu_ held.
+  bool confirmed_locked() const;
   // The judgement of the current watch at `seq`; mu_ held.
   std::string judge_locked(uint64_t seq, const std::string& op_name);
   // Logs a warning about the collective this rank waits in, when it has waited long enough and
@@ -120,12 +124,14 @@ class HealthMonitor {
   std::mutex mu_;        // guards everything below
   std::condition_variable cv_;
   bool stop_ = false;
+  bool beat_soon_ = false;  // a failure to publish before the next interval
   // Progress: the collectives started and not finished, with their names; the first failure.
   uint64_t started_ = 0, finished_ = 0, failed_ = 0;
   std::map<uint64_t, std::string> in_flight_;
   std::chrono::steady_clock::time_point waiting_since_;  // when the oldest in-flight one started
   // Diagnosis: how many wait for a sample, and until when to keep watching after one.
   int wanted_ = 0;
+  bool sample_now_ = false;  // a diagnosis asked: sample without waiting out the interval
   std::chrono::steady_clock::time_point watch_until_;
   Watch watch_;
   std::string warned_;  // the culprits of the last warning

@@ -347,6 +347,10 @@ NcclCommunicator::NcclCommunicator(const c10::intrusive_ptr<c10d::Store>& store,
     : Communicator(rank, size, options),
       state_(std::make_shared<NcclState>(rank, device, options.timeout)),
       device_(device) {
+  DTCORE_CHECK(options.check != CollectiveCheck::kAlways, ConfigError, knobs::kCheckCollectives.name,
+               "=1 asks to check every collective across ranks before it runs, which dtcore's NCCL communicator "
+               "does not do yet. Fix: unset it for NCCL, and find a mismatch on CPU (dtcore.init(backend='gloo'), "
+               "where every call is checked).");
   const std::chrono::milliseconds timeout = options.timeout;
   NcclState& s = *state_;
   DeviceScope scope(device);

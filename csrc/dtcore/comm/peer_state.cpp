@@ -71,6 +71,11 @@ ProcessState process_state(long pid, const std::string& proc_root) {
   }
 }
 
+bool confirmed_silent(const PeerView& v, double dead_after_s) {
+  const bool down = v.process == ProcessState::kGone || v.process == ProcessState::kStopped;
+  return down && v.silent_s >= dead_after_s * 2 / 3;
+}
+
 std::string Diagnosis::text(int self) const {
   if (lines.empty()) return "";
   std::string out = detail::cat("health check on rank ", self, ":", lines);
@@ -106,7 +111,14 @@ Diagnosis judge(const std::vector<PeerView>& views, int self, uint64_t seq, std:
       } else {
         line = detail::cat("left the job after starting ", op, " #", seq);
       }
-    } else if (!v.seen || v.silent_s >= dead_after_s) {
+    } else if (v.seen && b.state == Beat::State::kFailed) {
+      // Failed first, whatever it did after (raised and exited, most often): a victim to name,
+      // whose own error says more, not the rank the others wait for.
+      tier = kFailed;
+      const bool silent = v.silent_s >= dead_after_s || confirmed_silent(v, dead_after_s);
+      line = detail::cat(silent ? "exited or stopped after its" : "alive; its", " collective #", b.failed,
+                         " failed there (its error is in its log)");
+    } else if (!v.seen || v.silent_s >= dead_after_s || confirmed_silent(v, dead_after_s)) {
       tier = kSilent;
       const std::string silence = v.seen ? detail::cat("no heartbeat for ", seconds_text(v.silent_s), " s")
                                          : detail::cat("never sent a heartbeat in ", seconds_text(v.silent_s), " s");
@@ -131,9 +143,6 @@ Diagnosis judge(const std::vector<PeerView>& views, int self, uint64_t seq, std:
           line = detail::cat(silence, "; the process has exited or is stopped, or its host is unreachable");
           break;
       }
-    } else if (b.state == Beat::State::kFailed) {
-      tier = kFailed;
-      line = detail::cat("alive; its collective #", b.failed, " failed there (its error is in its log)");
     } else if (b.started >= seq) {
       waiting.push_back(r);
     } else if (!b.in_collective()) {

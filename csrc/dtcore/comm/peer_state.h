@@ -65,6 +65,11 @@ struct PeerView {
   ProcessState process = ProcessState::kUnknown;
 };
 
+// True when `v`'s silence is explained before it reaches `dead_after_s`: its process, on this host,
+// is gone or stopped, and it has been silent for two thirds of that (so that a live process in
+// another PID namespace under the same host name, which keeps beating, is never taken for gone).
+bool confirmed_silent(const PeerView& v, double dead_after_s);
+
 // The judgement of a wait or failure at collective `seq` (`op`: its name, e.g. "all_reduce").
 struct Diagnosis {
   std::string lines;          // one "\n  - rank r (host h, pid p): ..." per rank worth naming

@@ -39,7 +39,7 @@ inline constexpr Knob kBackend{"DTCORE_BACKEND", "auto", "Communicator: auto (NC
 inline constexpr Knob kTimeout{"DTCORE_TIMEOUT", "300", "Seconds that rendezvous and each collective may take before failing with the missing ranks; init(timeout=) beats it."};
 inline constexpr Knob kRdzvLogInterval{"DTCORE_RDZV_LOG_INTERVAL", "5", "Seconds between rendezvous progress lines that name the ranks still missing."};
 inline constexpr Knob kHeartbeatInterval{"DTCORE_HEARTBEAT_INTERVAL", "1", "Seconds between health heartbeats; a failed collective names ranks silent for two intervals."};
-inline constexpr Knob kCheckCollectives{"DTCORE_CHECK_COLLECTIVES", "auto", "Check that ranks call the same collectives before each call: auto (on Gloo, where a mismatch kills a rank; elsewhere by heartbeat), 1 (everywhere; slow on NCCL) or 0 (by heartbeat only)."};
+inline constexpr Knob kCheckCollectives{"DTCORE_CHECK_COLLECTIVES", "auto", "Check that ranks call the same collectives before each call: auto (on Gloo, where a mismatch kills a rank or sums wrongly; NCCL does not check yet), 1 (everywhere: refused on NCCL for now) or 0 (never)."};
 inline constexpr Knob kFlightRecorder{"DTCORE_FLIGHT_RECORDER", "2000", "Collectives each rank's flight recorder keeps for the post-mortem (dumped to the log on a failure or SIGUSR2); 0 keeps none."};
 inline constexpr Knob kJobSecret{"DTCORE_JOB_SECRET", "", "Secret every rank proves to the rendezvous store; the same value on every node (needed for a multi-node job to be authenticated). Never logged."};
 inline constexpr Knob kJobSecretFile{"DTCORE_JOB_SECRET_FILE", "", "File (mode 0600) holding the job secret, e.g. on a shared filesystem; rank 0 writes a random one there when it is missing."};
