@@ -182,10 +182,16 @@ Response StoreState::put(const std::string& key, Bytes value) {
   if (new_size > old_size && stored_bytes_ - old_size + new_size > max_stored_bytes_) {
     return over_limit(key, new_size - old_size);
   }
-  stored_bytes_ = stored_bytes_ - old_size + new_size;
+  store(key, std::move(value));
+  return ok();
+}
+
+void StoreState::store(const std::string& key, Bytes value) {
+  auto it = values_.find(key);
+  std::size_t old_size = it == values_.end() ? 0 : key.size() + it->second.size();
+  stored_bytes_ = stored_bytes_ - old_size + key.size() + value.size();
   values_[key] = std::move(value);
   key_written(key);
-  return ok();
 }
 
 Response StoreState::add(const std::string& key, std::int64_t delta) {
@@ -222,7 +228,9 @@ Response StoreState::multi_set(const Request& request) {
   if (grown > stored_bytes_ && grown > max_stored_bytes_) {
     return over_limit(request.keys.empty() ? "" : request.keys[0], grown - stored_bytes_);
   }
-  for (std::size_t i = 0; i < request.keys.size(); ++i) put(request.keys[i], request.values[i]);
+  // Checked as a whole above: written without a check per key, which could refuse one key that
+  // grows before another shrinks, and answer Ok with that key unwritten.
+  for (std::size_t i = 0; i < request.keys.size(); ++i) store(request.keys[i], request.values[i]);
   return ok();
 }
 

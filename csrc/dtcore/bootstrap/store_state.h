@@ -60,6 +60,8 @@ class StoreState {
   std::optional<Response> try_answer(const Request& request, std::string& missing) const;
   // Stores key = value if the limit allows; the error answer otherwise.
   Response put(const std::string& key, Bytes value);
+  // Stores key = value and wakes its waiters, without the limit check (the caller made it).
+  void store(const std::string& key, Bytes value);
   Response add(const std::string& key, std::int64_t delta);
   Response multi_set(const Request& request);
   Response queue_push(const std::string& key, Bytes value);
