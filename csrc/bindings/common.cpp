@@ -2,6 +2,8 @@
 // and the logging facade. Bindings only, no logic.
 #include <pybind11/stl.h>
 
+#include <thread>
+
 #include <torch/csrc/Exceptions.h>
 
 #include "bindings/bindings.h"
@@ -32,7 +34,10 @@ void rethrow_as_python_error(std::exception_ptr error) {
 
 void bind_common(py::module_& m) {
   // Long C++ waits end on Ctrl-C: see interrupt.h.
+  // Python runs signal handlers on its main thread only: other threads never take the GIL for it.
+  static const std::thread::id main_thread = std::this_thread::get_id();  // the importing thread
   set_interrupt_check([] {
+    if (std::this_thread::get_id() != main_thread) return false;
     py::gil_scoped_acquire gil;
     return PyErr_CheckSignals() != 0;  // the signal's handler ran and raised (KeyboardInterrupt)
   });

@@ -79,15 +79,33 @@ std::vector<Range> parse_range_list(std::string_view body, std::string_view text
   return out;
 }
 
-// Expands one bracket body "01-04,07" into zero-padded strings.
-std::vector<std::string> expand_range_list(std::string_view body, std::string_view text, std::string_view source) {
-  std::vector<std::string> out;
-  for (const Range& r : parse_range_list(body, text, source)) {
-    for (long v = r.lo; v <= r.hi; ++v) {
-      std::string s = std::to_string(v);
-      if (s.size() < r.width) s.insert(0, r.width - s.size(), '0');
-      out.push_back(std::move(s));
+// `v` written with at least `width` digits, zero-padded as SLURM writes it.
+std::string padded(long v, size_t width) {
+  std::string s = std::to_string(v);
+  if (s.size() < width) s.insert(0, width - s.size(), '0');
+  return s;
+}
+
+// One top-level item ("rack[1-2]-gpu[01-02]") as literal text, each followed by the ranges of its
+// bracket group; the last group of an item may have no ranges (its trailing literal).
+struct Group {
+  std::string_view literal;
+  std::vector<Range> ranges;
+};
+
+std::vector<Group> parse_item(std::string_view item, std::string_view text, std::string_view source) {
+  std::vector<Group> out;
+  size_t pos = 0;
+  while (pos < item.size()) {
+    size_t open = item.find('[', pos);
+    if (open == std::string_view::npos) {
+      out.push_back(Group{item.substr(pos), {}});
+      break;
     }
+    size_t close = item.find(']', open);  // balanced: checked by split_top_level
+    out.push_back(
+        Group{item.substr(pos, open - pos), parse_range_list(item.substr(open + 1, close - open - 1), text, source)});
+    pos = close + 1;
   }
   return out;
 }
@@ -98,28 +116,22 @@ void check_names_a_host(size_t hosts, std::string_view text, std::string_view so
                "' names no host. Fix: set MASTER_ADDR to rank 0's host, or run under srun, which sets it.");
 }
 
-// Expands one top-level item, which may hold several bracket groups ("rack[1-2]-gpu[01-02]").
+// Expands one top-level item, which may hold several bracket groups ("rack[1-2]-gpu[01-02]"),
+// stopping once `out` holds `limit` names (a range is walked, never expanded whole).
 void expand_item(std::string_view item, std::string_view text, std::string_view source, std::vector<std::string>& out,
                  size_t limit) {
   std::vector<std::string> partial{""};
-  size_t pos = 0;
-  while (pos < item.size()) {
-    size_t open = item.find('[', pos);
-    std::string_view literal = item.substr(pos, open == std::string_view::npos ? std::string_view::npos : open - pos);
-    for (auto& p : partial) p.append(literal);
-    if (open == std::string_view::npos) break;
-    size_t close = item.find(']', open);  // balanced: checked by split_top_level
-    auto choices = expand_range_list(item.substr(open + 1, close - open - 1), text, source);
+  for (const Group& g : parse_item(item, text, source)) {
+    for (auto& p : partial) p.append(g.literal);
+    if (g.ranges.empty()) continue;
     std::vector<std::string> next;
     for (const auto& p : partial) {
-      for (const auto& c : choices) {
-        next.push_back(p + c);
-        if (next.size() >= limit) break;
+      for (const Range& r : g.ranges) {
+        for (long v = r.lo; v <= r.hi && next.size() < limit; ++v) next.push_back(p + padded(v, r.width));
       }
       if (next.size() >= limit) break;
     }
     partial = std::move(next);
-    pos = close + 1;
   }
   for (auto& p : partial) {
     if (out.size() >= limit) return;
@@ -151,17 +163,11 @@ size_t count_hosts(std::string_view text, std::string_view source) {
   for (std::string_view item : split_top_level(text, source)) {
     if (item.empty()) continue;
     size_t names = 1;  // the product of the sizes of the item's bracket groups
-    size_t pos = 0;
-    while (true) {
-      size_t open = item.find('[', pos);
-      if (open == std::string_view::npos) break;
-      size_t close = item.find(']', open);  // balanced: checked by split_top_level
+    for (const Group& g : parse_item(item, text, source)) {
+      if (g.ranges.empty()) continue;
       size_t choices = 0;
-      for (const Range& r : parse_range_list(item.substr(open + 1, close - open - 1), text, source)) {
-        choices += static_cast<size_t>(r.hi - r.lo + 1);
-      }
+      for (const Range& r : g.ranges) choices += static_cast<size_t>(r.hi - r.lo + 1);
       names = saturating_product(names, choices);
-      pos = close + 1;
     }
     total = std::min(total + names, kMaxHostCount);
   }

@@ -208,7 +208,7 @@ JobSecret client_secret(const WorldSpec& spec, const Env& env, Clock::time_point
     s->from_file = true;
   }
   if (!s->from_file) return *s;
-  Backoff backoff(std::chrono::milliseconds(5), std::chrono::milliseconds(200));
+  Backoff backoff(std::chrono::milliseconds(5), std::chrono::milliseconds(200), Backoff::Interrupt::kCheck);
   Clock::time_point start = Clock::now();
   Clock::time_point next_log = start + log_interval;
   for (;;) {

@@ -88,6 +88,10 @@ std::string fix_for(std::string_view name) {
                                                                                      : "the launcher";
     return detail::cat("set ", name, " to ", doc.holds, ", or unset it and let ", setter, " set it.");
   }
+  const bool knob = std::any_of(knobs::kAll.begin(), knobs::kAll.end(), [&](const Knob* k) { return k->name == name; });
+  if (knob) {  // dtcore's own variable: no launcher sets it
+    return detail::cat("set ", name, " to a whole number such as 0, or unset it to use the launcher's value.");
+  }
   return detail::cat("set ", name, " to a whole number such as 0, or unset it and let the launcher set it.");
 }
 
@@ -307,7 +311,7 @@ std::string_view launcher_name(Launcher launcher) {
   return "unknown";
 }
 
-int slurm_default_port(long job_id) { return 15000 + static_cast<int>((job_id < 0 ? -job_id : job_id) % 15000); }
+int slurm_default_port(long job_id) { return 15000 + static_cast<int>(job_id % 15000); }
 
 // By presence: a variable set to "" still names its launcher. See Note [Launcher variables are read by presence].
 Launcher detect_launcher(const Env& env) {

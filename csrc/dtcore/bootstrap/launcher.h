@@ -44,7 +44,8 @@ Launcher detect_launcher(const Env& env);
 WorldSpec read_world(const Env& env, const WorldOverrides& overrides = {});
 
 // The port a SLURM job uses when MASTER_PORT is unset: the same on every rank of the job,
-// different across concurrent jobs, below the Linux ephemeral range. 15000 + job_id % 15000.
+// different across concurrent jobs, below the Linux ephemeral range. 15000 + job_id % 15000, for
+// job_id >= 0 (read_world() refuses any other SLURM_JOB_ID).
 int slurm_default_port(long job_id);
 
 }  // namespace dtcore

@@ -46,7 +46,7 @@ std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; 
 std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
 // Store polls: fast when ranks arrive together, light on rank 0's server when they do not.
-Backoff store_backoff() { return Backoff(milliseconds(5), milliseconds(200)); }
+Backoff store_backoff() { return Backoff(milliseconds(5), milliseconds(200), Backoff::Interrupt::kCheck); }
 
 struct Context {
   const WorldSpec& spec;

@@ -26,7 +26,7 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 // Polls of the master port: fast when ranks arrive together, light on rank 0 when they do not.
-Backoff store_backoff() { return Backoff(milliseconds(5), milliseconds(200)); }
+Backoff store_backoff() { return Backoff(milliseconds(5), milliseconds(200), Backoff::Interrupt::kCheck); }
 
 // A dtcore store greets as soon as it accepts; a listener silent this long is something else.
 constexpr milliseconds kGreetingWait{10'000};

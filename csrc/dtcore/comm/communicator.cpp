@@ -59,7 +59,7 @@ void Communicator::check_flat_sizes(const at::Tensor& big, std::string_view big_
 
 CommunicatorOptions CommunicatorOptions::from(const Settings& settings) {
   CommunicatorOptions o;
-  o.timeout = seconds_to_timeout(settings.timeout_s.value, "timeout");
+  o.timeout = seconds_to_timeout(settings.timeout_s.value, settings.timeout_s.source);
   const std::string& check = settings.check_collectives.value;
   o.check = check == "1" ? CollectiveCheck::kAlways : check == "0" ? CollectiveCheck::kNever : CollectiveCheck::kAuto;
   o.flight_records = static_cast<size_t>(settings.flight_records.value);
@@ -148,24 +148,28 @@ uint64_t sign(uint64_t previous, const Collective& c) {
   return h;
 }
 
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+// "torch.float32[4096], avg": what the call is beyond its kind; "" for a barrier.
+std::string call_detail(const Collective& c) {
+  std::string out;
+  auto add = [&out](std::string_view part) {
+    if (!out.empty()) out += ", ";
+    out += part;
+  };
+  if (c.input.defined()) add(detail::cat(dtype_name(c.input.scalar_type()), "[", c.input.numel(), "]"));
+  if (c.output.defined()) add(detail::cat("into ", c.output.numel()));
+  if (c.kind == CollectiveKind::AllReduce || c.kind == CollectiveKind::ReduceScatter) add(reduce_op_name(c.op));
+  if (c.kind == CollectiveKind::Broadcast) add(detail::cat("from rank ", c.root));
+  return out;
+}
+
+// `name` and `detail` as messages show them: "all_reduce (torch.float32[4096], avg)".
+std::string with_detail(std::string name, const std::string& detail) {
+  return detail.empty() ? name : name + " (" + detail + ")";
 }
 
 }  // namespace
 
-std::string describe(const Collective& c) {
-  std::string out(collective_name(c.kind));
-  std::vector<std::string> parts;
-  if (c.input.defined()) parts.push_back(detail::cat(dtype_name(c.input.scalar_type()), "[", c.input.numel(), "]"));
-  if (c.output.defined()) parts.push_back(detail::cat("into ", c.output.numel()));
-  if (c.kind == CollectiveKind::AllReduce || c.kind == CollectiveKind::ReduceScatter) {
-    parts.emplace_back(reduce_op_name(c.op));
-  }
-  if (c.kind == CollectiveKind::Broadcast) parts.push_back(detail::cat("from rank ", c.root));
-  for (size_t i = 0; i < parts.size(); ++i) out += (i == 0 ? " (" : ", ") + parts[i];
-  return parts.empty() ? out : out + ")";
-}
+std::string describe(const Collective& c) { return with_detail(std::string(collective_name(c.kind)), call_detail(c)); }
 
 std::string Communicator::mismatch_message(const Collective& c) const {
   const std::string mine = describe(c);
@@ -179,11 +183,6 @@ std::string Communicator::mismatch_message(const Collective& c) const {
                      "lines the ranks' flight records up.");
 }
 
-std::pair<uint64_t, uint64_t> Communicator::last_signature() const {
-  std::lock_guard<std::mutex> lock(issue_mu_);
-  return {seq_, signature_};
-}
-
 std::shared_ptr<Work> Communicator::issue(Collective c) {
   {
     // Numbered and signed under one lock, so that the signature chain follows the numbers.
@@ -191,14 +190,10 @@ std::shared_ptr<Work> Communicator::issue(Collective c) {
     c.seq = ++seq_;
     c.signature = signature_ = sign(signature_, c);
   }
-  // "all_reduce #12 (torch.float32[4096], avg)"
-  const std::string described = describe(c);
-  const size_t name_end = std::min(described.find(' '), described.size());
-  c.what = detail::cat(described.substr(0, name_end), " #", c.seq, described.substr(name_end));
-  recorder_->issued(CollectiveRecord{
-      c.seq, std::string(collective_name(c.kind)),
-      described.size() > name_end + 2 ? described.substr(name_end + 2, described.size() - name_end - 3) : std::string(),
-      c.label, c.signature, now_seconds(), 0, CollectiveRecord::State::kPending});
+  const std::string_view name = collective_name(c.kind);
+  std::string detail = call_detail(c);
+  c.what = with_detail(detail::cat(name, " #", c.seq), detail);  // "all_reduce #12 (torch.float32[4096], avg)"
+  recorder_->issued(CollectiveRecord{c.seq, std::string(name), std::move(detail), c.label, c.signature});
   if (health_) health_->record_started(c.seq, c.what);
   c.finished = [recorder = recorder_, health = health_, seq = c.seq](bool ok) {
     recorder->finished(seq, ok);

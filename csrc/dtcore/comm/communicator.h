@@ -165,8 +165,6 @@ class Communicator {
     recorder_->set_dump_file(std::move(path), rank_, size_, std::move(host));
     install_dump_signal();
   }
-  // The signature of the last collective issued, and its number; See Note [Collective signature].
-  std::pair<uint64_t, uint64_t> last_signature() const;
 
   // Releases the engine (connections, streams, threads), waiting at most timeout() for work in
   // flight. Idempotent; later collectives raise CommError. dtcore.shutdown() calls it, so that a

@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include "dtcore/common/error.h"
+#include "dtcore/common/knobs.h"
 #include "dtcore/common/log.h"
 
 namespace dtcore {
@@ -35,6 +37,10 @@ std::string quoted(std::string_view s) {
   return out + "\"";
 }
 
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 std::string seconds(double t) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.6f", t);
@@ -49,13 +55,14 @@ std::string_view state_name(CollectiveRecord::State state) {
 }
 
 void FlightRecorder::issued(CollectiveRecord record) {
+  record.started = now_seconds();
   std::lock_guard<std::mutex> lock(mu_);
   records_.push_back(std::move(record));
   while (records_.size() > capacity_) records_.pop_front();
 }
 
 void FlightRecorder::finished(uint64_t seq, bool ok) {
-  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const double now = now_seconds();
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Collectives finish in about the order they were issued: search from the newest.
@@ -112,13 +119,17 @@ std::string FlightRecorder::dump(std::string_view why) {
     for (const std::string& line : lines) out << line << '\n';
     out.flush();
     if (!out) {
-      log::warn("flight record: could not write ", aside, " (", why, "); nothing was dumped");
+      log::warn("flight record: could not write ", aside, " (", why, "): ", std::strerror(errno),
+                "; nothing was dumped. Fix: give the job a writable folder for it, init(log_dir=) or ",
+                knobs::kLogDir.name, ".");
       return "";
     }
   }
   std::filesystem::rename(aside, path, ec);
   if (ec) {
-    log::warn("flight record: could not rename ", aside, " to ", path, ": ", ec.message());
+    log::warn("flight record: could not rename ", aside, " to ", path, " (", why, "): ", ec.message(),
+              "; nothing was dumped. Fix: give the job a writable folder for it, init(log_dir=) or ",
+              knobs::kLogDir.name, ".");
     return "";
   }
   const std::string dir = std::filesystem::path(path).parent_path().string();
@@ -166,7 +177,11 @@ bool install_dump_signal() {
       log::debug("flight record: SIGUSR2 has a handler already; the record is dumped on failures only");
       return false;
     }
-    if (::pipe2(g_signal_pipe, O_CLOEXEC) != 0) return false;
+    if (::pipe2(g_signal_pipe, O_CLOEXEC) != 0) {
+      log::warn("flight record: SIGUSR2 cannot dump the record (pipe2: ", std::strerror(errno),
+                "); it is still dumped on every failure");
+      return false;
+    }
     ::fcntl(g_signal_pipe[1], F_SETFL, O_NONBLOCK);
     std::thread(dump_loop).detach();  // lives as long as the process, blocked in read()
     struct sigaction sa{};

@@ -2,10 +2,10 @@
 //
 // Every collective is recorded when it is issued (op, sequence number, dtype, shape, a label
 // such as "bucket 3/5", its signature, the wall-clock time) and again when it finishes
-// (succeeded or failed, and when). On a collective failure or timeout, and on the dump signal
-// (SIGUSR2 by default), the record is written to this rank's log as JSON lines; with the logs of
-// every rank, `python -m dtcore.check --analyze DIR` names the first rank and sequence number at
-// which the ranks diverged. See Note [Collective signature] for what the signature covers.
+// (succeeded or failed, and when). On a collective failure or timeout, and on SIGUSR2, the record
+// is written as JSON lines to this rank's dump file (flight-rank<r>.jsonl); with every rank's file
+// in one folder, `python -m dtcore.check --analyze DIR` names the first rank and sequence number
+// at which the ranks diverged. See Note [Collective signature] for what the signature covers.
 //
 // Ownership: one per communicator. Thread safety: every member may be called from any thread
 // (issue on the caller's, finish on the engine's); one mutex, held for a few assignments.
@@ -26,10 +26,11 @@ struct CollectiveRecord {
 
   uint64_t seq = 0;
   std::string op;      // "all_reduce", "broadcast", ...
-  std::string detail;  // "torch.float32[4, 1024], avg" or "root 0"
+  std::string detail;  // "torch.float32[4096], avg" or "torch.float32[8], from rank 0"; "" for a barrier
   std::string label;   // what the caller said it is, e.g. "bucket 3/5"; "" if nothing
   uint64_t signature = 0;
-  double started = 0;   // seconds since the Unix epoch (comparable across hosts, within their clock skew)
+  double started = 0;   // seconds since the Unix epoch (comparable across hosts, within their clock
+                        // skew); issued() sets it
   double finished = 0;  // 0 while pending
   State state = State::kPending;
 };
@@ -40,6 +41,7 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
  public:
   explicit FlightRecorder(size_t capacity) : capacity_(capacity) {}
 
+  // Records a collective just issued, stamping its start time.
   void issued(CollectiveRecord record);
   // A failure also dumps the record, when a dump file is set.
   void finished(uint64_t seq, bool ok);
@@ -72,8 +74,5 @@ class FlightRecorder : public std::enable_shared_from_this<FlightRecorder> {
 // its own (the handler only writes a byte to a pipe). Once per process; not when the program has
 // a SIGUSR2 handler of its own, which is left alone (false is returned, and logged at debug).
 bool install_dump_signal();
-
-// The marker that starts every dumped line in a log, for the analyzer to find them.
-inline constexpr std::string_view kFlightRecordTag = "flight record: ";
 
 }  // namespace dtcore

@@ -84,6 +84,7 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
     std::unique_lock<std::mutex> lock(mu_);
     if (done_) return;
     if (!cv_.wait_until(lock, deadline, [this] { return work_ || !failure_.empty(); })) {
+      lock.unlock();           // the diagnosis takes seconds: the submitter must not wait on this work meanwhile
       report_finished(false);  // first: the peers' diagnoses then see this rank failed, not died
       std::string who = diagnosis_();
       DTCORE_CHECK(false, CommError, c_.what, " timed out", rank_text(), " after ", seconds_since(issued_),
@@ -104,6 +105,7 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
     } catch (const std::exception& e) {
       std::string msg = error_text(e);
       bool timed_out = msg.find("timed out") != std::string::npos || msg.find("Timed out") != std::string::npos;
+      lock.unlock();
       report_finished(false);  // first: the peers' diagnoses then see this rank failed, not died
       std::string who = diagnosis_();
       DTCORE_CHECK(false, CommError, c_.what, " ", timed_out ? "timed out" : "failed", rank_text(), " after ",
@@ -263,14 +265,15 @@ std::string GlooCommunicator::check_against_peers(const c10::intrusive_ptr<c10d:
   // signature is halved so that -s cannot overflow.
   const int64_t s = static_cast<int64_t>(c.signature >> 1);
   at::Tensor t = at::empty({2}, at::TensorOptions().dtype(at::kLong));
-  t[0] = s;
-  t[1] = -s;
+  int64_t* v = t.data_ptr<int64_t>();  // per collective: no indexing through the dispatcher
+  v[0] = s;
+  v[1] = -s;
   std::vector<at::Tensor> tensors{t};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::MAX;
   opts.timeout = timeout();
   backend->allreduce(tensors, opts)->wait(timeout());
-  if (t[0].item<int64_t>() == -t[1].item<int64_t>()) return "";
+  if (v[0] == -v[1]) return "";
   return mismatch_message(c);
 }
 

@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include "dtcore/bootstrap/roster.h"
+#include "dtcore/common/backoff.h"
 #include "dtcore/common/c10_error.h"
 #include "dtcore/common/error.h"
 #include "dtcore/common/log.h"
@@ -98,7 +99,6 @@ void HealthMonitor::record_finished(uint64_t seq, bool ok) {
   const bool was_oldest = !in_flight_.empty() && in_flight_.begin()->first == seq;
   in_flight_.erase(seq);
   if (was_oldest) waiting_since_ = Clock::now();  // the next one has waited only since now
-  finished_ = std::max(finished_, seq);
   if (!ok && failed_ == 0) {
     failed_ = seq;
     beat_soon_ = true;  // the peers learn at once that this rank failed (and did not die)
@@ -203,8 +203,7 @@ void HealthMonitor::sample_once(const c10::intrusive_ptr<c10d::Store>& store) {
   const auto now = Clock::now();
   std::lock_guard<std::mutex> lock(mu_);
   Watch& w = watch_;
-  if (!w.active) {
-    w = Watch{};
+  if (!w.active) {  // watch_loop() reset it when the last watch ended
     w.active = true;
     w.began = now;
     w.views.resize(peers_.size());
@@ -272,22 +271,24 @@ std::string HealthMonitor::gather_calls(uint64_t seq, const std::string& mine) {
   try {
     store->set(prefix + std::to_string(rank_), std::vector<uint8_t>(mine.begin(), mine.end()));
     // Every rank publishes at the same collective; a rank that died meanwhile is named as unknown.
-    const auto deadline = std::chrono::steady_clock::now() + std::max(interval_ * 3, std::chrono::milliseconds(3000));
-    std::vector<bool> have(world, false);
-    size_t missing = world;
-    while (missing > 0 && std::chrono::steady_clock::now() < deadline) {
+    // Polled as sample() reads beats: one check of every key, then one multiGet.
+    std::vector<std::string> keys;
+    for (size_t r = 0; r < world; ++r) keys.push_back(prefix + std::to_string(r));
+    const auto deadline = Clock::now() + std::max(interval_ * 3, std::chrono::milliseconds(3000));
+    Backoff backoff(std::chrono::milliseconds(5), std::chrono::milliseconds(200));
+    while (!store->check(keys) && Clock::now() < deadline) backoff.pause();
+    std::vector<std::vector<uint8_t>> values(world);
+    if (store->check(keys)) {
+      values = store->multiGet(keys);
+    } else {
       for (size_t r = 0; r < world; ++r) {
-        if (have[r] || !store->check({prefix + std::to_string(r)})) continue;
-        auto v = store->get(prefix + std::to_string(r));
-        by_call[std::string(v.begin(), v.end())].push_back(static_cast<int>(r));
-        have[r] = true;
-        --missing;
+        if (store->check({keys[r]})) values[r] = store->get(keys[r]);  // never get() a missing key: it blocks
       }
-      if (missing > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     for (size_t r = 0; r < world; ++r) {
-      if (!have[r])
-        by_call["(its call could not be read: it did not reach this collective)"].push_back(static_cast<int>(r));
+      const std::string call = values[r].empty() ? "(its call could not be read: it did not reach this collective)"
+                                                 : std::string(values[r].begin(), values[r].end());
+      by_call[call].push_back(static_cast<int>(r));
     }
   } catch (const std::exception& e) {
     log::debug("health: reading the ranks' calls at #", seq, " failed: ", error_text(e));

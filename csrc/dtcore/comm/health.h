@@ -126,7 +126,7 @@ class HealthMonitor {
   bool stop_ = false;
   bool beat_soon_ = false;  // a failure to publish before the next interval
   // Progress: the collectives started and not finished, with their names; the first failure.
-  uint64_t started_ = 0, finished_ = 0, failed_ = 0;
+  uint64_t started_ = 0, failed_ = 0;
   std::map<uint64_t, std::string> in_flight_;
   std::chrono::steady_clock::time_point waiting_since_;  // when the oldest in-flight one started
   // Diagnosis: how many wait for a sample, and until when to keep watching after one.

@@ -45,7 +45,10 @@ double seconds(Clock::duration d) {
 }
 
 // GPU polls: 20 us doubling to 2 ms, so that short waits stay short and long ones cost no CPU.
-Backoff gpu_backoff() { return Backoff(std::chrono::microseconds(20), std::chrono::microseconds(2000)); }
+// Waits the user sits in check for Ctrl-C; teardown passes kIgnore (see backoff.h).
+Backoff gpu_backoff(Backoff::Interrupt interrupt = Backoff::Interrupt::kCheck) {
+  return Backoff(std::chrono::microseconds(20), std::chrono::microseconds(2000), interrupt);
+}
 
 std::string host_name() {
   char host[256] = {};
@@ -185,9 +188,10 @@ class NcclState {
   void abort_locked(const std::string& reason);  // mu held
 
   // Polls ncclCommGetAsyncError until the communicator leaves ncclInProgress, or `deadline`
-  // passes (then returns ncclInProgress). mu held, comm not null.
-  ncclResult_t poll_async(Clock::time_point deadline) const {
-    Backoff backoff = gpu_backoff();
+  // passes (then returns ncclInProgress). mu held, comm not null. Only set-up may end on Ctrl-C:
+  // an enqueue or a teardown left half-done would strand a kernel or a communicator.
+  ncclResult_t poll_async(Clock::time_point deadline, Backoff::Interrupt interrupt) const {
+    Backoff backoff = gpu_backoff(interrupt);
     for (;;) {
       ncclResult_t state = ncclInProgress;
       ncclResult_t rc = ncclCommGetAsyncError(comm, &state);
@@ -398,7 +402,7 @@ NcclCommunicator::NcclCommunicator(const c10::intrusive_ptr<c10d::Store>& store,
     DTCORE_CHECK(s.comm != nullptr, CommError, "ncclCommInitRankConfig on ", s.where(),
                  " returned no communicator. Fix: set NCCL_DEBUG=WARN for NCCL's own account.");
     // Non-blocking: the set-up goes on in the background until the state leaves ncclInProgress.
-    ncclResult_t rc = s.poll_async(deadline);
+    ncclResult_t rc = s.poll_async(deadline, Backoff::Interrupt::kCheck);
     DTCORE_CHECK(rc != ncclInProgress, CommError, "NCCL communicator set-up timed out after ", timeout.count() / 1000.0,
                  " s on ", s.where(),
                  ": some rank did not join. Fix: check that every "
@@ -438,7 +442,7 @@ void NcclCommunicator::close() {
   if (s.comm != nullptr) {
     // 1. Let the collectives in flight finish, watching NCCL for errors meanwhile.
     std::string problem;  // why the orderly teardown gave up; "" while it goes on
-    Backoff backoff = gpu_backoff();
+    Backoff backoff = gpu_backoff(Backoff::Interrupt::kIgnore);
     for (;;) {
       cudaError_t query = cudaStreamQuery(s.stream);
       if (query == cudaSuccess) break;
@@ -465,7 +469,7 @@ void NcclCommunicator::close() {
     //    ncclInProgress and the state must leave ncclInProgress before ncclCommDestroy.
     if (problem.empty()) {
       ncclResult_t rc = ncclCommFinalize(s.comm);
-      if (!is_nccl_error(rc)) rc = s.poll_async(deadline);
+      if (!is_nccl_error(rc)) rc = s.poll_async(deadline, Backoff::Interrupt::kIgnore);
       if (rc == ncclSuccess) {
         rc = ncclCommDestroy(s.comm);  // local only once finalized: does not block
         s.comm = nullptr;
@@ -488,7 +492,7 @@ void NcclCommunicator::close() {
   //    that their tensors are not released under them.
   if (s.stream != nullptr && !s.failure().empty()) {
     const auto grace = Clock::now() + kAbortGrace;
-    Backoff backoff = gpu_backoff();
+    Backoff backoff = gpu_backoff(Backoff::Interrupt::kIgnore);
     while (cudaStreamQuery(s.stream) == cudaErrorNotReady && Clock::now() < grace) backoff.pause();
   }
   // 4. Settle and release the works (which breaks their cycle with the state), then the stream.
@@ -576,7 +580,7 @@ std::shared_ptr<Work> NcclCommunicator::launch(const Collective& c, std::vector<
   ncclResult_t rc = enqueue(s.comm, s.stream);
   // Non-blocking: ncclInProgress means NCCL may not have put the kernel on the stream yet, so the
   // event must wait until the communicator's state leaves ncclInProgress.
-  if (rc == ncclInProgress) rc = s.poll_async(Clock::now() + timeout());
+  if (rc == ncclInProgress) rc = s.poll_async(Clock::now() + timeout(), Backoff::Interrupt::kIgnore);
   if (rc != ncclSuccess) {
     ncclResult_t state = ncclSuccess;
     if (rc != ncclInProgress && ncclCommGetAsyncError(s.comm, &state) != ncclSuccess) state = ncclInternalError;

@@ -2,9 +2,10 @@
 //
 // Starts short, so that a wait that ends soon ends soon, and doubles up to a cap, so that a long
 // wait costs neither CPU nor requests to a shared server. Each waiter picks its own bounds (a
-// CUDA event: microseconds; the rendezvous store, polled by every rank: milliseconds). Once its
-// sleeps reach a millisecond, each pause first checks for Ctrl-C (interrupt.h), so that no wait
-// outlasts the user's patience; shorter sleeps skip the check, which costs a lock.
+// CUDA event: microseconds; the rendezvous store, polled by every rank: milliseconds). A wait the
+// user sits in (the rendezvous) is made interruptible: once its sleeps reach a millisecond, each
+// pause first checks for Ctrl-C (interrupt.h); shorter sleeps skip the check, which costs a lock.
+// Teardown loops stay uninterruptible, so that Ctrl-C never leaves a half-closed engine.
 // Thread safety: one Backoff per waiting loop.
 #pragma once
 
@@ -18,10 +19,14 @@ namespace dtcore {
 
 class Backoff {
  public:
-  Backoff(std::chrono::microseconds first, std::chrono::microseconds cap) : delay_(first), cap_(cap) {}
+  enum class Interrupt { kIgnore, kCheck };
 
+  Backoff(std::chrono::microseconds first, std::chrono::microseconds cap, Interrupt interrupt = Interrupt::kIgnore)
+      : delay_(first), cap_(cap), interruptible_(interrupt == Interrupt::kCheck) {}
+
+  // Throws Interrupted (interrupt.h) when interruptible and Ctrl-C is pending.
   void pause() {
-    if (delay_ >= std::chrono::milliseconds(1)) check_interrupt();
+    if (interruptible_ && delay_ >= std::chrono::milliseconds(1)) check_interrupt();
     std::this_thread::sleep_for(delay_);
     delay_ = std::min(delay_ * 2, cap_);
   }
@@ -29,6 +34,7 @@ class Backoff {
  private:
   std::chrono::microseconds delay_;
   const std::chrono::microseconds cap_;
+  const bool interruptible_;
 };
 
 }  // namespace dtcore

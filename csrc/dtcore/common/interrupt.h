@@ -3,8 +3,8 @@
 // dtcore's core knows no Python, yet Python only sets a flag when SIGINT arrives and acts on it
 // when control returns to the interpreter, which a blocking C++ wait never does. The binding
 // installs a check that tells whether Python has a signal pending (its handler has then raised,
-// e.g. KeyboardInterrupt); waits call check_interrupt() between polls (Backoff::pause() does, once
-// its sleeps reach a millisecond), which throws Interrupted, and the binding hands Python its own
+// e.g. KeyboardInterrupt); waits call check_interrupt() between polls (an interruptible Backoff's pause()
+// does, once its sleeps reach a millisecond), which throws Interrupted, and the binding hands Python its own
 // exception back. Code that turns std::exception into its own errors lets Interrupted through.
 // Thread safety: set once at start-up (module import); check_interrupt() from any thread (the
 // check acts only on Python's main thread).

@@ -40,7 +40,7 @@ inline constexpr Knob kTimeout{"DTCORE_TIMEOUT", "300", "Seconds that rendezvous
 inline constexpr Knob kRdzvLogInterval{"DTCORE_RDZV_LOG_INTERVAL", "5", "Seconds between rendezvous progress lines that name the ranks still missing."};
 inline constexpr Knob kHeartbeatInterval{"DTCORE_HEARTBEAT_INTERVAL", "1", "Seconds between health heartbeats; a failed collective names ranks silent for two intervals."};
 inline constexpr Knob kCheckCollectives{"DTCORE_CHECK_COLLECTIVES", "auto", "Check that ranks call the same collectives before each call: auto (on Gloo, where a mismatch kills a rank or sums wrongly; NCCL does not check yet), 1 (everywhere: refused on NCCL for now) or 0 (never)."};
-inline constexpr Knob kFlightRecorder{"DTCORE_FLIGHT_RECORDER", "2000", "Collectives each rank's flight recorder keeps for the post-mortem (dumped to the log on a failure or SIGUSR2); 0 keeps none."};
+inline constexpr Knob kFlightRecorder{"DTCORE_FLIGHT_RECORDER", "2000", "Collectives each rank's flight recorder keeps for the post-mortem (written to flight-rank<r>.jsonl beside the log, or under the temporary directory, on a failure or SIGUSR2); 0 keeps none."};
 inline constexpr Knob kJobSecret{"DTCORE_JOB_SECRET", "", "Secret every rank proves to the rendezvous store; the same value on every node (needed for a multi-node job to be authenticated). Never logged."};
 inline constexpr Knob kJobSecretFile{"DTCORE_JOB_SECRET_FILE", "", "File (mode 0600) holding the job secret, e.g. on a shared filesystem; rank 0 writes a random one there when it is missing."};
 inline constexpr Knob kLogLevel{"DTCORE_LOG_LEVEL", "info", "Console level: debug, info, warn or error."};
@@ -49,7 +49,7 @@ inline constexpr Knob kLogDir{"DTCORE_LOG_DIR", "", "Directory for per-rank log 
 // clang-format on
 
 // Every knob, in the order of docs/knobs.md.
-inline constexpr std::array<const Knob*, 19> kAll = {
+inline constexpr auto kAll = std::to_array<const Knob*>({
     &kRank,
     &kWorldSize,
     &kLocalRank,
@@ -69,7 +69,7 @@ inline constexpr std::array<const Knob*, 19> kAll = {
     &kLogLevel,
     &kLogRanks,
     &kLogDir,
-};
+});
 
 }  // namespace knobs
 

@@ -87,7 +87,7 @@ LogRanks parse_log_ranks(const std::string& text, const std::string& shown) {
     }
     int rank = -1;
     auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), rank);
-    if (part.empty() || ec != std::errc() || end != part.data() + part.size() || rank < 0) {
+    if (ec != std::errc() || end != part.data() + part.size() || rank < 0) {
       throw BadValue{detail::cat(shown, " is not a list of ranks ('", part, "' is not a rank)."),
                      "use ranks separated by commas, such as 0 or 0,3, or 'all'."};
     }

@@ -72,6 +72,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   for (size_t b = 0; b < plan_.size(); ++b) {
     const Bucket& bucket = plan_[b];
     fresh[b].buffer = at::zeros({bucket.numel}, at::TensorOptions().dtype(bucket.dtype).device(bucket.device));
+    fresh[b].label = detail::cat("bucket ", b + 1, "/", plan_.size());
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       Slot& s = slots_[bucket.params[k]];
       s.bucket = b;
@@ -182,7 +183,7 @@ void Reducer::launch_ready_locked() {
       payload = b.sent;
     }
     // Overlaps with the rest of backward; the label names it in the flight recorder.
-    b.work = comm_->all_reduce(payload, ReduceOp::Avg, detail::cat("bucket ", next_bucket_, "/", buckets_.size()));
+    b.work = comm_->all_reduce(payload, ReduceOp::Avg, b.label);
     if (next_bucket_ == buckets_.size()) {
       // The last one: collect them all when this backward ends. Queued now rather than at the
       // first hook, so that a nested backward (reentrant checkpointing) cannot end it early.

@@ -101,6 +101,7 @@ class Reducer {
   };
   struct BucketState {
     at::Tensor buffer;
+    std::string label;   // "bucket 3/8", its name in the flight recorder; made with the plan
     size_t pending = 0;  // gradients not yet ready in the current backward
     std::shared_ptr<Work> work;
     at::Tensor sent;  // with comm_dtype: the buffer cast for the collective, copied back at the end

@@ -167,7 +167,7 @@ def _join(r: _Request) -> Context:
     fp = fingerprint.for_rendezvous(backend, spec, purpose=r.purpose, versions=r.versions)
     rdzv = _C.rendezvous(spec, settings, host, str(device), fp, generation)
     try:
-        comm, health, owns_pg = _connect(rdzv, backend, device, settings, r.torch_distributed)
+        comm, health, owns_pg = _connect(rdzv, backend, device, host, settings, r.torch_distributed)
     except BaseException:
         rdzv.close()
         raise
@@ -287,7 +287,7 @@ def _flight_record_path(spec: Any, settings: _C.Settings) -> str:
     return os.path.join(folder, f"flight-rank{spec.rank}.jsonl")
 
 
-def _connect(rdzv: Any, backend: str, device: torch.device, settings: _C.Settings, torch_distributed: bool):
+def _connect(rdzv: Any, backend: str, device: torch.device, host: str, settings: _C.Settings, torch_distributed: bool):
     """Communicator, health monitor and (optionally) torch's default group, on the rendezvous store."""
     store, spec, timeout = rdzv.store, rdzv.spec, settings.timeout_s
     comm = health = None
@@ -309,7 +309,7 @@ def _connect(rdzv: Any, backend: str, device: torch.device, settings: _C.Setting
             comm = _C.gloo_communicator(pg, settings)
         health = _C.health_monitor(rdzv, settings)
         comm.set_health(health)  # a failed collective now names dead or stalled ranks
-        comm.set_flight_dump(_flight_record_path(spec, settings), rdzv.roster()[spec.rank].host)
+        comm.set_flight_dump(_flight_record_path(spec, settings), host)
         # init() returns when the whole job is up: a rank that failed to set up is named here,
         # on every other rank, instead of surfacing later in the user's first collective.
         comm.barrier().wait()

@@ -20,6 +20,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+from ._report import rank_ranges
+
 
 @dataclasses.dataclass
 class Records:
@@ -36,14 +38,7 @@ class Records:
 
 def _ranks(ranks: list[int]) -> str:
     """[0, 1, 2, 5] -> 'ranks 0-2,5'; [3] -> 'rank 3'."""
-    ranks = sorted(ranks)
-    parts, start = [], 0
-    for i in range(1, len(ranks) + 1):
-        if i == len(ranks) or ranks[i] != ranks[i - 1] + 1:
-            a, b = ranks[start], ranks[i - 1]
-            parts.append(str(a) if a == b else f"{a}-{b}")
-            start = i
-    return ("ranks " if len(ranks) > 1 else "rank ") + ",".join(parts)
+    return ("ranks " if len(ranks) > 1 else "rank ") + rank_ranges(ranks)
 
 
 def _call(record: dict) -> str:

@@ -25,26 +25,13 @@ from ..bootstrap.context import Context, get_context
 from ..bootstrap.join import joined_for_check
 from ..comm import agree
 from ._options import Options, default_iters
-from ._report import Item, Report, worst
+from ._report import Item, Report, rank_ranges, worst
 
 
 def _split_fix(error: BaseException) -> tuple[str, str]:
     text = str(error) if isinstance(error, _C.DtcoreError) else f"{type(error).__name__}: {str(error).splitlines()[0]}"
     message, _, fix = text.partition(" Fix: ")
     return message, fix or "see the message; `python -m dtcore.check` on the failing rank tells more."
-
-
-def _ranges(ranks: Sequence[int]) -> str:
-    out, ranks = [], sorted(ranks)
-    start = prev = ranks[0]
-    for r in ranks[1:] + [None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-        if r is not None:
-            start = prev = r
-    return ",".join(out)
 
 
 def _consistency(reports: list[dict]) -> list[Item]:
@@ -61,7 +48,7 @@ def _consistency(reports: list[dict]) -> list[Item]:
         majority = max(by_value, key=lambda v: len(by_value[v]))
         hosts = {r["world"]["rank"]: r["host"] for r in reports}
         odd = [
-            f"rank(s) {_ranges(ranks)} ({', '.join(sorted({hosts[x] for x in ranks}))}) have '{v or 'none'}'"
+            f"rank(s) {rank_ranges(ranks)} ({', '.join(sorted({hosts[x] for x in ranks}))}) have '{v or 'none'}'"
             for v, ranks in by_value.items()
             if v != majority
         ]
@@ -120,7 +107,7 @@ def _nodes(reports: list[dict]) -> tuple[list[dict], list[Item]]:
                 f"nodes.{host}",
                 host,
                 status,
-                f"ranks {_ranges(ranks)}, {gpus}, {counts['FAIL']} failure(s), {counts['WARN']} warning(s)",
+                f"ranks {rank_ranges(ranks)}, {gpus}, {counts['FAIL']} failure(s), {counts['WARN']} warning(s)",
                 message,
                 fix,
             )

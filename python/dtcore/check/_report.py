@@ -11,9 +11,25 @@ import dataclasses
 import json
 import shutil
 import textwrap
+from collections.abc import Sequence
 from typing import Any
 
 from ..units import format_bytes
+
+
+def rank_ranges(ranks: Sequence[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5', as dtcore's C++ messages write rank sets (format_ranks in roster.h)."""
+    out, ranks = [], sorted(ranks)
+    start = prev = ranks[0]
+    for r in ranks[1:] + [None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ",".join(out)
+
 
 SCHEMA = "dtcore.check/1"
 STATUSES = ("PASS", "WARN", "FAIL")
