@@ -112,8 +112,9 @@ void bind_bootstrap(py::module_& m) {
          std::map<std::string, std::string> fingerprint, int generation) {
         auto self = RosterEntry::for_process(spec, host, device, std::move(fingerprint));
         auto options = RendezvousOptions::from(settings, generation);
+        const Env env = Env::from_process();  // as read_world() without env=: this process's
         py::gil_scoped_release release;
-        return Rendezvous::join(spec, std::move(self), options);
+        return Rendezvous::join(spec, std::move(self), options, env);
       },
       py::arg("spec"), py::arg("settings"), py::arg("host"), py::arg("device"), py::arg("fingerprint"),
       py::arg("generation") = 0, "Blocks until every rank has joined and agreed, or raises RendezvousError");

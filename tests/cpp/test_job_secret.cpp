@@ -12,6 +12,7 @@
 #include <string>
 
 #include "dtcore/bootstrap/job_secret.h"
+#include "dtcore/bootstrap/rendezvous_store.h"
 #include "dtcore/common/error.h"
 #include "expect_error.h"
 
@@ -62,7 +63,9 @@ TEST(JobSecret, TheVariableWinsAndIsNeverTheSource) {
   EXPECT_EQ(s.source, "DTCORE_JOB_SECRET");
   EXPECT_FALSE(s.publish);
   EXPECT_TRUE(s.authenticates);
-  EXPECT_EQ(client_secret(world(2, 2), env, std::chrono::steady_clock::now(), 1s).value, "hunter2-but-longer");
+  EXPECT_EQ(
+      client_secret({world(2, 2), env, 1s, std::chrono::steady_clock::now(), std::chrono::steady_clock::now()}).value,
+      "hunter2-but-longer");
 }
 
 TEST(JobSecret, OneNodeRankZeroWritesAPrivateFileTheOthersReadAndItIsDeleted) {
@@ -80,7 +83,8 @@ TEST(JobSecret, OneNodeRankZeroWritesAPrivateFileTheOthersReadAndItIsDeleted) {
     SecretFile file = publish_secret(server);
     ASSERT_EQ(::stat(server.path.c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0600u);
-    JobSecret client = client_secret(world(2, 1), env, std::chrono::steady_clock::now() + 5s, 1s);
+    JobSecret client =
+        client_secret({world(2, 1), env, 1s, std::chrono::steady_clock::now(), std::chrono::steady_clock::now() + 5s});
     EXPECT_EQ(client.value, server.value);
     EXPECT_TRUE(client.from_file);
   }
@@ -91,8 +95,9 @@ TEST(JobSecret, AClientThatNeverSeesTheFileTimesOutNamingItAndTheFix) {
   TempDir runtime;
   Env env = env_of({{"XDG_RUNTIME_DIR", runtime.path()}});
   auto start = std::chrono::steady_clock::now();
-  std::string msg = error_of<RendezvousError>(
-      [&] { client_secret(world(2, 1), env, std::chrono::steady_clock::now() + 300ms, 10s); });
+  std::string msg = error_of<RendezvousError>([&] {
+    client_secret({world(2, 1), env, 10s, std::chrono::steady_clock::now(), std::chrono::steady_clock::now() + 300ms});
+  });
   EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
   expect_contains(msg, {"rank 1", "store-29555.secret", "never appeared", "127.0.0.1:29555", "DTCORE_JOB_SECRET"});
 }
@@ -129,13 +134,17 @@ TEST(JobSecret, AMissingSharedFileIsWrittenByRankZero) {
   EXPECT_TRUE(s.publish);
   SecretFile file = publish_secret(s);
   EXPECT_EQ(read_all(path), s.value + "\n");
-  EXPECT_EQ(client_secret(world(4, 2), env, std::chrono::steady_clock::now() + 1s, 1s).value, s.value);
+  EXPECT_EQ(
+      client_secret({world(4, 2), env, 1s, std::chrono::steady_clock::now(), std::chrono::steady_clock::now() + 1s})
+          .value,
+      s.value);
 }
 
 TEST(JobSecret, ManyNodesWithoutASecretFallBackToThePublicOne) {
   Env env;
   JobSecret server = server_secret(world(4, 2), env);
-  JobSecret client = client_secret(world(4, 2), env, std::chrono::steady_clock::now(), 1s);
+  JobSecret client =
+      client_secret({world(4, 2), env, 1s, std::chrono::steady_clock::now(), std::chrono::steady_clock::now()});
   EXPECT_FALSE(server.authenticates);
   EXPECT_EQ(server.value, client.value);
   expect_contains(server.source, {"none", "2 nodes", "DTCORE_JOB_SECRET"});

@@ -66,7 +66,7 @@ std::vector<std::string> join_all(const std::vector<int>& ranks, int world, int 
     RosterEntry e = entries[i];
     futures.push_back(std::async(std::launch::async, [=] {
       try {
-        auto r = Rendezvous::join(spec_for(rank, world, port), e, options(timeout));
+        auto r = Rendezvous::join(spec_for(rank, world, port), e, options(timeout), Env::from_process());
         if (static_cast<int>(r->roster().size()) != world) return std::string("incomplete roster");
         // Rank 0 serves the store: it leaves last, once everyone has fetched the roster.
         if (rank != 0) {
@@ -94,7 +94,7 @@ TEST(Rendezvous, ThreeRanksJoinAndShareTheRoster) {
 }
 
 TEST(Rendezvous, SingleProcessGetsAFreePort) {
-  auto r = Rendezvous::join(read_world(Env()), entry(0), options(5s));
+  auto r = Rendezvous::join(read_world(Env()), entry(0), options(5s), Env::from_process());
   EXPECT_GT(r->port(), 0);
   EXPECT_EQ(r->roster().size(), 1u);
 }
@@ -117,7 +117,7 @@ TEST(Rendezvous, RanksThatDisagreeOnTheWorldSizeAreToldSo) {
   // Rank 0 expects 3 ranks, rank 1 expects 2: rank 1 sees all "its" ranks joined, yet no verdict.
   auto rank0 = std::async(std::launch::async, [&] {
     try {
-      Rendezvous::join(spec_for(0, 3, port), entry(0), options(2s));
+      Rendezvous::join(spec_for(0, 3, port), entry(0), options(2s), Env::from_process());
     } catch (const std::exception& e) {
       return std::string(e.what());
     }
@@ -126,7 +126,7 @@ TEST(Rendezvous, RanksThatDisagreeOnTheWorldSizeAreToldSo) {
   std::string err1;
   try {
     std::this_thread::sleep_for(200ms);  // rank 0 serves the store first
-    Rendezvous::join(spec_for(1, 2, port), entry(1), options(1500ms));
+    Rendezvous::join(spec_for(1, 2, port), entry(1), options(1500ms), Env::from_process());
   } catch (const std::exception& e) {
     err1 = e.what();
   }
@@ -155,7 +155,7 @@ TEST(Rendezvous, TakenPortNamesHostPortAndFix) {
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   int port = ntohs(addr.sin_port);
   try {
-    Rendezvous::join(spec_for(0, 2, port), entry(0), options(2s));
+    Rendezvous::join(spec_for(0, 2, port), entry(0), options(2s), Env::from_process());
     ADD_FAILURE() << "served on a taken port";
   } catch (const RendezvousError& e) {
     std::string m = e.what();

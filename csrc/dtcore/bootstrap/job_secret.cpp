@@ -10,8 +10,9 @@
 #include <cstring>
 #include <optional>
 
+#include "dtcore/bootstrap/rendezvous_store.h"
 #include "dtcore/bootstrap/store_protocol.h"
-#include "dtcore/common/backoff.h"
+#include "dtcore/bootstrap/store_socket.h"
 #include "dtcore/common/error.h"
 #include "dtcore/common/knobs.h"
 #include "dtcore/common/log.h"
@@ -81,6 +82,34 @@ std::optional<std::string> read_secret_file(const std::string& path) {
   return value;
 }
 
+// The private directory of case 3, created (0700) if missing; RendezvousError if it is not the
+// user's own or others may enter it.
+std::string private_secret_dir(const Env& env) {
+  std::string dir = detail::cat("/tmp/dtcore-", ::geteuid());
+  if (auto runtime = env.get("XDG_RUNTIME_DIR")) {
+    struct stat st{};
+    if (::stat(runtime->c_str(), &st) == 0 && S_ISDIR(st.st_mode)) dir = *runtime + "/dtcore";
+  }
+  if (::mkdir(dir.c_str(), 0700) != 0) {
+    DTCORE_CHECK(errno == EEXIST, RendezvousError, "cannot create the directory ", dir,
+                 " for the job secret file: ", std::strerror(errno), ". Fix: ", fix_with_variable(), ".");
+  }
+  struct stat st{};
+  std::string problem;
+  if (::lstat(dir.c_str(), &st) != 0) problem = std::strerror(errno);
+  if (problem.empty() && !S_ISDIR(st.st_mode)) problem = "it is not a directory (a symbolic link or a file)";
+  if (problem.empty() && st.st_uid != ::geteuid()) {
+    problem = detail::cat("it belongs to uid ", st.st_uid, ", not to this process's uid ", ::geteuid());
+  }
+  if (problem.empty() && (st.st_mode & 077) != 0) {
+    problem = detail::cat("it has mode ", mode_text(st.st_mode), ": other users may enter it");
+  }
+  DTCORE_CHECK(problem.empty(), RendezvousError, "dtcore keeps the job secret of a one-node job in ", dir,
+               ", and refuses that directory: ", problem, ". Fix: remove it (rm -r ", dir,
+               ") so that dtcore creates it privately, or ", fix_with_variable(), ".");
+  return dir;
+}
+
 // Where rank 0 writes, and the others read, the secret of a job on one node (case 3).
 std::string node_secret_path(const WorldSpec& spec, const Env& env) {
   return detail::cat(private_secret_dir(env), "/store-", spec.master_port.value, ".secret");
@@ -115,32 +144,6 @@ JobSecret public_secret(const WorldSpec& spec) {
 
 }  // namespace
 
-std::string private_secret_dir(const Env& env) {
-  std::string dir = detail::cat("/tmp/dtcore-", ::geteuid());
-  if (auto runtime = env.get("XDG_RUNTIME_DIR")) {
-    struct stat st{};
-    if (::stat(runtime->c_str(), &st) == 0 && S_ISDIR(st.st_mode)) dir = *runtime + "/dtcore";
-  }
-  if (::mkdir(dir.c_str(), 0700) != 0) {
-    DTCORE_CHECK(errno == EEXIST, RendezvousError, "cannot create the directory ", dir,
-                 " for the job secret file: ", std::strerror(errno), ". Fix: ", fix_with_variable(), ".");
-  }
-  struct stat st{};
-  std::string problem;
-  if (::lstat(dir.c_str(), &st) != 0) problem = std::strerror(errno);
-  if (problem.empty() && !S_ISDIR(st.st_mode)) problem = "it is not a directory (a symbolic link or a file)";
-  if (problem.empty() && st.st_uid != ::geteuid()) {
-    problem = detail::cat("it belongs to uid ", st.st_uid, ", not to this process's uid ", ::geteuid());
-  }
-  if (problem.empty() && (st.st_mode & 077) != 0) {
-    problem = detail::cat("it has mode ", mode_text(st.st_mode), ": other users may enter it");
-  }
-  DTCORE_CHECK(problem.empty(), RendezvousError, "dtcore keeps the job secret of a one-node job in ", dir,
-               ", and refuses that directory: ", problem, ". Fix: remove it (rm -r ", dir,
-               ") so that dtcore creates it privately, or ", fix_with_variable(), ".");
-  return dir;
-}
-
 JobSecret server_secret(const WorldSpec& spec, const Env& env) {
   if (auto s = secret_from_variables(env)) {
     if (s->from_file) {
@@ -164,7 +167,7 @@ JobSecret server_secret(const WorldSpec& spec, const Env& env) {
     s.publish = true;
     return s;
   }
-  log::warn("rendezvous: the store at ", spec.master_addr.value, ":", spec.master_port.value,
+  log::warn("rendezvous: the store at ", store::endpoint(spec.master_addr.value, spec.master_port.value),
             " authenticates nobody: the job spans ", spec.num_nodes.value, " nodes (", spec.num_nodes.source,
             ") and has no job secret (neither ", knobs::kJobSecret.name, " nor ", knobs::kJobSecretFile.name,
             " is set). Any process that can reach that port and speaks dtcore's store protocol can read and change "
@@ -197,38 +200,37 @@ void SecretFile::remove() noexcept {
   path_.clear();
 }
 
-JobSecret client_secret(const WorldSpec& spec, const Env& env, Clock::time_point deadline,
-                        std::chrono::milliseconds log_interval) {
-  std::optional<JobSecret> s = secret_from_variables(env);
+JobSecret client_secret(const StoreDial& dial) {
+  const WorldSpec& spec = dial.spec;
+  std::optional<JobSecret> s = secret_from_variables(dial.env);
   if (!s && spec.num_nodes.value > 1) return public_secret(spec);
   if (!s) {
     s = JobSecret{};
-    s->path = node_secret_path(spec, env);
+    s->path = node_secret_path(spec, dial.env);
     s->source = detail::cat("the file ", s->path, ", which rank 0 writes on a one-node job");
     s->from_file = true;
   }
   if (!s->from_file) return *s;
-  Backoff backoff(std::chrono::milliseconds(5), std::chrono::milliseconds(200), Backoff::Interrupt::kCheck);
-  Clock::time_point start = Clock::now();
-  Clock::time_point next_log = start + log_interval;
+  Backoff backoff = store_backoff();
+  Clock::time_point next_log = Clock::now() + dial.log_interval;
   for (;;) {
     if (std::optional<std::string> value = read_secret_file(s->path)) {
       s->value = *value;
       return *s;
     }
-    int waited = static_cast<int>(std::chrono::duration<double>(Clock::now() - start).count());
-    DTCORE_CHECK(Clock::now() < deadline, RendezvousError, "rendezvous timed out after ", waited, " s on rank ",
-                 spec.rank.value, ": the job secret file ", s->path,
-                 " never appeared. Rank 0 writes it once it serves the store at ", spec.master_addr.value, ":",
-                 spec.master_port.value, "; it did not get that far, or it runs on another host (this job counts ",
-                 spec.num_nodes.value, " node(s): ", spec.num_nodes.source,
+    DTCORE_CHECK(Clock::now() < dial.deadline, RendezvousError, "rendezvous timed out after ",
+                 static_cast<int>(dial.elapsed()), " s on rank ", spec.rank.value, ": the job secret file ", s->path,
+                 " never appeared. Rank 0 writes it once it serves the store at ",
+                 store::endpoint(spec.master_addr.value, spec.master_port.value),
+                 "; it did not get that far, or it runs on another host (this job counts ", spec.num_nodes.value,
+                 " node(s): ", spec.num_nodes.source,
                  "). Fix: look at rank 0's log; for a job "
                  "on several nodes, ",
                  fix_with_variable(), ".");
     if (Clock::now() >= next_log) {
-      log::info("rendezvous: rank ", spec.rank.value, " waits for the job secret file ", s->path,
+      log::warn("rendezvous: rank ", spec.rank.value, " waits for the job secret file ", s->path,
                 " that rank 0 writes");
-      next_log = Clock::now() + log_interval;
+      next_log = Clock::now() + dial.log_interval;
     }
     backoff.pause();
   }

@@ -6,7 +6,6 @@
 // destroyed. Thread safety: the functions are reentrant; a JobSecret is used by one thread.
 #pragma once
 
-#include <chrono>
 #include <string>
 #include <utility>
 
@@ -32,6 +31,8 @@
 // its source (the variable or the file) instead. Secret files are refused when readable by others.
 
 namespace dtcore {
+
+struct StoreDial;  // rendezvous_store.h
 
 struct JobSecret {
   std::string value;          // the secret; never logged
@@ -72,15 +73,11 @@ class SecretFile {
 // then rename), mode 0600. Throws RendezvousError naming the path and the fix.
 SecretFile publish_secret(const JobSecret& secret);
 
-// The secret of a rank that connects (cases 1-4): waits until `deadline` for the file rank 0
-// writes, logging every `log_interval`. Throws RendezvousError naming the file and the fix.
-JobSecret client_secret(const WorldSpec& spec, const Env& env, std::chrono::steady_clock::time_point deadline,
-                        std::chrono::milliseconds log_interval);
+// The secret of a rank that connects (cases 1-4): waits until the dial's deadline for the file
+// rank 0 writes, logging every `log_interval`. Throws RendezvousError naming the file and the fix,
+// and the time since the rendezvous started.
+JobSecret client_secret(const StoreDial& dial);
 // Reads the file again (after a failed handshake: it may have been a previous job's).
 void reload_secret(JobSecret& secret);
-
-// The private directory of case 3, created (0700) if missing; RendezvousError if it is not the
-// user's own or others may enter it.
-std::string private_secret_dir(const Env& env);
 
 }  // namespace dtcore

@@ -1,6 +1,5 @@
 #include "dtcore/bootstrap/rendezvous.h"
 
-#include <algorithm>
 #include <memory>
 #include <utility>
 
@@ -9,7 +8,6 @@
 
 #include "dtcore/bootstrap/rendezvous_store.h"
 #include "dtcore/bootstrap/store_socket.h"
-#include "dtcore/common/backoff.h"
 #include "dtcore/common/c10_error.h"
 #include "dtcore/common/error.h"
 #include "dtcore/common/interrupt.h"
@@ -38,25 +36,11 @@ using std::chrono::milliseconds;
 
 constexpr char kRecordSep = '\x1e';
 
-double seconds_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
 
-// Store polls: fast when ranks arrive together, light on rank 0's server when they do not.
-Backoff store_backoff() { return Backoff(milliseconds(5), milliseconds(200), Backoff::Interrupt::kCheck); }
-
-struct Context {
-  const WorldSpec& spec;
-  const RendezvousOptions& options;
-  Clock::time_point start;
-  Clock::time_point deadline;
-  std::string where;  // "host:port"
-
-  double elapsed() const { return seconds_between(start, Clock::now()); }
-  double left() const { return std::max(0.0, seconds_between(Clock::now(), deadline)); }
+struct Context : StoreDial {
+  std::string where;  // "host:port" of the store, for messages
 };
 
 std::vector<int> missing_ranks(c10d::Store& store, int world) {
@@ -121,7 +105,7 @@ void linger_for_readers(c10d::Store& store, bool serving) {
 
 void wait_as_rank0(const Context& c, c10d::Store& store, bool serving) {
   const int world = c.spec.world_size.value;
-  auto next_log = Clock::now() + c.options.log_interval;
+  auto next_log = Clock::now() + c.log_interval;
   Backoff backoff = store_backoff();
   for (;;) {
     int64_t joined = store.add("roster/joined", 0);
@@ -135,14 +119,14 @@ void wait_as_rank0(const Context& c, c10d::Store& store, bool serving) {
                 " after ", static_cast<int>(c.elapsed()), " s; waiting for rank", missing.size() == 1 ? " " : "s ",
                 format_ranks(missing), ", not started yet or unable to reach this host (", static_cast<int>(c.left()),
                 " s left)");
-      next_log = Clock::now() + c.options.log_interval;
+      next_log = Clock::now() + c.log_interval;
     }
     backoff.pause();
   }
 }
 
 void wait_for_verdict(const Context& c, c10d::Store& store) {
-  auto next_log = Clock::now() + c.options.log_interval;
+  auto next_log = Clock::now() + c.log_interval;
   Backoff backoff = store_backoff();
   for (;;) {
     if (store.check({"roster/all"})) return;
@@ -157,7 +141,7 @@ void wait_for_verdict(const Context& c, c10d::Store& store) {
       log::warn("rendezvous: rank ", c.spec.rank.value, " has waited ", static_cast<int>(c.elapsed()), " s for rank",
                 missing.size() == 1 ? " " : "s ", format_ranks(missing), " to join at ", c.where,
                 ", not started yet or unable to reach it (", static_cast<int>(c.left()), " s left)");
-      next_log = Clock::now() + c.options.log_interval;
+      next_log = Clock::now() + c.log_interval;
     }
     backoff.pause();
   }
@@ -185,10 +169,10 @@ RendezvousOptions RendezvousOptions::from(const Settings& settings, int generati
   return o;
 }
 
-std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry self,
-                                             const RendezvousOptions& options) {
-  const Env env = Env::from_process();
-  Context c{spec, options, Clock::now(), Clock::now() + options.timeout,
+std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry self, const RendezvousOptions& options,
+                                             const Env& env) {
+  const Clock::time_point start = Clock::now();
+  Context c{{spec, env, options.log_interval, start, start + options.timeout},
             store::endpoint(spec.master_addr.value, spec.master_port.value)};
   const int rank = spec.rank.value;
   const int world = spec.world_size.value;
@@ -197,7 +181,7 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry 
 
   const bool serving = rank == 0 && !spec.use_agent_store;
   // Rank 0's secret file lives until the rendezvous ends: by then every rank has read it.
-  StoreConnection connection = connect_store(StoreDial{spec, env, options.log_interval, c.start, c.deadline});
+  StoreConnection connection = connect_store(c);
   c10::intrusive_ptr<c10d::Store> raw = connection.store;
   rdzv->port_ = connection.port;
   rdzv->spec_ = spec;

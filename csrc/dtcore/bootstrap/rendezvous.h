@@ -23,6 +23,7 @@
 
 #include "dtcore/bootstrap/roster.h"
 #include "dtcore/bootstrap/world_spec.h"
+#include "dtcore/common/env.h"
 #include "dtcore/common/settings.h"
 
 namespace dtcore {
@@ -41,8 +42,10 @@ struct RendezvousOptions {
 
 class Rendezvous {
  public:
-  // Blocks until every rank has joined and agreed, or throws RendezvousError.
-  static std::unique_ptr<Rendezvous> join(const WorldSpec& spec, RosterEntry self, const RendezvousOptions& options);
+  // Blocks until every rank has joined and agreed, or throws RendezvousError. `env`: where the
+  // job secret and its directory are looked up (Note [Job secret]).
+  static std::unique_ptr<Rendezvous> join(const WorldSpec& spec, RosterEntry self, const RendezvousOptions& options,
+                                          const Env& env);
 
   // The store, namespaced to this job attempt; communicators add their own prefixes.
   c10::intrusive_ptr<c10d::Store> store() const { return store_; }

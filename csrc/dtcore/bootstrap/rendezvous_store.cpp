@@ -3,7 +3,7 @@
 #include <netinet/in.h>
 
 #include <algorithm>
-#include <cstdlib>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -14,8 +14,8 @@
 #include "dtcore/bootstrap/store_client.h"
 #include "dtcore/bootstrap/store_server.h"
 #include "dtcore/bootstrap/store_socket.h"
-#include "dtcore/common/backoff.h"
-#include "dtcore/common/call_until.h"
+#include "dtcore/common/c10_error.h"
+#include "dtcore/common/deadline.h"
 #include "dtcore/common/error.h"
 #include "dtcore/common/log.h"
 
@@ -25,25 +25,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-// Polls of the master port: fast when ranks arrive together, light on rank 0 when they do not.
-Backoff store_backoff() { return Backoff(milliseconds(5), milliseconds(200), Backoff::Interrupt::kCheck); }
-
 // A dtcore store greets as soon as it accepts; a listener silent this long is something else.
 constexpr milliseconds kGreetingWait{10'000};
 
-struct Context {
-  const StoreDial& dial;
-  const WorldSpec& spec;
-  const Env& env;
-  Clock::time_point start;
-  Clock::time_point deadline;
-  std::string where;  // "host:port"
-
-  double elapsed() const { return std::chrono::duration<double>(Clock::now() - start).count(); }
-  double left() const { return std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count()); }
-  milliseconds left_ms() const {
-    return std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(deadline - Clock::now()));
-  }
+struct Context : StoreDial {
+  std::string where;  // "host:port" of the master address, for messages
 };
 
 bool is_loopback(const store::Address& a) {
@@ -69,13 +55,13 @@ void refuse_loopback_for_many_nodes(const Context& c) {
 }
 
 [[noreturn]] void nothing_accepts(const Context& c, const std::string& server, const std::string& seen = "") {
-  DTCORE_CHECK(false, RendezvousError, "rendezvous timed out after ", static_cast<int>(c.elapsed()), " s on rank ",
-               c.spec.rank.value, ": no store serves at ", c.where, seen.empty() ? "" : " (last try: " + seen + ")",
-               ", where ", server, " should serve the rendezvous store. Missing ranks: 0 (", server,
-               " is not running or not reachable). Fix: check that ", server,
-               " was started and that MASTER_ADDR=", c.spec.master_addr.value,
-               " and MASTER_PORT=", c.spec.master_port.value, " name its host and port as this host can reach them.");
-  std::abort();  // unreachable
+  throw RendezvousError(detail::cat(
+      "rendezvous timed out after ", static_cast<int>(c.elapsed()), " s on rank ", c.spec.rank.value,
+      ": no store serves at ", c.where, seen.empty() ? "" : " (last try: " + seen + ")", ", where ", server,
+      " should serve the rendezvous store. Missing ranks: 0 (", server,
+      " is not running or not reachable). Fix: check that ", server,
+      " was started and that MASTER_ADDR=", c.spec.master_addr.value, " and MASTER_PORT=", c.spec.master_port.value,
+      " name its host and port as this host can reach them."));
 }
 
 // A StoreClient for `port`, retrying within the timeout: a connection refused or closed while a
@@ -118,7 +104,7 @@ c10::intrusive_ptr<StoreClient> serve(const Context& c, SecretFile& secret_file)
 // that something must greet as a dtcore store: a listener that is silent or says something else
 // ends the rendezvous at once, naming host:port (see Note [Store protocol]).
 void wait_for_listener(const Context& c, const std::string& server, bool greeting) {
-  auto next_log = Clock::now() + c.dial.log_interval;
+  auto next_log = Clock::now() + c.log_interval;
   Backoff backoff = store_backoff();
   const std::string& host = c.spec.master_addr.value;
   const int port = c.spec.master_port.value;
@@ -129,12 +115,8 @@ void wait_for_listener(const Context& c, const std::string& server, bool greetin
     store::Probe p = store::Probe::Nothing;
     if (greeting) {
       p = store::probe(host, port, connect_by, std::min(c.deadline, now + kGreetingWait), detail);
-    } else {
-      std::vector<store::Address> addrs = store::resolve(host, port, detail);
-      for (const store::Address& a : addrs) {
-        if (store::connect_by(a, connect_by, detail).valid()) p = store::Probe::Store;
-        if (p == store::Probe::Store) break;
-      }
+    } else if (store::connect_any(host, port, connect_by, detail).valid()) {
+      p = store::Probe::Store;
     }
     if (p == store::Probe::Store) return;
     DTCORE_CHECK(p == store::Probe::Nothing, RendezvousError, "rank ", c.spec.rank.value, " reached ", c.where,
@@ -147,7 +129,7 @@ void wait_for_listener(const Context& c, const std::string& server, bool greetin
       log::warn("rendezvous: rank ", c.spec.rank.value, " has waited ", static_cast<int>(c.elapsed()), " s for ",
                 server, " to serve the store at ", c.where, ": not started yet, or its host is unreachable (",
                 static_cast<int>(c.left()), " s left)");
-      next_log = Clock::now() + c.dial.log_interval;
+      next_log = Clock::now() + c.log_interval;
     }
     backoff.pause();
   }
@@ -156,7 +138,7 @@ void wait_for_listener(const Context& c, const std::string& server, bool greetin
 // Every rank but 0: connects to dtcore's store with the job secret, within the timeout.
 c10::intrusive_ptr<StoreClient> join_store(const Context& c, const std::string& server) {
   wait_for_listener(c, server, true);
-  JobSecret secret = client_secret(c.spec, c.env, c.deadline, c.dial.log_interval);
+  JobSecret secret = client_secret(c);
   return connect_client(c, server, c.spec.master_port.value, secret);
 }
 
@@ -171,12 +153,16 @@ c10::intrusive_ptr<c10d::Store> join_agent_store(const Context& c, const std::st
   opts.waitWorkers = false;
   opts.timeout = c.left_ms();
   std::string error;
-  std::optional<c10::intrusive_ptr<c10d::Store>> store = call_until<c10::intrusive_ptr<c10d::Store>>(
-      c.deadline,
-      [host = c.spec.master_addr.value, opts]() -> c10::intrusive_ptr<c10d::Store> {
-        return c10::make_intrusive<c10d::TCPStore>(host, opts);
-      },
-      error);
+  std::optional<c10::intrusive_ptr<c10d::Store>> store;
+  try {
+    store = with_deadline<c10::intrusive_ptr<c10d::Store>>(
+        [host = c.spec.master_addr.value, opts]() -> c10::intrusive_ptr<c10d::Store> {
+          return c10::make_intrusive<c10d::TCPStore>(host, opts);
+        },
+        c.deadline);
+  } catch (const std::exception& e) {
+    error = error_text(e);
+  }
   bool done = store.has_value() || !error.empty();
   DTCORE_CHECK(done, RendezvousError, "rank ", c.spec.rank.value, " reached ", c.where, ", where ", server,
                " serves the rendezvous store, but the listener there did not complete c10d's TCPStore handshake in ",
@@ -191,9 +177,10 @@ c10::intrusive_ptr<c10d::Store> join_agent_store(const Context& c, const std::st
 
 }  // namespace
 
+Backoff store_backoff() { return Backoff(milliseconds(5), milliseconds(200), Backoff::Interrupt::kCheck); }
+
 StoreConnection connect_store(const StoreDial& dial) {
-  Context c{dial,       dial.spec,     dial.env,
-            dial.start, dial.deadline, store::endpoint(dial.spec.master_addr.value, dial.spec.master_port.value)};
+  Context c{dial, store::endpoint(dial.spec.master_addr.value, dial.spec.master_port.value)};
   const std::string server = dial.spec.use_agent_store ? "the torchrun agent" : "rank 0";
   StoreConnection out;
   if (dial.spec.use_agent_store) {

@@ -66,16 +66,12 @@ c10::intrusive_ptr<c10d::Store> StoreClient::clone() {
 void StoreClient::handshake(milliseconds timeout) {
   Clock::time_point deadline = Clock::now() + timeout;
   std::string error;
-  std::vector<store::Address> addrs = store::resolve(host_, port_, error);
-  if (addrs.empty()) {
+  bool resolved = false;
+  fd_ = store::connect_any(host_, port_, deadline, error, &resolved);  // the caller retries
+  if (!resolved) {
     C10_THROW_ERROR(DistNetworkError,
                     detail::cat("cannot reach the rendezvous store at ", where_, ": ", host_, " does not resolve (",
                                 error, "). Fix: check the store's host name (MASTER_ADDR)."));
-  }
-  // One attempt at each address the name resolves to; the caller retries the whole.
-  for (const store::Address& addr : addrs) {
-    fd_ = store::connect_by(addr, deadline, error);
-    if (fd_.valid()) break;
   }
   if (!fd_.valid()) {
     C10_THROW_ERROR(DistNetworkError,
@@ -340,12 +336,7 @@ namespace store {
 
 Probe probe(const std::string& host, int port, Clock::time_point connect_deadline, Clock::time_point greeting_deadline,
             std::string& detail) {
-  std::vector<Address> addrs = resolve(host, port, detail);
-  Fd fd;
-  for (const Address& addr : addrs) {
-    fd = connect_by(addr, connect_deadline, detail);
-    if (fd.valid()) break;
-  }
+  Fd fd = connect_any(host, port, connect_deadline, detail);
   if (!fd.valid()) return Probe::Nothing;
   std::uint8_t greeting[kFrameHeaderBytes + kServerHelloBytes];
   IoResult r = wait_readable(fd.get(), greeting_deadline, detail);
@@ -361,8 +352,7 @@ Probe probe(const std::string& host, int port, Clock::time_point connect_deadlin
     return Probe::Nothing;
   }
   if (r != IoResult::Ok) {
-    detail = r == IoResult::Closed ? "it closed the connection without a dtcore store's greeting"
-                                   : "it did not send a dtcore store's whole greeting";
+    detail = "it did not send a dtcore store's whole greeting";
     return Probe::Foreign;
   }
   if (read_frame_length(greeting) != kServerHelloBytes ||

@@ -188,11 +188,9 @@ class StoreServer::Loop {
   void read_from(Conn& c) {
     std::size_t budget = kReadBudget;
     while (!c.closing && budget > 0 && c.pending() < options_.max_frame_bytes) {
-      std::size_t old = c.in.size();
-      c.in.resize(old + kReadChunk);
-      ssize_t n = ::recv(c.fd.get(), c.in.data() + old, kReadChunk, 0);
-      c.in.resize(old + static_cast<std::size_t>(std::max<ssize_t>(n, 0)));
+      ssize_t n = ::recv(c.fd.get(), read_buffer_.data(), read_buffer_.size(), 0);
       if (n > 0) {
+        c.in.insert(c.in.end(), read_buffer_.begin(), read_buffer_.begin() + n);
         budget -= std::min(budget, static_cast<std::size_t>(n));
         process(c);
       } else if (n == 0) {
@@ -329,6 +327,9 @@ class StoreServer::Loop {
   const StoreServerOptions options_;
   const std::string where_;  // "host:port", for messages
   store::StoreState state_;
+  // What one recv() reads into, for every connection in turn: only the bytes received are then
+  // appended to the connection's `in`, which is never grown by a zero-filled chunk.
+  Bytes read_buffer_ = Bytes(kReadChunk);
   std::unordered_map<ConnId, std::unique_ptr<Conn>> conns_;
   // Unauthenticated connections, oldest first: the order to drop them in, and (with one handshake
   // timeout for all) the order of their deadlines, so the front's deadline is the next one.

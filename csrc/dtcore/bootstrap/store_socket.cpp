@@ -132,6 +132,15 @@ Fd connect_by(const Address& addr, Clock::time_point deadline, std::string& erro
   return fd;
 }
 
+Fd connect_any(const std::string& host, int port, Clock::time_point deadline, std::string& error, bool* resolved) {
+  std::vector<Address> addrs = resolve(host, port, error);
+  if (resolved != nullptr) *resolved = !addrs.empty();
+  for (const Address& addr : addrs) {
+    if (Fd fd = connect_by(addr, deadline, error); fd.valid()) return fd;
+  }
+  return Fd();
+}
+
 IoResult wait_readable(int fd, Clock::time_point deadline, std::string& error) {
   return wait_for(fd, POLLIN, deadline, error);
 }
@@ -183,9 +192,6 @@ Fd listen_at(const std::string& host, int port, int& bound_port) {
   std::string where = endpoint(host, port);
   std::string error;
   std::vector<Address> addrs = resolve(host, port, error);
-  // One address only: IPv4 first for a name with both (localhost), the family launchers use.
-  // Clients try every address of the name, so they find it either way.
-  std::stable_partition(addrs.begin(), addrs.end(), [](const Address& a) { return a.family == AF_INET; });
   DTCORE_CHECK(!addrs.empty(), RendezvousError, "the rendezvous store cannot listen at ", where, ": ", host,
                " does not resolve (", error, "). Fix: pass an IP address of this host, or 127.0.0.1 for a job on ",
                "one machine.");

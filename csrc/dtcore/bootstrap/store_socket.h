@@ -73,6 +73,12 @@ enum class IoResult { Ok, Timeout, Closed, Failed };
 // Connects a new non-blocking socket to `addr` by `deadline`. On failure returns an invalid Fd
 // and sets `error` (e.g. "connection refused", "timed out").
 Fd connect_by(const Address& addr, Clock::time_point deadline, std::string& error);
+// Resolves host:port (resolve()) and connects to the first of its addresses that accepts by
+// `deadline`, one attempt at each; the caller retries the whole. On failure returns an invalid Fd
+// and sets `error`; `resolved`, when given, tells a name that does not resolve (false) from
+// addresses where nothing accepts (true).
+Fd connect_any(const std::string& host, int port, Clock::time_point deadline, std::string& error,
+               bool* resolved = nullptr);
 // Waits until fd has something to read (or the peer closed) by `deadline`; consumes nothing.
 IoResult wait_readable(int fd, Clock::time_point deadline, std::string& error);
 // Sends all of `data` by `deadline`. `error` is set on Failed.

@@ -53,7 +53,7 @@ std::optional<Response> StoreState::apply(ConnId conn, const Request& request) {
       if (it->second == expected) {
         if (Response r = put(key, desired); r.status != Status::Ok) return r;
       }
-      return checked(ok({values_.at(key)}));
+      return checked(ok({it->second}));  // `it` stays valid: a key that exists is overwritten in place
     }
     case Op::Get:
     case Op::Wait:
@@ -120,16 +120,21 @@ bool StoreState::drop_parked(ConnId conn) {
 }
 
 std::optional<Response> StoreState::try_answer(const Request& request, std::string& missing) const {
+  const bool wants_values = request.op != Op::Wait;
+  std::vector<const Bytes*> found;  // copied into the answer only once every key is there
+  if (wants_values) found.reserve(request.keys.size());
   for (const std::string& k : request.keys) {
-    if (values_.count(k) == 0) {
+    auto it = values_.find(k);
+    if (it == values_.end()) {
       missing = k;
       return std::nullopt;
     }
+    if (wants_values) found.push_back(&it->second);
   }
-  if (request.op == Op::Wait) return ok();
+  if (!wants_values) return ok();
   std::vector<Bytes> values;
-  values.reserve(request.keys.size());
-  for (const std::string& k : request.keys) values.push_back(values_.at(k));
+  values.reserve(found.size());
+  for (const Bytes* v : found) values.push_back(*v);
   return checked(ok(std::move(values)));
 }
 
@@ -182,15 +187,18 @@ Response StoreState::put(const std::string& key, Bytes value) {
   if (new_size > old_size && stored_bytes_ - old_size + new_size > max_stored_bytes_) {
     return over_limit(key, new_size - old_size);
   }
-  store(key, std::move(value));
+  store(it, key, std::move(value));
   return ok();
 }
 
-void StoreState::store(const std::string& key, Bytes value) {
-  auto it = values_.find(key);
+void StoreState::store(Values::iterator it, const std::string& key, Bytes value) {
   std::size_t old_size = it == values_.end() ? 0 : key.size() + it->second.size();
   stored_bytes_ = stored_bytes_ - old_size + key.size() + value.size();
-  values_[key] = std::move(value);
+  if (it == values_.end()) {
+    values_.emplace(key, std::move(value));
+  } else {
+    it->second = std::move(value);
+  }
   key_written(key);
 }
 
@@ -230,7 +238,9 @@ Response StoreState::multi_set(const Request& request) {
   }
   // Checked as a whole above: written without a check per key, which could refuse one key that
   // grows before another shrinks, and answer Ok with that key unwritten.
-  for (std::size_t i = 0; i < request.keys.size(); ++i) store(request.keys[i], request.values[i]);
+  for (std::size_t i = 0; i < request.keys.size(); ++i) {
+    store(values_.find(request.keys[i]), request.keys[i], request.values[i]);
+  }
   return ok();
 }
 

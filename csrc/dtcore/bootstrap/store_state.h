@@ -44,7 +44,6 @@ class StoreState {
   bool is_parked(ConnId conn) const { return parked_.count(conn) != 0; }
 
   std::size_t stored_bytes() const { return stored_bytes_; }
-  std::size_t num_keys() const { return values_.size(); }
 
  private:
   struct Parked {
@@ -58,10 +57,13 @@ class StoreState {
 
   // The answer to a get, wait or multiGet if all its keys exist; otherwise the first missing key.
   std::optional<Response> try_answer(const Request& request, std::string& missing) const;
+  using Values = std::unordered_map<std::string, Bytes>;
+
   // Stores key = value if the limit allows; the error answer otherwise.
   Response put(const std::string& key, Bytes value);
-  // Stores key = value and wakes its waiters, without the limit check (the caller made it).
-  void store(const std::string& key, Bytes value);
+  // Stores key = value and wakes its waiters, without the limit check (the caller made it). `it`
+  // is values_.find(key), which the caller has already looked up.
+  void store(Values::iterator it, const std::string& key, Bytes value);
   Response add(const std::string& key, std::int64_t delta);
   Response multi_set(const Request& request);
   Response queue_push(const std::string& key, Bytes value);
@@ -74,7 +76,7 @@ class StoreState {
 
   const std::size_t max_stored_bytes_;
   const std::size_t max_frame_bytes_;
-  std::unordered_map<std::string, Bytes> values_;
+  Values values_;
   std::unordered_map<std::string, std::deque<Bytes>> queues_;  // a namespace apart from values_, as TCPStore's
   std::size_t stored_bytes_ = 0;                               // key and value bytes of every entry and queue item
   std::unordered_map<ConnId, Parked> parked_;

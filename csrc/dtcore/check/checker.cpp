@@ -1,11 +1,11 @@
 #include "dtcore/check/checker.h"
 
 #include "dtcore/bootstrap/backend.h"
-#include "dtcore/check/deadline.h"
 #include "dtcore/check/env_probe.h"
 #include "dtcore/check/host_probe.h"
 #include "dtcore/check/launch_probe.h"
 #include "dtcore/check/network_probe.h"
+#include "dtcore/common/deadline.h"
 #include "dtcore/common/env.h"
 
 namespace dtcore::check {

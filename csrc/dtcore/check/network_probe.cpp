@@ -19,7 +19,7 @@
 #include <sstream>
 
 #include "dtcore/bootstrap/validate.h"
-#include "dtcore/check/deadline.h"
+#include "dtcore/common/deadline.h"
 #include "dtcore/common/error.h"
 
 namespace dtcore::check {
