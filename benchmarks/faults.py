@@ -20,9 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ranks import free_port, rank_env
 
 # name: (world, what it does)

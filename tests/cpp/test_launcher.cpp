@@ -4,54 +4,21 @@
 #include "dtcore/bootstrap/launcher.h"
 #include "dtcore/common/error.h"
 #include "expect_error.h"
+#include "launcher_vars.h"
 
 using namespace dtcore;
+using dtcore::testing::env_style_vars;
 using dtcore::testing::error_of;
 using dtcore::testing::expect_contains;
+using dtcore::testing::slurm_vars;
+using dtcore::testing::torchrun_vars;
+using dtcore::testing::Vars;
 
 namespace {
-using Vars = std::map<std::string, std::string, std::less<>>;
-Env env(std::map<std::string, std::string, std::less<>> vars) { return Env(std::move(vars)); }
-
-std::map<std::string, std::string, std::less<>> torchrun_vars() {
-  return {{"TORCHELASTIC_RUN_ID", "job1"},
-          {"RANK", "5"},
-          {"WORLD_SIZE", "16"},
-          {"LOCAL_RANK", "5"},
-          {"LOCAL_WORLD_SIZE", "8"},
-          {"GROUP_RANK", "0"},
-          {"GROUP_WORLD_SIZE", "2"},
-          {"MASTER_ADDR", "node-a"},
-          {"MASTER_PORT", "29400"},
-          {"TORCHELASTIC_USE_AGENT_STORE", "True"},
-          {"TORCHELASTIC_RESTART_COUNT", "2"}};
-}
-
-// Rank 0 of 2 under srun on one node, as tests/py/launch_helpers.py's slurm_style.
-std::map<std::string, std::string, std::less<>> slurm_vars() {
-  return {{"SLURM_PROCID", "0"},
-          {"SLURM_NTASKS", "2"},
-          {"SLURM_LOCALID", "0"},
-          {"SLURM_NODEID", "0"},
-          {"SLURM_NNODES", "1"},
-          {"SLURM_TASKS_PER_NODE", "2"},
-          {"SLURM_JOB_NODELIST", "localhost"},
-          {"SLURM_JOB_ID", "4242"},
-          {"MASTER_PORT", "29400"}};
-}
-
-// Plain env:// style, rank 0 of 2.
-std::map<std::string, std::string, std::less<>> env_style_vars() {
-  return {{"RANK", "0"},
-          {"WORLD_SIZE", "2"},
-          {"LOCAL_RANK", "0"},
-          {"LOCAL_WORLD_SIZE", "2"},
-          {"MASTER_ADDR", "127.0.0.1"},
-          {"MASTER_PORT", "29400"}};
-}
+Env env(Vars vars) { return Env(std::move(vars)); }
 
 // The ConfigError read_world throws for `vars`; fails the test when there is none.
-std::string read_error(const std::map<std::string, std::string, std::less<>>& vars) {
+std::string read_error(const Vars& vars) {
   return error_of<ConfigError>([&] { read_world(env(vars)); });
 }
 }  // namespace
@@ -138,10 +105,10 @@ TEST(Launcher, SlurmWithCompressedNodelist) {
 }
 
 TEST(Launcher, SlurmStepNodelistWinsAndMasterAddrWinsOverBoth) {
-  auto vars = std::map<std::string, std::string, std::less<>>{{"SLURM_PROCID", "0"},
-                                                              {"SLURM_NTASKS", "2"},
-                                                              {"SLURM_STEP_NODELIST", "b[2-3]"},
-                                                              {"SLURM_JOB_NODELIST", "a[1-9]"}};
+  auto vars = Vars{{"SLURM_PROCID", "0"},
+                   {"SLURM_NTASKS", "2"},
+                   {"SLURM_STEP_NODELIST", "b[2-3]"},
+                   {"SLURM_JOB_NODELIST", "a[1-9]"}};
   EXPECT_EQ(read_world(env(vars)).master_addr.value, "b2");
   vars["MASTER_ADDR"] = "explicit-host";
   EXPECT_EQ(read_world(env(vars)).master_addr.value, "explicit-host");
@@ -207,8 +174,8 @@ TEST(Launcher, TorchrunInsideSlurmAllocationIsTorchrun) {
   vars["SLURM_PROCID"] = "0";
   vars["SLURM_NTASKS"] = "1";
   EXPECT_EQ(read_world(env(vars)).launcher, Launcher::Torchrun);
-  auto mpi = std::map<std::string, std::string, std::less<>>{
-      {"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}};
+  auto mpi =
+      Vars{{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}};
   EXPECT_EQ(read_world(env(mpi)).launcher, Launcher::OpenMPI);
 }
 

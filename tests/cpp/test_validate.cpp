@@ -4,8 +4,13 @@
 #include "dtcore/bootstrap/launcher.h"
 #include "dtcore/bootstrap/validate.h"
 #include "dtcore/common/error.h"
+#include "expect_error.h"
+#include "launcher_vars.h"
 
 using namespace dtcore;
+using dtcore::testing::expect_contains;
+using dtcore::testing::slurm_vars;
+using dtcore::testing::Vars;
 
 namespace {
 
@@ -37,9 +42,9 @@ Problem only_problem(const WorldSpec& s, const WorldCheckOptions& o) {
   return problems.empty() ? Problem{} : problems.front();
 }
 
+// Each part in the problem's text, and a fix.
 void expect_mentions(const Problem& p, std::initializer_list<const char*> parts) {
-  std::string text = p.to_string();
-  for (const char* part : parts) EXPECT_NE(text.find(part), std::string::npos) << "'" << part << "' not in: " << text;
+  expect_contains(p.to_string(), parts);
   EXPECT_FALSE(p.fix.empty());
 }
 
@@ -168,15 +173,8 @@ TEST(Validate, NegativeAndZeroSizes) {
 }
 
 TEST(Validate, SlurmNodeCountBeyondTheHostsOfTheNodeList) {
-  std::map<std::string, std::string, std::less<>> vars{{"SLURM_PROCID", "0"},
-                                                       {"SLURM_NTASKS", "2"},
-                                                       {"SLURM_LOCALID", "0"},
-                                                       {"SLURM_NODEID", "0"},
-                                                       {"SLURM_NNODES", "3"},
-                                                       {"SLURM_TASKS_PER_NODE", "2"},
-                                                       {"SLURM_JOB_NODELIST", "localhost"},
-                                                       {"SLURM_JOB_ID", "4242"},
-                                                       {"MASTER_PORT", "29500"}};
+  Vars vars = slurm_vars();    // rank 0 of 2 on "localhost" ...
+  vars["SLURM_NNODES"] = "3";  // ... said to span 3 nodes
   Problem p = only_problem(read_world(Env(vars)), gloo());
   expect_mentions(p, {"SLURM_NNODES=3", "exceeds the 1 host(s)", "SLURM_JOB_NODELIST='localhost'", "srun -N 1"});
   EXPECT_EQ(p.field, "num_nodes");

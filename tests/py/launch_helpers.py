@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 WORKERS = Path(__file__).parent / "workers"
@@ -22,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]  # the repository
 EXAMPLES = ROOT / "examples"
 
 # Variables of any launcher (and dtcore's own) that must not leak from the test runner's
-# environment into a simulated one.
-_LAUNCHER_PREFIXES = (
+# environment into a simulated one. benchmarks/ranks.py cleans with the same list.
+LAUNCHER_PREFIXES = (
     "SLURM_",
     "OMPI_",
     "PMI_",
@@ -34,11 +35,16 @@ _LAUNCHER_PREFIXES = (
     "GROUP_",
     "ROLE_",
 )
-_LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"}
+LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"}
+
+
+def without_launcher_vars(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` less every launcher variable (LAUNCHER_VARS, LAUNCHER_PREFIXES)."""
+    return {k: v for k, v in env.items() if k not in LAUNCHER_VARS and not k.startswith(LAUNCHER_PREFIXES)}
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS and not k.startswith(_LAUNCHER_PREFIXES)}
+    env = without_launcher_vars(os.environ)
     env["OMP_NUM_THREADS"] = "1"  # 2-core machines: no oversubscription
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
@@ -121,12 +127,19 @@ class RankResult:
 
 
 def run_processes(
-    cmds: list[list[str]], envs: list[dict[str, str]], timeout: float, kill_after: dict[int, float] | None = None
+    cmds: list[list[str]],
+    envs: list[dict[str, str]],
+    timeout: float,
+    kill_after: dict[int, float] | None = None,
+    until_done: list[int] | None = None,
 ) -> tuple[list[RankResult], list[int]]:
     """Starts every command at once; kills any still running after `timeout` seconds.
 
     `kill_after` maps a process index to seconds after start at which it is SIGKILLed, to
-    simulate a crash. Each process is reaped by its own thread, so exit times are exact.
+    simulate a crash. `until_done` lists the processes whose results the caller needs: once
+    they have all exited, the sessions of the others are killed (returncode -9) rather than
+    waited for, e.g. a rank that stopped itself. Each process is reaped by its own thread, so
+    exit times are exact.
     """
     start = time.monotonic()
     procs = [
@@ -155,6 +168,12 @@ def run_processes(
         for i, delay in sorted((kill_after or {}).items(), key=lambda kv: kv[1]):
             time.sleep(max(0.0, delay - (time.monotonic() - start)))
             _kill_session(procs[i].pid)
+        for i in until_done or []:
+            threads[i].join(timeout + 30)
+        if until_done is not None:
+            for p in procs:
+                if p.poll() is None:
+                    _kill_session(p.pid)
         for t in threads:
             t.join(timeout + 30)
     finally:
@@ -171,9 +190,10 @@ def run_ranks(
     args: tuple[str, ...] = (),
     timeout: float = 120.0,
     kill_after: dict[int, float] | None = None,
+    until_done: list[int] | None = None,
 ):
     cmd = [sys.executable, str(WORKERS / worker), *args]
-    return run_processes([cmd] * len(envs), envs, timeout, kill_after)
+    return run_processes([cmd] * len(envs), envs, timeout, kill_after, until_done)
 
 
 def _kill_session(sid: int) -> None:

@@ -1,16 +1,17 @@
 """A rank that waits says so on its console, at warning level, naming whom it waits for; Ctrl-C
 during the rendezvous ends it at once."""
 
+import contextlib
 import os
+import selectors
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from launch_helpers import clean_env, free_port, torchrun_style
+from launch_helpers import WORKERS, clean_env, free_port, torchrun_style
 
 pytestmark = pytest.mark.multirank
 
@@ -25,16 +26,19 @@ def _start(rank: int, world: int, port: int) -> subprocess.Popen:
 
 
 def _read_until(proc: subprocess.Popen, needle: str, seconds: float) -> str:
-    """stderr lines until one holds `needle` (or the time is up); the lines read."""
-    seen, end = [], time.monotonic() + seconds
-    while time.monotonic() < end:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        seen.append(line)
-        if needle in line:
-            break
-    return "".join(seen)
+    """stderr until it holds `needle`, ends, or `seconds` have passed (a silent process cannot
+    hold it longer); what was read. Reads the pipe's descriptor, so nothing waits in a buffer."""
+    fd, seen, end = proc.stderr.fileno(), b"", time.monotonic() + seconds
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while needle.encode() not in seen and (left := end - time.monotonic()) > 0:
+            if not selector.select(left):
+                break  # the time is up
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break  # stderr closed
+            seen += chunk
+    return seen.decode(errors="replace")
 
 
 @pytest.mark.parametrize("rank, waits_for", [(1, "rank 0 to serve the store"), (0, "waiting for rank 1")])
@@ -50,14 +54,15 @@ def test_a_waiting_rank_warns_and_ctrl_c_ends_the_rendezvous(rank, waits_for):
         assert time.monotonic() - sent < 3, "Ctrl-C took too long"
         assert proc.returncode != 0 and "KeyboardInterrupt" in rest, rest
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        with contextlib.suppress(ProcessLookupError):  # gone already when the test passed
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()
 
 
 def test_a_rank_waiting_on_a_stopped_peer_warns_long_before_the_timeout():
     """The health monitor's verdict reaches the console while the collective still waits."""
-    port, worker = free_port(), str(Path(__file__).resolve().parents[1] / "workers" / "failure_worker.py")
+    port, worker = free_port(), str(WORKERS / "failure_worker.py")
     procs = [
         subprocess.Popen(
             [sys.executable, worker, "stop", "60"],
