@@ -13,15 +13,28 @@ void bind_reducer(py::module_& m) {
   const Options defaults;  // the defaults are Options' own (reducer.h), here and in dtcore.wrap's signature
   py::class_<Options>(m, "ReducerOptions")
       .def(py::init([](double bucket_mb, double first_bucket_mb, bool find_unused_parameters,
-                       std::optional<at::ScalarType> comm_dtype) {
-             return Options{bucket_mb, first_bucket_mb, find_unused_parameters, comm_dtype};
+                       std::optional<at::ScalarType> comm_dtype, int zero) {
+             return Options{bucket_mb, first_bucket_mb, find_unused_parameters, comm_dtype, zero};
            }),
            py::arg("bucket_mb") = defaults.bucket_mb, py::arg("first_bucket_mb") = defaults.first_bucket_mb,
-           py::arg("find_unused_parameters") = defaults.find_unused_parameters, py::arg("comm_dtype") = py::none())
+           py::arg("find_unused_parameters") = defaults.find_unused_parameters, py::arg("comm_dtype") = py::none(),
+           py::arg("zero") = defaults.zero)
       .def_readwrite("bucket_mb", &Options::bucket_mb)
       .def_readwrite("first_bucket_mb", &Options::first_bucket_mb)
       .def_readwrite("find_unused_parameters", &Options::find_unused_parameters)
-      .def_readwrite("comm_dtype", &Options::comm_dtype);
+      .def_readwrite("comm_dtype", &Options::comm_dtype)
+      .def_readwrite("zero", &Options::zero);
+
+  py::class_<ShardPiece>(m, "ShardPiece")
+      .def_readonly("param", &ShardPiece::param)
+      .def_readonly("param_offset", &ShardPiece::param_offset)
+      .def_readonly("shard_offset", &ShardPiece::shard_offset)
+      .def_readonly("numel", &ShardPiece::numel);
+  py::class_<BucketShard>(m, "BucketShard")
+      .def_readonly("padded_numel", &BucketShard::padded_numel)
+      .def_readonly("shard_numel", &BucketShard::shard_numel)
+      .def_readonly("begin", &BucketShard::begin)
+      .def_readonly("pieces", &BucketShard::pieces);
 
   py::class_<Reducer, std::shared_ptr<Reducer>>(m, "Reducer")
       .def(py::init([](std::vector<at::Tensor> params, std::vector<std::string> names,
@@ -35,9 +48,25 @@ void bind_reducer(py::module_& m) {
       .def("prepare_for_backward", &Reducer::prepare_for_backward, py::arg("sync") = true,
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("reductions", &Reducer::reductions)
-      .def("bucket_params", [](const Reducer& r) {
-        std::vector<std::vector<size_t>> out;
-        for (const auto& b : r.buckets()) out.push_back(b.params);
+      .def_property_readonly("zero", &Reducer::zero)
+      .def_property_readonly("plan_final", &Reducer::plan_final)
+      .def_property_readonly("plan_version", &Reducer::plan_version)
+      .def("shards", &Reducer::shards)
+      .def("grad_shard", &Reducer::grad_shard, py::arg("bucket"))
+      .def("zero_grad", &Reducer::zero_grad, py::call_guard<py::gil_scoped_release>())
+      .def("bucket_params",
+           [](const Reducer& r) {
+             std::vector<std::vector<size_t>> out;
+             for (const auto& b : r.buckets()) out.push_back(b.params);
+             return out;
+           })
+      .def("bucket_layout", [](const Reducer& r) {  // per bucket: (param index, offset, numel), dtype
+        std::vector<std::pair<std::vector<std::tuple<size_t, int64_t, int64_t>>, at::ScalarType>> out;
+        for (const auto& b : r.buckets()) {
+          std::vector<std::tuple<size_t, int64_t, int64_t>> entries;
+          for (size_t k = 0; k < b.params.size(); ++k) entries.emplace_back(b.params[k], b.offsets[k], b.numels[k]);
+          out.emplace_back(std::move(entries), b.dtype);
+        }
         return out;
       });
 }

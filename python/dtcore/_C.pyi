@@ -150,21 +150,50 @@ class ReducerOptions:
     first_bucket_mb: float
     find_unused_parameters: bool
     comm_dtype: torch.dtype | None
+    zero: int
     def __init__(
         self,
         bucket_mb: float = ...,
         first_bucket_mb: float = ...,
         find_unused_parameters: bool = ...,
         comm_dtype: torch.dtype | None = None,
+        zero: int = ...,
     ) -> None: ...
+
+class ShardPiece:
+    """A parameter's part in this rank's shard (Note [Shard layout])."""
+
+    param: int
+    param_offset: int
+    shard_offset: int
+    numel: int
+
+class BucketShard:
+    """This rank's shard of one bucket: padded size, shard size, first element, pieces."""
+
+    padded_numel: int
+    shard_numel: int
+    begin: int
+    pieces: list[ShardPiece]
 
 class Reducer:
     """Averages gradients across ranks during backward (dtcore.wrap builds one)."""
 
     reductions: int
+    zero: int
+    plan_final: bool
+    plan_version: int
     def __init__(
         self, params: list[torch.Tensor], names: list[str], communicator: Communicator, options: ReducerOptions = ...
     ) -> None: ...
+    def shards(self) -> list[BucketShard]: ...
+    def grad_shard(self, bucket: int) -> torch.Tensor:
+        """This rank's reduced gradient shard of one bucket (zero >= 1)."""
+        ...
+    def zero_grad(self) -> None: ...
+    def bucket_layout(self) -> list[tuple[list[tuple[int, int, int]], torch.dtype]]:
+        """Per bucket: (index, offset, numel) of each parameter in layout order, and the dtype."""
+        ...
     def prepare_for_backward(self, sync: bool = True) -> None: ...
     def find_unused(self, outputs: list[torch.Tensor]) -> None: ...
     def bucket_params(self) -> list[list[int]]:

@@ -21,6 +21,7 @@ try:
     from .bootstrap import Context, get_context, init, is_initialized, shutdown
     from .comm import all_reduce, barrier, broadcast, is_main_process, main_process_first
     from .reducer import DistributedDataParallel, DistributedModel, wrap
+    from .zero import ShardedOptimizer, clip_grad_norm_
 except ImportError as e:  # only `python -m dtcore.check` gets here with a mismatch: it reports it
     if _mismatch is None:
         raise
@@ -43,6 +44,8 @@ __all__ = [
     "units",
     "DistributedModel",
     "DistributedDataParallel",
+    "ShardedOptimizer",
+    "clip_grad_norm_",
     "checkpoint_activations",
     "CheckpointSummary",
     "DtcoreError",

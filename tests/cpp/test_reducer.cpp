@@ -49,6 +49,7 @@ class OneRankCommunicator : public Communicator {
     std::lock_guard<std::mutex> lock(mu_);  // hooks may run on an autograd thread
     started_.push_back(c.kind);
     if (c.kind == CollectiveKind::AllReduce) reduced_.push_back(c.input.clone());
+    if (c.kind == CollectiveKind::ReduceScatter) c.output.copy_(c.input);  // one rank: its shard is all of it
     return std::make_shared<DoneWork>(timeout());
   }
   bool accepts_device(const at::Tensor& t) const override { return t.device().is_cpu(); }
@@ -296,4 +297,78 @@ TEST(Reducer, FrozenParametersAreLeftOut) {
   ASSERT_EQ(r.buckets().size(), 1u);
   EXPECT_EQ(r.buckets()[0].numel, 5);  // 2 + 3
   EXPECT_FALSE(params[1].grad().defined());
+}
+
+// ZeRO at world size 1: the shard is the whole (padded) bucket, so the reducer's own logic is what is tested.
+
+// Every bucket's gradient shard laid out as the plan says, compared with plain autograd's gradients.
+void expect_grad_shards(const Reducer& r, const std::vector<at::Tensor>& expected) {
+  for (size_t b = 0; b < r.buckets().size(); ++b) {
+    const Bucket& bucket = r.buckets()[b];
+    at::Tensor shard = r.grad_shard(b);
+    ASSERT_EQ(shard.numel(), r.shards()[b].shard_numel);
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      at::Tensor got = shard.narrow(0, bucket.offsets[k], bucket.numels[k]);
+      EXPECT_TRUE(at::allclose(got, expected[bucket.params[k]].flatten(), 1e-5, 1e-6)) << kNames[bucket.params[k]];
+    }
+  }
+}
+
+TEST(ReducerZero, Zero1KeepsWholeGradientsAndShowsTheShard) {
+  Reducer::Options o = tiny_buckets();
+  o.zero = 1;
+  Fixture f(o);
+  auto expected = reference_grads(f.params, f.x, 2);
+  f.step();
+  f.step();
+  expect_grads(f.params, expected);
+  expect_grad_shards(*f.reducer, expected);
+  EXPECT_TRUE(f.reducer->plan_final());
+  f.reducer->zero_grad();
+  for (const auto& p : f.params) EXPECT_EQ(p.grad().abs().sum().item<float>(), 0.0f);
+}
+
+TEST(ReducerZero, Zero2ReleasesGradientsAndKeepsTheReducedShard) {
+  Reducer::Options o = tiny_buckets();
+  o.zero = 2;
+  Fixture f(o);
+  auto one = reference_grads(f.params, f.x, 1);
+  f.step();  // the first backward allreduces and is cut to the shard once the plan is final
+  for (const auto& p : f.params) EXPECT_FALSE(p.grad().defined());
+  expect_grad_shards(*f.reducer, one);
+  f.step();  // reduce-scattered, added into the shard as .grad would accumulate
+  EXPECT_GT(f.comm->count(CollectiveKind::ReduceScatter), 0);
+  for (const auto& p : f.params) EXPECT_FALSE(p.grad().defined());
+  expect_grad_shards(*f.reducer, reference_grads(f.params, f.x, 2));
+  f.reducer->zero_grad();
+  f.step();
+  expect_grad_shards(*f.reducer, one);
+}
+
+TEST(ReducerZero, Zero2ReducesWhatNoSyncAccumulated) {
+  Reducer::Options o = tiny_buckets();
+  o.zero = 2;
+  Fixture f(o);
+  f.step();
+  f.reducer->zero_grad();
+  f.step(/*sync=*/false);  // local: .grad is autograd's, whole
+  for (const auto& p : f.params) EXPECT_TRUE(p.grad().defined());
+  f.step();
+  for (const auto& p : f.params) EXPECT_FALSE(p.grad().defined());
+  expect_grad_shards(*f.reducer, reference_grads(f.params, f.x, 2));
+}
+
+TEST(ReducerZero, PadsBucketsToEqualShards) {
+  Reducer::Options o;
+  o.zero = 1;
+  Fixture f(o);
+  for (const BucketShard& s : f.reducer->shards()) EXPECT_EQ(s.padded_numel, s.shard_numel);  // world 1
+}
+
+TEST(ReducerZero, RefusesAStageItDoesNotOffer) {
+  Reducer::Options o;
+  o.zero = 3;
+  expect_contains(error_of<ConfigError>([&] { Fixture f(o); }), {"zero=3", "Fix: pass zero=0"});
+  Fixture plain;
+  expect_contains(error_of<ConfigError>([&] { plain.reducer->grad_shard(0); }), {"zero=0", "zero=1"});
 }

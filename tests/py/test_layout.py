@@ -69,6 +69,7 @@ ALLOWED = {
     "reducer": {"base", "bootstrap", "comm", "reducer"},
     "activation": {"base", "bootstrap", "comm", "reducer", "activation"},
     "check": {"base", "bootstrap", "comm", "check"},
+    "zero": {"base", "bootstrap", "comm", "reducer", "zero"},
 }
 
 

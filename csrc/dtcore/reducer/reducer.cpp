@@ -25,6 +25,9 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                  "comm_dtype=", dtype_name(*dtype),
                  " cannot carry gradients. Fix: use torch.bfloat16, torch.float16 or None.");
   }
+  DTCORE_CHECK(options_.zero >= 0 && options_.zero <= 2, ConfigError, "zero=", options_.zero,
+               " is not a ZeRO stage dtcore offers. Fix: pass zero=0 (whole gradients and optimizer state on every "
+               "rank), 1 (optimizer state sharded) or 2 (gradients sharded too).");
   DTCORE_CHECK(params.size() == names.size(), ConfigError, "Reducer: ", params.size(), " parameters but ", names.size(),
                " names. Fix: pass one name per parameter (module.named_parameters() gives both).");
   for (size_t i = 0; i < params.size(); ++i) {
@@ -68,14 +71,21 @@ Reducer::~Reducer() {
 
 void Reducer::build_buckets(const std::vector<size_t>& order) {
   plan_ = plan_buckets(specs_, order, caps_);
+  shards_.clear();
   std::vector<BucketState> fresh(plan_.size());
   for (size_t b = 0; b < plan_.size(); ++b) {
     const Bucket& bucket = plan_[b];
-    fresh[b].buffer = at::zeros({bucket.numel}, at::TensorOptions().dtype(bucket.dtype).device(bucket.device));
+    int64_t numel = bucket.numel;
+    if (options_.zero > 0) {  // padded: see Note [Shard layout]
+      shards_.push_back(shard_bucket(bucket, comm_->size(), comm_->rank()));
+      numel = shards_.back().padded_numel;
+    }
+    fresh[b].buffer = at::zeros({numel}, at::TensorOptions().dtype(bucket.dtype).device(bucket.device));
     fresh[b].label = detail::cat("bucket ", b + 1, "/", plan_.size());
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       Slot& s = slots_[bucket.params[k]];
       s.bucket = b;
+      s.offset = bucket.offsets[k];
       at::Tensor view = fresh[b].buffer.narrow(0, bucket.offsets[k], bucket.numels[k]).view(s.param.sizes());
       // Keep the gradient the parameter holds (its old view, or one from before wrapping).
       if (s.param.grad().defined()) view.copy_(s.param.grad());
@@ -84,7 +94,61 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     }
   }
   buckets_ = std::move(fresh);
+  ++plan_version_;
   reset_locked();
+}
+
+void Reducer::shard_gradients_locked() {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    BucketState& state = buckets_[b];
+    state.grad_shard = state.buffer.narrow(0, shards_[b].begin, shards_[b].shard_numel).clone();
+    state.buffer = at::Tensor();  // from now on allocated only while the bucket is in flight
+  }
+  for (Slot& s : slots_) {
+    s.view = at::Tensor();
+    s.param.mutable_grad() = at::Tensor();
+  }
+  sharded_grads_ = true;
+}
+
+bool Reducer::plan_final() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return plan_final_;
+}
+
+int64_t Reducer::plan_version() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return plan_version_;
+}
+
+std::vector<BucketShard> Reducer::shards() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return shards_;
+}
+
+at::Tensor Reducer::grad_shard(size_t b) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  DTCORE_CHECK(options_.zero > 0, ConfigError,
+               "this model was wrapped with zero=0: its gradients are not sharded. Fix: wrap it with "
+               "dtcore.wrap(model, zero=1) or zero=2 to use a sharded optimizer.");
+  DTCORE_CHECK(b < buckets_.size(), ConfigError, "bucket ", b, " does not exist; the model has ", buckets_.size(),
+               " bucket(s).");
+  if (sharded_grads_) return buckets_[b].grad_shard;
+  return buckets_[b].buffer.narrow(0, shards_[b].begin, shards_[b].shard_numel);
+}
+
+void Reducer::zero_grad() {
+  std::lock_guard<std::mutex> lock(mu_);
+  DTCORE_CHECK(!backward_started_, ConfigError,
+               "zero_grad() was called while a backward pass is reducing gradients on rank ", comm_->rank(),
+               ". Fix: call it before the forward or after the backward, as with any optimizer.");
+  if (sharded_grads_) {
+    for (BucketState& b : buckets_) b.grad_shard.zero_();
+    for (Slot& s : slots_) s.param.mutable_grad() = at::Tensor();  // local no_sync() sums are dropped too
+    return;
+  }
+  for (BucketState& b : buckets_) b.buffer.zero_();
+  for (Slot& s : slots_) s.param.mutable_grad() = s.view;
 }
 
 int64_t Reducer::reductions() const {
@@ -165,6 +229,8 @@ void Reducer::reset_locked() {
     buckets_[b].pending = plan_[b].params.size();
     buckets_[b].work.reset();
     buckets_[b].sent = at::Tensor();
+    buckets_[b].received = at::Tensor();
+    if (sharded_grads_) buckets_[b].buffer = at::Tensor();  // in flight only
   }
   for (Slot& s : slots_) s.ready = false;
   expect_hooks_ = false;
@@ -183,7 +249,12 @@ void Reducer::launch_ready_locked() {
       payload = b.sent;
     }
     // Overlaps with the rest of backward; the label names it in the flight recorder.
-    b.work = comm_->all_reduce(payload, ReduceOp::Avg, b.label);
+    if (sharded_grads_) {
+      b.received = at::empty({shards_[next_bucket_ - 1].shard_numel}, payload.options());
+      b.work = comm_->reduce_scatter(b.received, payload, ReduceOp::Avg, b.label);
+    } else {
+      b.work = comm_->all_reduce(payload, ReduceOp::Avg, b.label);
+    }
     if (next_bucket_ == buckets_.size()) {
       // The last one: collect them all when this backward ends. Queued now rather than at the
       // first hook, so that a nested backward (reentrant checkpointing) cannot end it early.
@@ -210,6 +281,23 @@ void Reducer::adopt_grad_locked(Slot& s) {
   s.param.mutable_grad() = s.view;
 }
 
+void Reducer::stage_grad_locked(Slot& s) {
+  BucketState& b = buckets_[s.bucket];
+  if (!b.buffer.defined()) {  // the bucket's first gradient in this backward
+    const Bucket& plan = plan_[s.bucket];
+    b.buffer = at::empty({shards_[s.bucket].padded_numel}, at::TensorOptions().dtype(plan.dtype).device(plan.device));
+    b.buffer.narrow(0, plan.numel, b.buffer.numel() - plan.numel).zero_();  // the padding
+  }
+  at::Tensor place = b.buffer.narrow(0, s.offset, s.param.numel()).view(s.param.sizes());
+  const at::Tensor& grad = s.param.grad();
+  if (grad.defined()) {
+    place.copy_(grad);
+  } else {
+    place.zero_();
+  }
+  s.param.mutable_grad() = at::Tensor();  // released: this rank keeps only its shard
+}
+
 void Reducer::mark_ready_locked(size_t index) {
   Slot& s = slots_[index];
   if (s.ready) reset_locked();  // the error below ends this backward; the next starts clean
@@ -220,8 +308,12 @@ void Reducer::mark_ready_locked(size_t index) {
                ", so its reduction has already started. Fix: use each parameter once per "
                "backward, or accumulate over several backward passes inside no_sync() before the one that reduces.");
   s.ready = true;
-  if (!rebuilt_) ready_order_.push_back(index);
-  adopt_grad_locked(s);
+  if (!plan_final_) ready_order_.push_back(index);
+  if (sharded_grads_) {
+    stage_grad_locked(s);
+  } else {
+    adopt_grad_locked(s);
+  }
   if (--buckets_[s.bucket].pending == 0) launch_ready_locked();
 }
 
@@ -235,7 +327,7 @@ void Reducer::on_grad_ready(size_t index) {
                  "unwrapped module (model.module), or average them yourself with dtcore.all_reduce.");
   }
   if (!expect_hooks_) {  // no_sync, or a backward the wrapper's forward did not prepare
-    adopt_grad_locked(slots_[index]);
+    if (!sharded_grads_) adopt_grad_locked(slots_[index]);  // zero=2: .grad stays autograd's, full
     return;
   }
   if (!backward_started_) {
@@ -255,12 +347,16 @@ void Reducer::finalize() {
   for (BucketState* b : launched) {
     try {
       if (b->work) b->work->wait();
-      if (b->sent.defined()) b->buffer.copy_(b->sent);  // back into the parameters' dtype
+      if (b->received.defined()) {
+        b->grad_shard.add_(b->received);  // accumulates, as .grad does, until zero_grad()
+      } else if (b->sent.defined()) {
+        b->buffer.copy_(b->sent);  // back into the parameters' dtype
+      }
     } catch (...) {
       if (!failure) failure = std::current_exception();
     }
   }
-  if (!failure && !rebuilt_) {
+  if (!failure && !plan_final_) {
     try {
       rebuild_if_needed();
     } catch (...) {
@@ -270,6 +366,7 @@ void Reducer::finalize() {
   lock.lock();
   reset_locked();
   if (failure) std::rethrow_exception(failure);
+  if (options_.zero == 2 && plan_final_ && !sharded_grads_) shard_gradients_locked();
   ++reductions_;
 }
 
@@ -296,12 +393,12 @@ void Reducer::rebuild_if_needed() {
   shared = shared.cpu();
   const int64_t* in = shared.data_ptr<int64_t>();
   std::vector<size_t> chosen(slots_.size());
+  std::lock_guard<std::mutex> lock(mu_);
+  plan_final_ = true;  // every rank decides alike, from rank 0's broadcast
   for (size_t i = 0; i < chosen.size(); ++i) {
-    if (in[i] < 0) return;  // rank 0 has no complete order: keep the plan, try nothing else
+    if (in[i] < 0) return;  // rank 0 has no complete order: keep the plan
     chosen[i] = static_cast<size_t>(in[i]);
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  rebuilt_ = true;
   if (chosen == reverse_registration_order(slots_.size())) return;  // the plan already matches
   build_buckets(chosen);
   log::debug("reducer: buckets rebuilt in the order gradients became ready (", plan_.size(), " bucket(s))");

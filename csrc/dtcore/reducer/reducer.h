@@ -21,6 +21,17 @@
 // If a .grad was replaced (e.g. optimizer.zero_grad(set_to_none=True) left None and autograd
 // allocated a new tensor), the hook copies it into the bucket and points .grad back at the view.
 //
+// ZeRO (Options::zero, see Note [Shard layout]): buckets are padded so that every rank owns an
+// equal shard of each. zero=1 reduces as above (allreduce, full gradients on every rank); the
+// sharded optimizer reads only this rank's shard of each bucket (grad_shard()). zero=2 keeps only
+// the shard: from the second backward on (once the plan is final), each gradient is copied into
+// a bucket buffer that exists only while its bucket is in flight, .grad is released, and a full
+// bucket is reduce-scattered, its average added into this rank's persistent gradient shard. After
+// such a backward every .grad is None and the gradients live in grad_shard(); the first backward
+// allreduces as zero=1 does and its result is cut to the shard when the plan becomes final.
+// Inside no_sync() zero=2 leaves .grad to autograd (full, local); the next synced backward
+// reduces the sum.
+//
 // Ownership: holds the parameters, the bucket buffers and the communicator; removes its hooks
 // on destruction. Thread safety: hooks may run on autograd worker threads; all state is guarded
 // by one mutex. One backward at a time per Reducer.
@@ -39,6 +50,7 @@
 
 #include "dtcore/comm/communicator.h"
 #include "dtcore/reducer/bucket_plan.h"
+#include "dtcore/reducer/shard_plan.h"
 
 namespace torch::autograd {
 struct Node;
@@ -58,6 +70,9 @@ class Reducer {
     // Send gradients in this dtype (bfloat16, float16 or float32) and accumulate the result back
     // in the parameter's; nullopt sends them as they are. ConfigError for another dtype.
     std::optional<c10::ScalarType> comm_dtype;
+    // ZeRO stage: 0 (every rank keeps whole gradients), 1 (the optimizer keeps this rank's shard:
+    // buckets padded, see Note [Shard layout]) or 2 (gradients sharded too). ConfigError otherwise.
+    int zero = 0;
   };
 
   // `params` in registration order, with `names` for messages; parameters that do not require
@@ -89,12 +104,29 @@ class Reducer {
   // Backward passes fully reduced so far.
   int64_t reductions() const;
 
+  // --- ZeRO (zero >= 1): the sharded optimizer's view. Not during a backward. ---
+  int zero() const { return options_.zero; }
+  // True once the buckets will not be rebuilt again (after the first reduced backward); per-shard
+  // state must be built on the final plan (Note [Shard layout]). plan_version() counts rebuilds.
+  bool plan_final() const;
+  int64_t plan_version() const;
+  std::vector<BucketShard> shards() const;  // this rank's shard of each bucket, as buckets()
+  // This rank's reduced gradient shard of bucket `b` (shard_numel elements of the bucket's dtype):
+  // a view of the bucket buffer (zero=1, and zero=2 before the plan is final) or the persistent
+  // shard (zero=2). ConfigError when zero == 0.
+  at::Tensor grad_shard(size_t b) const;
+  // Zeroes the gradients in place and keeps them where the reducer wants them: .grad the bucket
+  // views again (zero <= 1), or the shards zeroed and any local .grad released (zero=2).
+  // ConfigError during a backward.
+  void zero_grad();
+
  private:
   struct Slot {
     at::Tensor param;
     std::string name;
     size_t bucket = 0;
-    at::Tensor view;  // the parameter's place in its bucket, shaped like the parameter
+    at::Tensor view;     // the parameter's place in its bucket, shaped like the parameter; none once sharded
+    int64_t offset = 0;  // its first element in the bucket, see Note [Bucket layout]
     c10::intrusive_ptr<torch::autograd::Node> accumulator;  // kept alive: autograd holds it weakly
     uintptr_t hook_key = 0;
     bool ready = false;  // in the current backward
@@ -104,7 +136,9 @@ class Reducer {
     std::string label;   // "bucket 3/8", its name in the flight recorder; made with the plan
     size_t pending = 0;  // gradients not yet ready in the current backward
     std::shared_ptr<Work> work;
-    at::Tensor sent;  // with comm_dtype: the buffer cast for the collective, copied back at the end
+    at::Tensor sent;        // with comm_dtype: the buffer cast for the collective, copied back at the end
+    at::Tensor grad_shard;  // zero=2 once sharded: this rank's reduced gradient, kept across steps
+    at::Tensor received;    // zero=2: the reduce-scatter's output, added into grad_shard at the end
   };
 
   void on_grad_ready(size_t slot);                          // autograd post-hook, on an engine thread
@@ -113,6 +147,8 @@ class Reducer {
   void reset_locked();
   void launch_ready_locked();       // starts buckets next_bucket_, ... while they are complete
   void adopt_grad_locked(Slot& s);  // makes s.param.grad the bucket view again, keeping its value
+  void stage_grad_locked(Slot& s);  // zero=2: s.param.grad into its in-flight bucket, then released
+  void shard_gradients_locked();    // zero=2, once the plan is final: keep only this rank's shards
   void mark_ready_locked(size_t slot);
   void build_buckets(const std::vector<size_t>& order);  // plans, allocates, points grads at views
   void rebuild_if_needed();  // after the first reduction: buckets in the order observed on rank 0
@@ -125,6 +161,8 @@ class Reducer {
   std::vector<Bucket> plan_;
   std::vector<Slot> slots_;  // indexed like plan_'s parameter indices
   std::vector<BucketState> buckets_;
+  std::vector<BucketShard> shards_;  // zero >= 1: this rank's shard of each bucket
+  int64_t plan_version_ = 0;         // build_buckets() calls
 
   mutable std::mutex mu_;
   bool expect_hooks_ = false;        // armed by prepare_for_backward(sync=true), cleared at the end
@@ -132,7 +170,8 @@ class Reducer {
   std::vector<size_t> unused_;       // found by find_unused(), marked ready by the first hook
   size_t next_bucket_ = 0;           // the next bucket to launch, in plan order
   std::vector<size_t> ready_order_;  // slots in the order they became ready (until the rebuild)
-  bool rebuilt_ = false;
+  bool plan_final_ = false;          // the one rebuild was tried: buckets stay as they are
+  bool sharded_grads_ = false;       // zero=2 after shard_gradients_locked()
   int64_t reductions_ = 0;
 };
 

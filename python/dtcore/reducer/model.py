@@ -20,6 +20,7 @@ from .. import _C
 from ..bootstrap.context import get_context
 from ..comm import agree
 from ..comm.collectives import broadcast
+from . import zero_guard
 
 _DEFAULTS = _C.ReducerOptions()
 
@@ -67,6 +68,8 @@ class DistributedModel(torch.nn.Module):
     first bucket is small so that communication starts early in backward. comm_dtype: send
     gradients as torch.bfloat16 or torch.float16. find_unused_parameters: allow parameters that get
     no gradient in some steps. broadcast_buffers: broadcast rank 0's buffers before each forward.
+    zero: 0 keeps whole gradients on every rank; 1 shards the optimizer state and 2 the gradients
+    too (after backward every .grad is None): step with dtcore.ShardedOptimizer (ZeRO-1/2).
     """
 
     def __init__(
@@ -78,6 +81,7 @@ class DistributedModel(torch.nn.Module):
         comm_dtype: torch.dtype | None = _DEFAULTS.comm_dtype,
         find_unused_parameters: bool = _DEFAULTS.find_unused_parameters,
         broadcast_buffers: bool = True,
+        zero: int = _DEFAULTS.zero,
     ) -> None:
         super().__init__()
         ctx = get_context()
@@ -91,8 +95,11 @@ class DistributedModel(torch.nn.Module):
         if ctx.world_size > 1:
             _broadcast_tensors([p.detach() for p in module.parameters()] + list(module.buffers()))
         named = [(n, p) for n, p in module.named_parameters()]  # tied parameters appear once
-        options = _C.ReducerOptions(bucket_mb, first_bucket_mb, find_unused_parameters, comm_dtype)
+        options = _C.ReducerOptions(bucket_mb, first_bucket_mb, find_unused_parameters, comm_dtype, zero)
         self._reducer = _C.Reducer([p for _, p in named], [n for n, _ in named], ctx.communicator, options)
+        self._trainable = [p for _, p in named if p.requires_grad]  # the reducer's indices (bucket_layout)
+        if zero == 2:
+            zero_guard.guard(module)
         self._find_unused = find_unused_parameters
         # Collected once, as DDP does (BatchNorm updates its buffers in place): not per forward.
         self._synced_buffers = list(module.buffers()) if broadcast_buffers and ctx.world_size > 1 else []
@@ -110,6 +117,17 @@ class DistributedModel(torch.nn.Module):
         if synced and self._find_unused:
             self._reducer.find_unused(_tensors_in(out))
         return out
+
+    @property
+    def zero(self) -> int:
+        return self._reducer.zero
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """As torch's; with zero=1|2 the gradients are zeroed in place in their buckets (or shards)."""
+        if self.zero == 0:
+            super().zero_grad(set_to_none)
+        else:
+            self._reducer.zero_grad()
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

@@ -1,0 +1,169 @@
+"""ZeRO-1/2 (dtcore.wrap(zero=...) + dtcore.ShardedOptimizer) against torch DDP and torch's
+ZeroRedundancyOptimizer + DDP: peak memory per rank and step time, on Gloo.
+
+    python benchmarks/bench_zero.py memory [--world 2] [--preset 20m]
+    python benchmarks/bench_zero.py time [--world 2] [--preset 20m] [--steps 10] [--warmup 2]
+
+memory: one job per variant. Each rank records every CPU allocation and free with torch's
+profiler (profile_memory=True), from before the model is built to the end of the fourth step, and
+reports the peak of the bytes it holds during steps 3-4 (the steady state: dtcore's buckets are
+rebuilt, and zero=2's first backward is a whole allreduce, in step 1). Batch 1 x 16 tokens, so that
+activations are small; AdamW with foreach=False, so that its temporaries are one parameter's,
+not the whole state's. Next to the formula for fp32 AdamW with Psi parameters: DDP 16 Psi bytes,
+stage 1 8 Psi + 8 Psi / N, stage 2 4 Psi + 12 Psi / N. torch DDP runs with
+gradient_as_bucket_view=True, its most frugal setting.
+
+time: one job; every rank holds all variants (same initial weights) and runs them alternately,
+step by step (forward + backward + optimizer step, after a barrier); medians over --steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ranks import free_port, rank_env
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from gpt import GPT, PRESETS, CharData, make_corpus, num_parameters
+
+VARIANTS = ("ddp", "ddp + ZeroRedundancyOptimizer", "dtcore zero=1", "dtcore zero=2")
+_MARK = 1_234_567  # bytes of a marker allocation: where the steady state starts in the profile
+
+
+def build(variant: str, base: torch.nn.Module, foreach: bool | None):
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    import dtcore
+
+    kw = {"lr": 1e-4, "weight_decay": 0.1, "foreach": foreach}
+    if variant.startswith("ddp"):
+        model = torch.nn.parallel.DistributedDataParallel(base, bucket_cap_mb=25, gradient_as_bucket_view=True)
+        if variant == "ddp":
+            return model, torch.optim.AdamW(model.parameters(), **kw)
+        return model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, **kw)
+    model = dtcore.wrap(base, zero=int(variant[-1]), bucket_mb=25, first_bucket_mb=1)
+    return model, dtcore.ShardedOptimizer(model, torch.optim.AdamW, **kw)
+
+
+def step(model, opt, x, y) -> None:
+    model(x, y).backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def memory_worker(args) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    import dtcore
+
+    ctx = dtcore.init(timeout=600)
+    config = PRESETS[args.preset]
+    data = CharData(make_corpus(), 16, seed=ctx.rank)
+    batches = [data.batch(1, torch.device("cpu")) for _ in range(4)]
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        torch.manual_seed(0)
+        model, opt = build(args.variant, GPT(config), foreach=False)
+        for i, (x, y) in enumerate(batches):
+            if i == 2:
+                del_me = torch.empty(_MARK, dtype=torch.uint8)
+                del del_me
+            step(model, opt, x, y)
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    held, peak, steady = 0, 0, False
+    for _, nbytes in events:
+        held += nbytes
+        if nbytes == _MARK:
+            steady = True
+        if steady:
+            peak = max(peak, held)
+    params = num_parameters(model.module)
+    if ctx.rank == 0:
+        print(json.dumps({"variant": args.variant, "peak": peak, "held": held, "params": params}), flush=True)
+    dtcore.shutdown()
+
+
+def time_worker(args) -> None:
+    import dtcore
+
+    ctx = dtcore.init(timeout=600)
+    config = PRESETS[args.preset]
+    data = CharData(make_corpus(), config.block_size, seed=ctx.rank)
+    torch.manual_seed(0)
+    base = GPT(config)
+    runs = {v: build(v, copy.deepcopy(base), foreach=None) for v in VARIANTS}
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for i in range(args.warmup + args.steps):
+        x, y = data.batch(args.batch, torch.device("cpu"))
+        for v, (model, opt) in runs.items():
+            dtcore.barrier()
+            start = time.perf_counter()
+            step(model, opt, x, y)
+            if i >= args.warmup:
+                times[v].append(time.perf_counter() - start)
+    if ctx.rank == 0:
+        print(json.dumps({v: statistics.median(t) for v, t in times.items()} | {"params": num_parameters(base)}))
+    dtcore.shutdown()
+
+
+def launch(args, extra: list[str]) -> dict:
+    port = free_port()
+    cmd = [sys.executable, __file__, args.mode, "--worker", "--preset", args.preset, *extra]
+    procs = [
+        subprocess.Popen(cmd, env=rank_env(r, args.world, port), stdout=subprocess.PIPE, text=True)
+        for r in range(args.world)
+    ]
+    outs = [p.communicate(timeout=3600)[0] for p in procs]
+    if any(p.returncode != 0 for p in procs):
+        raise SystemExit(f"a rank failed: {[p.returncode for p in procs]}")
+    return json.loads([ln for ln in outs[0].splitlines() if ln.startswith("{")][-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", choices=("memory", "time"))
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--preset", default="20m", choices=sorted(PRESETS))
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--variant", default=VARIANTS[0])
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return memory_worker(args) if args.mode == "memory" else time_worker(args)
+    n = args.world
+    if args.mode == "memory":
+        print(f"{n} ranks (Gloo), GPT preset {args.preset}, fp32 AdamW (foreach=False), peak bytes held in steps 3-4")
+        print("| variant | peak (MiB) | formula (MiB) | peak / formula |")
+        print("| --- | --- | --- | --- |")
+        for v in VARIANTS:
+            r = launch(args, ["--variant", v])
+            psi = r["params"]
+            per_psi = {"ddp": 16, "dtcore zero=1": 8 + 8 / n, "dtcore zero=2": 4 + 12 / n}.get(v)
+            formula = f"{per_psi * psi / 2**20:.1f}" if per_psi else ""
+            ratio = f"{r['peak'] / (per_psi * psi):.3f}" if per_psi else ""
+            print(f"| {v} | {r['peak'] / 2**20:.1f} | {formula} | {ratio} |")
+        return
+    r = launch(args, ["--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch)])
+    print(
+        f"{n} ranks (Gloo, 1 thread each), GPT preset {args.preset} ({r['params'] / 1e6:.1f}M parameters, fp32), "
+        f"batch {args.batch}x{PRESETS[args.preset].block_size} per rank, median of {args.steps} steps, alternating"
+    )
+    print("| variant | step (ms) | ratio to ZeroRedundancyOptimizer |")
+    print("| --- | --- | --- |")
+    zro = r["ddp + ZeroRedundancyOptimizer"]
+    for v in VARIANTS:
+        print(f"| {v} | {1000 * r[v]:.0f} | {r[v] / zro:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

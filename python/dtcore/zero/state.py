@@ -1,0 +1,198 @@
+"""ShardedOptimizer's state in torch's own format, gathered from the shards and cut back into them.
+
+torch's format: {"state": {index: {key: tensor}}, "param_groups": [{..., "params": [index, ...]}]},
+indices numbering the parameters group after group, as a torch optimizer over the whole model
+would number them. Per-element state (AdamW's exp_avg, exp_avg_sq) is gathered bucket by bucket
+into whole tensors shaped like the parameter; scalar state (step) is the group's, equal on every
+rank. A master copy (parameters not in master_dtype) rides along under "dtcore_master", so that a
+resumed bf16 run keeps its fp32 weights. Loading accepts this format from any world size, or
+from a plain torch optimizer of the same class: the shards are cut anew, with no offline step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import _C
+from ..bootstrap.context import get_context
+
+# `opt` is a ShardedOptimizer and `piece` one of its _Piece: not imported, as optimizer.py imports
+# this module.
+ShardedOptimizer = Any
+_Piece = Any
+
+MASTER_KEY = "dtcore_master"
+
+
+def _numbered(opt: ShardedOptimizer) -> list[torch.Tensor]:
+    return [p for group in opt.param_groups for p in group["params"]]
+
+
+def _groups(opt: ShardedOptimizer) -> list[dict[str, Any]]:
+    out, n = [], 0
+    for group in opt.param_groups:
+        packed = {k: v for k, v in group.items() if k != "params"}
+        packed["params"] = list(range(n, n + len(group["params"])))
+        n += len(group["params"])
+        out.append(packed)
+    return out
+
+
+def _split(opt: ShardedOptimizer, local: torch.Tensor) -> tuple[list[str], list[str]]:
+    """(per-element keys, scalar keys) of one inner tensor's state; ConfigError for any other shape."""
+    assert opt._inner is not None
+    per_element, scalar = [], []
+    for key, value in opt._inner.state.get(local, {}).items():
+        if not isinstance(value, torch.Tensor) or value.dim() == 0:
+            scalar.append(key)
+        elif value.dim() == 1 and value.numel() == local.numel():
+            per_element.append(key)
+        else:
+            raise _C.ConfigError(
+                f"{opt._optimizer_class.__name__} keeps state '{key}' of shape {tuple(value.shape)} for a piece of "
+                f"{local.numel()} elements: it is not elementwise, and its state cannot be sharded. Fix: use it "
+                "with dtcore.wrap(model) (zero=0) and no ShardedOptimizer."
+            )
+    return per_element, scalar
+
+
+def gather_state(opt: ShardedOptimizer) -> dict[str, Any]:
+    """Every rank gets the whole state (a collective: every rank must call it)."""
+    state: dict[int, dict[str, Any]] = {}
+    if opt._inner is None or not opt._inner.state:
+        return {"state": state, "param_groups": _groups(opt)}
+    index = {id(p): i for i, p in enumerate(_numbered(opt))}
+    inner_groups = opt._inner.param_groups
+    keys: set[str] = set()
+    scalars: list[dict[str, Any]] = []
+    for group in inner_groups:
+        per_element, scalar = _split(opt, group["params"][0])
+        keys.update(per_element)
+        first = opt._inner.state.get(group["params"][0], {})
+        scalars.append({k: first[k] for k in scalar})
+    if _any_rank_has_master(opt):
+        keys.add(MASTER_KEY)
+    communicator = get_context().communicator
+    for b, bucket in enumerate(opt._buckets):
+        pieces = [p for p in opt._pieces if p.bucket == b]
+        for key in sorted(keys):  # the same collectives in the same order on every rank
+            dtype = _dtype_of(opt, key, pieces, bucket.dtype)
+            mine = torch.zeros(bucket.shard.shard_numel, dtype=dtype, device=bucket.device)  # (S,)
+            for piece in pieces:
+                mine.narrow(0, piece.shard_offset, piece.numel).copy_(_value(opt, piece, key))
+            whole = torch.empty(bucket.shard.padded_numel, dtype=dtype, device=bucket.device)  # (N * S,)
+            communicator.all_gather(whole, mine, f"optimizer state {b + 1}/{len(opt._buckets)}").wait()
+            for _flat, offset, numel, param in bucket.whole_params():
+                i = index.get(id(param))
+                if i is None:
+                    continue  # reduced, not optimized
+                if key == MASTER_KEY and param.dtype == opt._master_dtype:
+                    continue
+                entry = state.setdefault(i, {})
+                entry[key] = whole.narrow(0, offset, numel).view(param.shape).clone()
+    for g, group in enumerate(opt.param_groups):
+        for p in group["params"]:
+            if id(p) in index and index[id(p)] in state:
+                for key, value in scalars[g].items():
+                    state[index[id(p)]][key] = value.clone() if isinstance(value, torch.Tensor) else value
+    return {"state": state, "param_groups": _groups(opt)}
+
+
+def _any_rank_has_master(opt: ShardedOptimizer) -> bool:
+    # Decided from the parameters, the same on every rank: any optimized parameter not in master_dtype.
+    return opt._master_dtype is not None and any(p.dtype != opt._master_dtype for p in _numbered(opt))
+
+
+def _dtype_of(opt: ShardedOptimizer, key: str, pieces: list[_Piece], param_dtype: torch.dtype) -> torch.dtype:
+    """The dtype every rank uses for `key` in one bucket: the master's for optimizer state."""
+    if key == MASTER_KEY:
+        return opt._master_dtype or param_dtype
+    for piece in pieces:  # state is kept in the local tensor's dtype: the master's, or the parameter's
+        return opt._inner.state[piece.local][key].dtype  # type: ignore[union-attr]
+    return opt._master_dtype if opt._master_dtype is not None else param_dtype
+
+
+def _value(opt: ShardedOptimizer, piece: _Piece, key: str) -> torch.Tensor:
+    if key == MASTER_KEY:
+        return piece.local if piece.has_master else piece.param_view
+    return opt._inner.state[piece.local][key]  # type: ignore[union-attr]
+
+
+def check_state(opt: ShardedOptimizer, state_dict: dict[str, Any]) -> None:
+    """ConfigError unless `state_dict` is torch's format for this optimizer's parameters."""
+    groups = state_dict.get("param_groups")
+    if not isinstance(groups, list) or not isinstance(state_dict.get("state"), dict):
+        raise _C.ConfigError(
+            "ShardedOptimizer.load_state_dict got a dict without 'state' and 'param_groups'. Fix: pass what "
+            "ShardedOptimizer.state_dict() or a torch optimizer's state_dict() returned."
+        )
+    ours = [len(g["params"]) for g in opt.param_groups]
+    theirs = [len(g.get("params", [])) for g in groups]
+    if ours != theirs:
+        raise _C.ConfigError(
+            f"ShardedOptimizer.load_state_dict: the saved state has param groups of {theirs} parameters, this "
+            f"optimizer {ours}. Fix: build the optimizer over the same parameters and groups as the saved one."
+        )
+    params = _numbered(opt)
+    for i, entry in state_dict["state"].items():
+        p = params[int(i)]
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != p.shape:
+                raise _C.ConfigError(
+                    f"ShardedOptimizer.load_state_dict: state '{key}' of parameter {i} has shape "
+                    f"{tuple(value.shape)}, the parameter {tuple(p.shape)}. Fix: load the state saved for this model."
+                )
+
+
+def scatter_state(opt: ShardedOptimizer, state_dict: dict[str, Any]) -> None:
+    """Cuts a whole state into this rank's pieces (kept until the pieces exist, at the first step)."""
+    check_state(opt, state_dict)
+    for group, saved in zip(opt.param_groups, state_dict["param_groups"], strict=True):
+        group.update({k: v for k, v in saved.items() if k != "params"})
+    opt._pending_state = state_dict["state"]
+    if opt._inner is not None:
+        apply_pending(opt)
+
+
+def apply_pending(opt: ShardedOptimizer) -> None:
+    saved = opt._pending_state
+    opt._pending_state = None
+    if not saved:
+        return
+    assert opt._inner is not None
+    index = {id(p): i for i, p in enumerate(_numbered(opt))}
+    opt._inner.state.clear()
+    for piece in opt._pieces:
+        entry = saved.get(index[id(piece.param)])
+        if entry is None:
+            continue
+        cut: dict[str, Any] = {}
+        for key, value in entry.items():
+            if key == MASTER_KEY:
+                if piece.has_master:
+                    piece.local.copy_(_slice(value, piece))
+            elif isinstance(value, torch.Tensor) and value.dim() > 0:
+                cut[key] = _slice(value, piece).to(piece.local.dtype, copy=True)
+            else:
+                cut[key] = value.to(piece.local.device, copy=True) if isinstance(value, torch.Tensor) else value
+        opt._inner.state[piece.local] = cut
+    for g, group in enumerate(opt._inner.param_groups):  # empty placeholders keep the group's scalars
+        local = group["params"][0]
+        if local.numel() == 0:
+            entry = next((saved[index[id(p)]] for p in opt.param_groups[g]["params"] if index[id(p)] in saved), None)
+            if entry is not None:
+                opt._inner.state[local] = {
+                    k: (
+                        v.to(local.dtype, copy=True).reshape(-1)[:0]
+                        if isinstance(v, torch.Tensor) and v.dim()
+                        else (v.clone() if isinstance(v, torch.Tensor) else v)
+                    )
+                    for k, v in entry.items()
+                    if k != MASTER_KEY
+                }
+
+
+def _slice(value: torch.Tensor, piece: _Piece) -> torch.Tensor:
+    return value.reshape(-1).narrow(0, piece.param_offset, piece.numel).to(piece.local.device)
