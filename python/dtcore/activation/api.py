@@ -1,12 +1,12 @@
 """`dtcore.checkpoint_activations()`: recompute the activations of repeated blocks in backward.
 
-The blocks (by default the longest run of sibling modules of one class, e.g. transformer layers;
-see blocks.py) get an instance-level `forward` that runs the class's forward under
-torch's non-reentrant checkpoint (torch.utils.checkpoint, use_reentrant=False,
-preserve_rng_state=True): parameters, their identity and the state_dict are untouched, so
-dtcore.wrap's reducer and later sharding see the same model, and policy=None takes it off again.
-Which blocks, and how, is the policy's choice; the "budget:" policy profiles one step
-(profile.py) and lets the C++ planner (csrc/dtcore/activation/plan.h) choose.
+The blocks (by default the repeated layers, e.g. a transformer's; see blocks.py) get an
+instance-level `forward` that runs the class's forward under torch's non-reentrant checkpoint
+(torch.utils.checkpoint, use_reentrant=False, preserve_rng_state=True): parameters, their
+identity and the state_dict are untouched, so dtcore.wrap's reducer and later sharding see the
+same model, and policy=None takes it off again. Which blocks, and how, is the policy's choice; the
+"budget:" policy profiles one step (profile.py) and lets the C++ planner
+(csrc/dtcore/activation/plan.h) choose.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from .. import _C
 from ..units import format_bytes, parse_bytes
 from .blocks import find_blocks
+from .kv_cache import has_cache, without_cache
 from .offload import Offloader
 from .profile import StepProfile, profile_blocks
 from .selective import mutation_error, selective_context
@@ -85,6 +86,10 @@ class CheckpointedForward:
         if not kwargs and all(isinstance(a, torch.Tensor) for a in args):
             run, tensors = inner, list(args)  # the usual block(x): nothing to flatten
         else:
+            if has_cache(args, kwargs):  # a transformers KV cache; see kv_cache.py
+                if not self.module.training:  # evaluation: the cache is what the caller asked for
+                    return inner(*args, **kwargs)
+                args, kwargs = without_cache(self.module, self.name, args, kwargs)
             flat, spec = tree_flatten((args, kwargs))
             where = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
             tensors = [flat[i] for i in where]
@@ -318,8 +323,10 @@ def checkpoint_activations(
                      is not known here; pass "budget:<size>" to plan one.
       None           take checkpointing off again; the model is as it was.
     Calling again with another policy replaces the previous one. Gradients are the same as without
-    checkpointing: the random-number state is replayed, so dropout masks match.
-    blocks: which modules are blocks; by default the longest run of sibling modules of one class.
+    checkpointing: the random-number state is replayed, so dropout masks match. A transformers KV
+    cache is left out of checkpointed blocks while training, as transformers does (kv_cache.py).
+    blocks: which modules are blocks; by default the repeated layers (a run of sibling modules of one
+      class, composite layers before runs of leaf modules such as one attention's projections).
       A class, a class name, or a list of qualified names or fnmatch patterns (e.g. "blocks.*").
     example_inputs: one forward call's positional arguments (a tuple), keyword arguments (a dict),
       or a single tensor. Required by "budget:"; with any other policy, the summary then shows the

@@ -1,10 +1,8 @@
 """Finding the blocks to checkpoint: the repeated layers of a model.
 
-By default the longest run of consecutive sibling modules of one class that hold parameters (a
-transformer's layers in a ModuleList or Sequential); ties go to the run with more parameters, then
-to the shallower one. Or given: a class, a class name, or qualified names / fnmatch patterns. Only
-the outermost matching modules count (a pattern "blocks.*" gives blocks.0, blocks.1, ..., not
-their children), and never the model itself.
+By default the repeated layers, see Note [Block discovery]. Or given: a class, a class name, or
+qualified names / fnmatch patterns. Only the outermost matching modules count (a pattern "blocks.*"
+gives blocks.0, blocks.1, ..., not their children), and never the model itself.
 """
 
 from __future__ import annotations
@@ -16,24 +14,47 @@ import torch
 
 from .. import _C
 
+# Note [Block discovery]
+# The blocks are a model's repeated layers: a run of consecutive sibling modules of one class that
+# hold parameters. Composite runs come first, then the longest, then the one with more parameters,
+# then the shallower one. A block is composite when its parameters sit in at least two of its
+# submodules (attention and MLP, a Linear and a LayerNorm): a transformer layer is, one attention's
+# q/k/v/o projections or the word/position/token-type embeddings are not, and on a shallow model
+# (BERT or Llama with 2 layers) those leaf runs are as long as or longer than the layers. In a
+# ModuleList or ModuleDict (a container that only lists layers, never a model's own forward) one
+# composite layer is a run too, so that a 1-layer model checkpoints its layer; elsewhere a run needs
+# two siblings (a Sequential of two different stages is not one).
+
 
 def _params(m: torch.nn.Module) -> int:
     return sum(p.numel() for p in m.parameters())
 
 
+def _composite(m: torch.nn.Module) -> bool:
+    holders = 0
+    for sub in m.modules():
+        if sub is not m and next(sub.parameters(recurse=False), None) is not None:
+            holders += 1
+            if holders == 2:
+                return True
+    return False
+
+
 def repeated_runs(root: torch.nn.Module) -> list[list[tuple[str, torch.nn.Module]]]:
-    """Every run of >= 2 consecutive siblings of one class with parameters, best candidate first."""
+    """Every candidate run of blocks, best first; see Note [Block discovery]."""
     runs = []
     for parent_name, parent in root.named_modules():
+        lists_layers = isinstance(parent, (torch.nn.ModuleList, torch.nn.ModuleDict))
         run: list[tuple[str, torch.nn.Module]] = []
         for child_name, child in list(parent.named_children()) + [("", None)]:  # None closes the last run
             if run and (child is None or type(child) is not type(run[0][1])):
-                if len(run) >= 2 and _params(run[0][1]) > 0:
+                first = run[0][1]
+                if _params(first) > 0 and (len(run) >= 2 or (lists_layers and _composite(first))):
                     runs.append(run)
                 run = []
             if child is not None:
                 run.append((f"{parent_name}.{child_name}" if parent_name else child_name, child))
-    runs.sort(key=lambda r: (-len(r), -sum(_params(m) for _, m in r), r[0][0].count(".")))
+    runs.sort(key=lambda r: (not _composite(r[0][1]), -len(r), -sum(_params(m) for _, m in r), r[0][0].count(".")))
     return runs
 
 
@@ -41,7 +62,9 @@ def _describe_runs(root: torch.nn.Module) -> str:
     runs = repeated_runs(root)[:3]
     if not runs:
         return "no run of sibling modules of one class with parameters"
-    return "; ".join(f"{len(r)} x {type(r[0][1]).__name__} ({r[0][0]} .. {r[-1][0]})" for r in runs)
+    return "; ".join(
+        f"{len(r)} x {type(r[0][1]).__name__} ({r[0][0]}{f' .. {r[-1][0]}' if len(r) > 1 else ''})" for r in runs
+    )
 
 
 def _outermost(found: list[tuple[str, torch.nn.Module]]) -> list[tuple[str, torch.nn.Module]]:
