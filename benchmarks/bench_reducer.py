@@ -25,14 +25,13 @@ import argparse
 import copy
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from ranks import free_port, rank_env
+from ranks import rank0_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from gpt import GPT, PRESETS, CharData, make_corpus, num_parameters
@@ -158,28 +157,8 @@ def main() -> None:
     if args.world1:
         return world1(args)
 
-    port = free_port()
-    procs = []
-    for rank in range(2):
-        env = rank_env(rank, 2, port)
-        cmd = [
-            sys.executable,
-            __file__,
-            "--worker",
-            "--preset",
-            args.preset,
-            "--steps",
-            str(args.steps),
-            "--warmup",
-            str(args.warmup),
-            "--batch",
-            str(args.batch),
-        ]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
-    outs = [p.communicate(timeout=3600)[0] for p in procs]
-    if any(p.returncode != 0 for p in procs):
-        raise SystemExit(f"a rank failed: {[p.returncode for p in procs]}")
-    r = json.loads([ln for ln in outs[0].splitlines() if ln.startswith("{")][-1])
+    flags = ["--preset", args.preset, "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    r = rank0_report(__file__, 2, ["--worker", *flags, "--batch", str(args.batch)])
     compute = r["compute only"]
     print(
         f"2 ranks (Gloo, 1 thread each), GPT preset {args.preset} ({r['params'] / 1e6:.1f}M parameters, float32), "

@@ -23,14 +23,13 @@ import argparse
 import copy
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from ranks import free_port, rank_env
+from ranks import rank0_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from gpt import GPT, PRESETS, CharData, make_corpus, num_parameters
@@ -115,16 +114,7 @@ def time_worker(args) -> None:
 
 
 def launch(args, extra: list[str]) -> dict:
-    port = free_port()
-    cmd = [sys.executable, __file__, args.mode, "--worker", "--preset", args.preset, *extra]
-    procs = [
-        subprocess.Popen(cmd, env=rank_env(r, args.world, port), stdout=subprocess.PIPE, text=True)
-        for r in range(args.world)
-    ]
-    outs = [p.communicate(timeout=3600)[0] for p in procs]
-    if any(p.returncode != 0 for p in procs):
-        raise SystemExit(f"a rank failed: {[p.returncode for p in procs]}")
-    return json.loads([ln for ln in outs[0].splitlines() if ln.startswith("{")][-1])
+    return rank0_report(__file__, args.world, [args.mode, "--worker", "--preset", args.preset, *extra])
 
 
 def main() -> None:

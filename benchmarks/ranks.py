@@ -7,14 +7,16 @@ The launcher variables to clean and the torchrun variables come from the tests' 
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests" / "py"))
 from launch_helpers import free_port, torchrun_style, without_launcher_vars
 
-__all__ = ["clean_env", "free_port", "rank_env"]
+__all__ = ["clean_env", "free_port", "rank_env", "rank0_report"]
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -28,3 +30,25 @@ def clean_env(**extra: str) -> dict[str, str]:
 def rank_env(rank: int, world: int, port: int, **extra: str) -> dict[str, str]:
     """The environment of one rank of a single-node job on loopback, as torchrun would set it."""
     return clean_env(**torchrun_style(rank, world, port), **extra)
+
+
+def rank0_report(script: str, world: int, args: list[str], timeout: float = 3600.0) -> dict:
+    """Runs `python script *args` as `world` ranks on loopback; rank 0's last JSON line.
+
+    SystemExit naming the exit codes when a rank fails; every rank is killed after `timeout` s.
+    """
+    port = free_port()
+    cmd = [sys.executable, script, *args]
+    procs = [
+        subprocess.Popen(cmd, env=rank_env(r, world, port), stdout=subprocess.PIPE, text=True) for r in range(world)
+    ]
+    try:
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if any(p.returncode != 0 for p in procs):
+        raise SystemExit(f"a rank failed: exit codes {[p.returncode for p in procs]}")
+    return json.loads([line for line in outs[0].splitlines() if line.startswith("{")][-1])

@@ -52,7 +52,7 @@ void bind_reducer(py::module_& m) {
       .def_property_readonly("plan_final", &Reducer::plan_final)
       .def_property_readonly("plan_version", &Reducer::plan_version)
       .def("shards", &Reducer::shards)
-      .def("grad_shard", &Reducer::grad_shard, py::arg("bucket"))
+      .def("grad_shards", &Reducer::grad_shards)
       .def("zero_grad", &Reducer::zero_grad, py::call_guard<py::gil_scoped_release>())
       .def("bucket_params",
            [](const Reducer& r) {
@@ -60,12 +60,11 @@ void bind_reducer(py::module_& m) {
              for (const auto& b : r.buckets()) out.push_back(b.params);
              return out;
            })
-      .def("bucket_layout", [](const Reducer& r) {  // per bucket: (param index, offset, numel), dtype
-        std::vector<std::pair<std::vector<std::tuple<size_t, int64_t, int64_t>>, at::ScalarType>> out;
+      .def("bucket_layout", [](const Reducer& r) {  // per bucket: (param index, offset, numel) in layout order
+        std::vector<std::vector<std::tuple<size_t, int64_t, int64_t>>> out;
         for (const auto& b : r.buckets()) {
-          std::vector<std::tuple<size_t, int64_t, int64_t>> entries;
+          auto& entries = out.emplace_back();
           for (size_t k = 0; k < b.params.size(); ++k) entries.emplace_back(b.params[k], b.offsets[k], b.numels[k]);
-          out.emplace_back(std::move(entries), b.dtype);
         }
         return out;
       });

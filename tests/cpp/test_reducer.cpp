@@ -303,9 +303,11 @@ TEST(Reducer, FrozenParametersAreLeftOut) {
 
 // Every bucket's gradient shard laid out as the plan says, compared with plain autograd's gradients.
 void expect_grad_shards(const Reducer& r, const std::vector<at::Tensor>& expected) {
+  const std::vector<at::Tensor> shards = r.grad_shards();
+  ASSERT_EQ(shards.size(), r.buckets().size());
   for (size_t b = 0; b < r.buckets().size(); ++b) {
     const Bucket& bucket = r.buckets()[b];
-    at::Tensor shard = r.grad_shard(b);
+    const at::Tensor& shard = shards[b];
     ASSERT_EQ(shard.numel(), r.shards()[b].shard_numel);
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       at::Tensor got = shard.narrow(0, bucket.offsets[k], bucket.numels[k]);
@@ -370,5 +372,5 @@ TEST(ReducerZero, RefusesAStageItDoesNotOffer) {
   o.zero = 3;
   expect_contains(error_of<ConfigError>([&] { Fixture f(o); }), {"zero=3", "Fix: pass zero=0"});
   Fixture plain;
-  expect_contains(error_of<ConfigError>([&] { plain.reducer->grad_shard(0); }), {"zero=0", "zero=1"});
+  expect_contains(error_of<ConfigError>([&] { plain.reducer->grad_shards(); }), {"zero=0", "zero=1"});
 }

@@ -224,3 +224,14 @@ def describe(results: list[RankResult]) -> str:
         f"stdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"
         for i, r in enumerate(results)
     )
+
+
+def run_job(worker: str, world: int, *args: object, timeout: float = 120.0) -> list[dict]:
+    """A torchrun-style job of `world` ranks that must succeed and leave no process behind: each
+    rank's JSON report (its last stdout line), in rank order."""
+    port = free_port()
+    envs = [clean_env(**torchrun_style(rank, world, port)) for rank in range(world)]
+    results, sessions = run_ranks(worker, envs, args=tuple(str(a) for a in args), timeout=timeout)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    assert leftover_processes(sessions) == []
+    return [r.json() for r in results]

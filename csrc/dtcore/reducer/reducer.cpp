@@ -126,15 +126,17 @@ std::vector<BucketShard> Reducer::shards() const {
   return shards_;
 }
 
-at::Tensor Reducer::grad_shard(size_t b) const {
+std::vector<at::Tensor> Reducer::grad_shards() const {
   std::lock_guard<std::mutex> lock(mu_);
   DTCORE_CHECK(options_.zero > 0, ConfigError,
                "this model was wrapped with zero=0: its gradients are not sharded. Fix: wrap it with "
                "dtcore.wrap(model, zero=1) or zero=2 to use a sharded optimizer.");
-  DTCORE_CHECK(b < buckets_.size(), ConfigError, "bucket ", b, " does not exist; the model has ", buckets_.size(),
-               " bucket(s).");
-  if (sharded_grads_) return buckets_[b].grad_shard;
-  return buckets_[b].buffer.narrow(0, shards_[b].begin, shards_[b].shard_numel);
+  std::vector<at::Tensor> out;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    out.push_back(sharded_grads_ ? buckets_[b].grad_shard
+                                 : buckets_[b].buffer.narrow(0, shards_[b].begin, shards_[b].shard_numel));
+  }
+  return out;
 }
 
 void Reducer::zero_grad() {
@@ -242,7 +244,8 @@ void Reducer::reset_locked() {
 
 void Reducer::launch_ready_locked() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
-    BucketState& b = buckets_[next_bucket_++];
+    const size_t index = next_bucket_++;
+    BucketState& b = buckets_[index];
     at::Tensor payload = b.buffer;
     if (options_.comm_dtype && *options_.comm_dtype != b.buffer.scalar_type()) {
       b.sent = b.buffer.to(*options_.comm_dtype);  // copied back into the buffer in finalize()
@@ -250,7 +253,7 @@ void Reducer::launch_ready_locked() {
     }
     // Overlaps with the rest of backward; the label names it in the flight recorder.
     if (sharded_grads_) {
-      b.received = at::empty({shards_[next_bucket_ - 1].shard_numel}, payload.options());
+      b.received = at::empty({shards_[index].shard_numel}, payload.options());
       b.work = comm_->reduce_scatter(b.received, payload, ReduceOp::Avg, b.label);
     } else {
       b.work = comm_->all_reduce(payload, ReduceOp::Avg, b.label);

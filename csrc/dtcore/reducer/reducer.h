@@ -111,10 +111,10 @@ class Reducer {
   bool plan_final() const;
   int64_t plan_version() const;
   std::vector<BucketShard> shards() const;  // this rank's shard of each bucket, as buckets()
-  // This rank's reduced gradient shard of bucket `b` (shard_numel elements of the bucket's dtype):
-  // a view of the bucket buffer (zero=1, and zero=2 before the plan is final) or the persistent
-  // shard (zero=2). ConfigError when zero == 0.
-  at::Tensor grad_shard(size_t b) const;
+  // This rank's reduced gradient shard of every bucket (shard_numel elements of the bucket's
+  // dtype): views of the bucket buffers (zero=1, and zero=2 before the plan is final) or the
+  // persistent shards (zero=2). ConfigError when zero == 0.
+  std::vector<at::Tensor> grad_shards() const;
   // Zeroes the gradients in place and keeps them where the reducer wants them: .grad the bucket
   // views again (zero <= 1), or the shards zeroed and any local .grad released (zero=2).
   // ConfigError during a backward.

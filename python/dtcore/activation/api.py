@@ -23,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from .. import _C
 from ..units import format_bytes, parse_bytes
 from .blocks import find_blocks
-from .kv_cache import has_cache, without_cache
+from .kv_cache import has_cache, layer_index, without_cache
 from .offload import Offloader
 from .profile import StepProfile, profile_blocks
 from .selective import mutation_error, selective_context
@@ -54,6 +54,7 @@ class CheckpointedForward:
         self.selective = selective
         self.offload = offload
         self.name = name  # the block's qualified name, for errors
+        self.layer_index = layer_index(module)  # its transformers KV-cache layer, if any; see kv_cache.py
 
     @property
     def module(self) -> torch.nn.Module:
@@ -89,7 +90,7 @@ class CheckpointedForward:
             if has_cache(args, kwargs):  # a transformers KV cache; see kv_cache.py
                 if not self.module.training:  # evaluation: the cache is what the caller asked for
                     return inner(*args, **kwargs)
-                args, kwargs = without_cache(self.module, self.name, args, kwargs)
+                args, kwargs = without_cache(self.module, self.name, self.layer_index, args, kwargs)
             flat, spec = tree_flatten((args, kwargs))
             where = [i for i, v in enumerate(flat) if isinstance(v, torch.Tensor)]
             tensors = [flat[i] for i in where]

@@ -61,7 +61,9 @@ def repeated_runs(root: torch.nn.Module) -> list[list[tuple[str, torch.nn.Module
 def _describe_runs(root: torch.nn.Module) -> str:
     runs = repeated_runs(root)[:3]
     if not runs:
-        return "no run of sibling modules of one class with parameters"
+        return (
+            "no run of sibling modules of one class with parameters, nor a single layer in a ModuleList or ModuleDict"
+        )
     return "; ".join(
         f"{len(r)} x {type(r[0][1]).__name__} ({r[0][0]}{f' .. {r[-1][0]}' if len(r) > 1 else ''})" for r in runs
     )
@@ -84,7 +86,8 @@ def find_blocks(root: torch.nn.Module, blocks: Any = None) -> list[tuple[str, to
         if not runs:
             raise _C.ConfigError(
                 f"checkpoint_activations found no repeated blocks in {model}: no two consecutive sibling modules "
-                "of one class hold parameters. Fix: name the blocks, e.g. blocks=MyLayer, blocks='MyLayer' or "
+                "of one class hold parameters, nor does a ModuleList or ModuleDict hold one layer with parameters in "
+                "two of its submodules. Fix: name the blocks, e.g. blocks=MyLayer, blocks='MyLayer' or "
                 "blocks=['encoder', 'decoder']."
             )
         return runs[0]

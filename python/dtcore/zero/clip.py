@@ -31,14 +31,13 @@ def clip_grad_norm_(
     norm_type = float(norm_type)
     if not reducer.plan_final:  # no reduced backward yet: no gradient, as torch's would find
         return torch.tensor(0.0)
-    shards = [reducer.grad_shard(b) for b in range(len(reducer.bucket_params()))]
-    device = shards[0].device
+    shards = reducer.grad_shards()
     if norm_type == float("inf"):
         local = torch.stack([s.detach().abs().max().float() for s in shards])
-        total = all_reduce(local.max().reshape(1).to(device), op="max")[0]
+        total = all_reduce(local.max().reshape(1), op="max")[0]
     else:
         local = torch.stack([torch.linalg.vector_norm(s.detach(), norm_type, dtype=torch.float32) for s in shards])
-        total = all_reduce(local.pow(norm_type).sum().reshape(1).to(device), op="sum")[0].pow(1.0 / norm_type)
+        total = all_reduce(local.pow(norm_type).sum().reshape(1), op="sum")[0].pow(1.0 / norm_type)
     if error_if_nonfinite and not torch.isfinite(total):
         raise RuntimeError(
             f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it cannot be "

@@ -56,30 +56,21 @@ ELEMENTWISE = (
 class _Piece:
     """One parameter's part in this rank's shard of one bucket, and what the optimizer steps."""
 
-    __slots__ = (
-        "param",
-        "group",
-        "bucket",
-        "param_view",
-        "local",
-        "grad_view",
-        "param_offset",
-        "shard_offset",
-        "numel",
-    )
+    __slots__ = ("param", "group", "bucket", "param_offset", "shard_offset", "numel", "param_view", "grad", "local")
 
     def __init__(
-        self, param: torch.Tensor, group: int, bucket: int, param_offset: int, shard_offset: int, numel: int
+        self, param: torch.Tensor, group: int, bucket: int, cut: Any, grad: torch.Tensor, master: torch.dtype | None
     ) -> None:
-        self.param = param
-        self.group = group
-        self.bucket = bucket
-        self.param_offset = param_offset
-        self.param_view = param.detach().view(-1).narrow(0, param_offset, numel)  # (numel,)
-        self.shard_offset = shard_offset
-        self.numel = numel
-        self.local = self.param_view  # what the inner optimizer steps; a master copy when set
-        self.grad_view: torch.Tensor | None = None
+        self.param, self.group, self.bucket = param, group, bucket
+        self.param_offset, self.shard_offset, self.numel = cut.param_offset, cut.shard_offset, cut.numel
+        self.param_view = param.detach().view(-1).narrow(0, self.param_offset, self.numel)  # (numel,)
+        self.grad = grad  # (numel,): the reducer's gradient shard, read in place
+        if master is not None and param.dtype != master:
+            self.local = self.param_view.to(master, copy=True)  # stepped in `master`, cast back
+            self.local.grad = grad.to(master, copy=True)  # refreshed before each step
+        else:
+            self.local = self.param_view  # stepped in place: no copy
+            self.local.grad = grad
 
     @property
     def has_master(self) -> bool:
@@ -87,8 +78,6 @@ class _Piece:
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
-    _dtcore_sharded = True  # steps a zero=2 model rightly: see reducer/zero_guard.py
-
     """`optimizer_class` stepping this rank's shard of `model` (dtcore.wrap(model, zero=1|2)).
 
     params: the model's parameters (default) or torch-style param groups over them.
@@ -96,6 +85,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
     elementwise: True asserts that `optimizer_class` updates each element on its own; needed for
     classes dtcore does not know. Remaining keyword arguments go to `optimizer_class`.
     """
+
+    _dtcore_sharded = True  # steps a zero=2 model rightly: see reducer/zero_guard.py
 
     def __init__(
         self,
@@ -139,10 +130,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._master_dtype = master_dtype
         self._built_for = -1  # the reducer plan version the pieces were cut from
         self._pieces: list[_Piece] = []
+        self._masters: list[_Piece] = []  # the pieces stepped in a master copy
+        self._gather_buffers: dict[tuple[torch.dtype, torch.device], list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._buckets: list[_BucketCopies] = []
         self._inner: torch.optim.Optimizer | None = None
         self._pending_state: dict[Any, Any] | None = None  # loaded before the pieces existed
         groups = list(model.parameters() if params is None else params)
+        # A throwaway instance checks the arguments now and fills in the class's defaults.
         super().__init__(groups, optimizer_class([torch.zeros(0)], **defaults).defaults)
         self._check_groups()
 
@@ -168,13 +162,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         assert self._inner is not None
         for inner, group in zip(self._inner.param_groups, self.param_groups, strict=True):
             inner.update({k: v for k, v in group.items() if k != "params"})  # schedulers edit these
-        for piece in self._pieces:
-            if piece.grad_view is not None and piece.local.grad is not piece.grad_view:
-                piece.local.grad.copy_(piece.grad_view)  # another dtype than the master's
+        for piece in self._masters:
+            piece.local.grad.copy_(piece.grad)
         self._inner.step()
-        for piece in self._pieces:
-            if piece.has_master:
-                piece.param_view.copy_(piece.local)
+        for piece in self._masters:
+            piece.param_view.copy_(piece.local)
         self._all_gather_parameters()
         return loss
 
@@ -230,23 +222,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
         params = self._model._trainable
         group_of = {id(p): g for g, group in enumerate(self.param_groups) for p in group["params"]}
         self._pieces, self._buckets = [], []
-        for b, (shard, (layout, _dtype)) in enumerate(zip(reducer.shards(), reducer.bucket_layout(), strict=True)):
-            grad_shard = reducer.grad_shard(b)  # (shard_numel,)
+        layouts = reducer.bucket_layout()
+        for b, (shard, grad_shard) in enumerate(zip(reducer.shards(), reducer.grad_shards(), strict=True)):
             for cut in shard.pieces:
                 param = params[cut.param]
                 group = group_of.get(id(param))
                 if group is None:
                     continue  # reduced but not optimized: gathered as it is
-                piece = _Piece(param, group, b, cut.param_offset, cut.shard_offset, cut.numel)
                 grad = grad_shard.narrow(0, cut.shard_offset, cut.numel)
-                if self._master_dtype is not None and param.dtype != self._master_dtype:
-                    piece.local = piece.param_view.to(self._master_dtype, copy=True)
-                    piece.local.grad = grad.to(self._master_dtype, copy=True)
-                else:
-                    piece.local.grad = grad  # a view: the reducer's shard, read in place
-                piece.grad_view = grad
-                self._pieces.append(piece)
-            self._buckets.append(_BucketCopies(shard, layout, params))
+                self._pieces.append(_Piece(param, group, b, cut, grad, self._master_dtype))
+            self._buckets.append(_BucketCopies(shard, layouts[b], params))
+        self._masters = [p for p in self._pieces if p.has_master]
         # Every group on every rank holds a piece, empty if need be, so that each rank's optimizer
         # has the same state keys (state_dict gathers them) even when its shards miss a group.
         inner_groups = []
@@ -265,19 +251,26 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
         A chunk is the same stretch of every rank's shard; chunks keep the transient buffers to a
         few MiB however large the buckets are (Note [Shard layout]: shards are equal, so every
-        rank cuts the same chunks).
+        rank cuts the same chunks). The two chunks' buffers are allocated once and reused.
         """
         communicator = get_context().communicator
         world = communicator.size
         in_flight: list[tuple[Any, torch.Tensor, _BucketCopies, int, int]] = []
+        issued = 0
         for b, bucket in enumerate(self._buckets):
             size = bucket.shard.shard_numel
-            step = max(1, _GATHER_CHUNK_BYTES // (world * bucket.element_size))
-            for lo in range(0, size, step):
-                n = min(step, size - lo)
-                mine = torch.zeros(n, dtype=bucket.dtype, device=bucket.device)  # (n,), padding stays zero
-                bucket.copy(bucket.shard.begin + lo, n, mine, into_params=False)
-                gathered = torch.empty(world * n, dtype=bucket.dtype, device=bucket.device)  # (N * n,): rank-major
+            chunk = max(1, _GATHER_CHUNK_BYTES // (world * bucket.element_size))
+            buffers = self._gather_buffers.get((bucket.dtype, bucket.device))
+            if buffers is None:
+                make = {"dtype": bucket.dtype, "device": bucket.device}
+                buffers = [(torch.empty(chunk, **make), torch.empty(world * chunk, **make)) for _ in range(2)]
+                self._gather_buffers[(bucket.dtype, bucket.device)] = buffers
+            for lo in range(0, size, chunk):
+                n = min(chunk, size - lo)
+                mine, gathered = buffers[issued % 2]  # free: its previous chunk was scattered below
+                issued += 1
+                mine, gathered = mine.narrow(0, 0, n), gathered.narrow(0, 0, world * n)  # (n,), (N * n,) rank-major
+                bucket.read(bucket.shard.begin + lo, n, mine)
                 work = communicator.all_gather(gathered, mine, f"parameters {b + 1}/{len(self._buckets)}")
                 in_flight.append((work, gathered, bucket, lo, n))
                 if len(in_flight) == 2:
@@ -294,7 +287,7 @@ def _gathered_into_params(
 ) -> None:
     work.wait()
     for r in range(world):  # rank r's chunk: elements [r * S + lo, r * S + lo + n) of the bucket
-        bucket.copy(r * bucket.shard.shard_numel + lo, n, gathered.narrow(0, r * n, n), into_params=True)
+        bucket.write(r * bucket.shard.shard_numel + lo, n, gathered.narrow(0, r * n, n))
 
 
 class _BucketCopies:
@@ -305,19 +298,30 @@ class _BucketCopies:
         # (flattened parameter, its offset in the bucket, numel, parameter), in layout order
         self.whole = [(params[i].detach().view(-1), offset, numel, params[i]) for i, offset, numel in layout]
         self.starts = [offset for _, offset, _, _ in self.whole]
-        self.dtype, self.device = params[layout[0][0]].dtype, params[layout[0][0]].device
-        self.element_size = params[layout[0][0]].element_size()
+        _, last_offset, last_numel, _ = self.whole[-1]
+        self.numel = last_offset + last_numel  # where the padding starts
+        first = self.whole[0][3]
+        self.dtype, self.device, self.element_size = first.dtype, first.device, first.element_size()
 
-    def whole_params(self) -> list[tuple[torch.Tensor, int, int, torch.Tensor]]:
-        return self.whole
+    def read(self, lo: int, n: int, buffer: torch.Tensor) -> None:
+        """buffer[0:n] = bucket elements [lo, lo + n), the padding zero."""
+        if lo + n > self.numel:
+            start = max(0, self.numel - lo)
+            buffer.narrow(0, start, n - start).zero_()
+        for values, place in self._overlaps(lo, n, buffer):
+            place.copy_(values)
 
-    def copy(self, lo: int, n: int, buffer: torch.Tensor, *, into_params: bool) -> None:
-        """Bucket elements [lo, lo + n) <-> buffer[0:n]; the padding has no parameter and is skipped."""
+    def write(self, lo: int, n: int, buffer: torch.Tensor) -> None:
+        """Bucket elements [lo, lo + n) = buffer[0:n]; the padding has no parameter and is skipped."""
+        for values, place in self._overlaps(lo, n, buffer):
+            values.copy_(place)
+
+    def _overlaps(self, lo: int, n: int, buffer: torch.Tensor):
+        """(part of a parameter, its place in buffer) for each parameter that overlaps [lo, lo + n)."""
         i = max(0, bisect.bisect_right(self.starts, lo) - 1)
         while i < len(self.whole) and self.whole[i][1] < lo + n:
             flat, offset, numel, _ = self.whole[i]
             a, b = max(lo, offset), min(lo + n, offset + numel)
             if a < b:
-                values, place = flat.narrow(0, a - offset, b - a), buffer.narrow(0, a - lo, b - a)
-                (values if into_params else place).copy_(place if into_params else values)
+                yield flat.narrow(0, a - offset, b - a), buffer.narrow(0, a - lo, b - a)
             i += 1

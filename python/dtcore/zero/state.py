@@ -31,13 +31,13 @@ def _numbered(opt: ShardedOptimizer) -> list[torch.Tensor]:
 
 
 def _groups(opt: ShardedOptimizer) -> list[dict[str, Any]]:
-    out, n = [], 0
-    for group in opt.param_groups:
-        packed = {k: v for k, v in group.items() if k != "params"}
-        packed["params"] = list(range(n, n + len(group["params"])))
-        n += len(group["params"])
-        out.append(packed)
-    return out
+    """param_groups packed as torch packs them (parameters as indices): torch's own code does it."""
+    return torch.optim.Optimizer.state_dict(opt)["param_groups"]
+
+
+def _copied(value: Any, device: torch.device | None = None) -> Any:
+    """A scalar state entry, copied so that the saved and the live state never share a tensor."""
+    return value.to(device, copy=True) if isinstance(value, torch.Tensor) else value
 
 
 def _split(opt: ShardedOptimizer, local: torch.Tensor) -> tuple[list[str], list[str]]:
@@ -75,8 +75,10 @@ def gather_state(opt: ShardedOptimizer) -> dict[str, Any]:
     if _any_rank_has_master(opt):
         keys.add(MASTER_KEY)
     communicator = get_context().communicator
-    for b, bucket in enumerate(opt._buckets):
-        pieces = [p for p in opt._pieces if p.bucket == b]
+    by_bucket: list[list[_Piece]] = [[] for _ in opt._buckets]
+    for piece in opt._pieces:
+        by_bucket[piece.bucket].append(piece)
+    for b, (bucket, pieces) in enumerate(zip(opt._buckets, by_bucket, strict=True)):
         for key in sorted(keys):  # the same collectives in the same order on every rank
             dtype = _dtype_of(opt, key, pieces, bucket.dtype)
             mine = torch.zeros(bucket.shard.shard_numel, dtype=dtype, device=bucket.device)  # (S,)
@@ -84,7 +86,7 @@ def gather_state(opt: ShardedOptimizer) -> dict[str, Any]:
                 mine.narrow(0, piece.shard_offset, piece.numel).copy_(_value(opt, piece, key))
             whole = torch.empty(bucket.shard.padded_numel, dtype=dtype, device=bucket.device)  # (N * S,)
             communicator.all_gather(whole, mine, f"optimizer state {b + 1}/{len(opt._buckets)}").wait()
-            for _flat, offset, numel, param in bucket.whole_params():
+            for _, offset, numel, param in bucket.whole:
                 i = index.get(id(param))
                 if i is None:
                     continue  # reduced, not optimized
@@ -96,7 +98,7 @@ def gather_state(opt: ShardedOptimizer) -> dict[str, Any]:
         for p in group["params"]:
             if id(p) in index and index[id(p)] in state:
                 for key, value in scalars[g].items():
-                    state[index[id(p)]][key] = value.clone() if isinstance(value, torch.Tensor) else value
+                    state[index[id(p)]][key] = _copied(value)
     return {"state": state, "param_groups": _groups(opt)}
 
 
@@ -107,11 +109,9 @@ def _any_rank_has_master(opt: ShardedOptimizer) -> bool:
 
 def _dtype_of(opt: ShardedOptimizer, key: str, pieces: list[_Piece], param_dtype: torch.dtype) -> torch.dtype:
     """The dtype every rank uses for `key` in one bucket: the master's for optimizer state."""
-    if key == MASTER_KEY:
+    if key == MASTER_KEY or not pieces:
         return opt._master_dtype or param_dtype
-    for piece in pieces:  # state is kept in the local tensor's dtype: the master's, or the parameter's
-        return opt._inner.state[piece.local][key].dtype  # type: ignore[union-attr]
-    return opt._master_dtype if opt._master_dtype is not None else param_dtype
+    return opt._inner.state[pieces[0].local][key].dtype  # the local tensor's: the master's, or the parameter's
 
 
 def _value(opt: ShardedOptimizer, piece: _Piece, key: str) -> torch.Tensor:
@@ -168,31 +168,26 @@ def apply_pending(opt: ShardedOptimizer) -> None:
         entry = saved.get(index[id(piece.param)])
         if entry is None:
             continue
-        cut: dict[str, Any] = {}
-        for key, value in entry.items():
-            if key == MASTER_KEY:
-                if piece.has_master:
-                    piece.local.copy_(_slice(value, piece))
-            elif isinstance(value, torch.Tensor) and value.dim() > 0:
-                cut[key] = _slice(value, piece).to(piece.local.dtype, copy=True)
-            else:
-                cut[key] = value.to(piece.local.device, copy=True) if isinstance(value, torch.Tensor) else value
-        opt._inner.state[piece.local] = cut
-    for g, group in enumerate(opt._inner.param_groups):  # empty placeholders keep the group's scalars
+        if piece.has_master and MASTER_KEY in entry:
+            piece.local.copy_(entry[MASTER_KEY].reshape(-1).narrow(0, piece.param_offset, piece.numel))
+        opt._inner.state[piece.local] = _cut(entry, piece.local, piece.param_offset)
+    for g, group in enumerate(opt._inner.param_groups):  # an empty placeholder keeps the group's scalars
         local = group["params"][0]
         if local.numel() == 0:
             entry = next((saved[index[id(p)]] for p in opt.param_groups[g]["params"] if index[id(p)] in saved), None)
             if entry is not None:
-                opt._inner.state[local] = {
-                    k: (
-                        v.to(local.dtype, copy=True).reshape(-1)[:0]
-                        if isinstance(v, torch.Tensor) and v.dim()
-                        else (v.clone() if isinstance(v, torch.Tensor) else v)
-                    )
-                    for k, v in entry.items()
-                    if k != MASTER_KEY
-                }
+                opt._inner.state[local] = _cut(entry, local, 0)
 
 
-def _slice(value: torch.Tensor, piece: _Piece) -> torch.Tensor:
-    return value.reshape(-1).narrow(0, piece.param_offset, piece.numel).to(piece.local.device)
+def _cut(entry: dict[str, Any], local: torch.Tensor, param_offset: int) -> dict[str, Any]:
+    """One parameter's whole state cut to `local`, its elements [param_offset, + local.numel())."""
+    out = {}
+    for key, value in entry.items():
+        if key == MASTER_KEY:
+            continue
+        if isinstance(value, torch.Tensor) and value.dim() > 0:  # per element
+            piece = value.reshape(-1).narrow(0, param_offset, local.numel())
+            out[key] = piece.to(device=local.device, dtype=local.dtype, copy=True)
+        else:
+            out[key] = _copied(value, local.device)
+    return out

@@ -2,18 +2,13 @@
 
 import pytest
 
-from launch_helpers import clean_env, describe, free_port, leftover_processes, run_ranks, torchrun_style
+from launch_helpers import run_job
 
 pytestmark = pytest.mark.multirank
 
 
 def _run(world, mode):
-    port = free_port()
-    envs = [clean_env(**torchrun_style(rank, world, port)) for rank in range(world)]
-    results, sessions = run_ranks("agree_worker.py", envs, args=(mode,), timeout=90)
-    assert all(r.returncode == 0 for r in results), describe(results)
-    assert leftover_processes(sessions) == []
-    return sorted((r.json() for r in results), key=lambda j: j["rank"])
+    return run_job("agree_worker.py", world, mode, timeout=90)
 
 
 def test_gather_and_maximum_and_agreement_on_three_ranks():

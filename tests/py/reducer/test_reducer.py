@@ -13,6 +13,7 @@ from launch_helpers import (
     describe,
     free_port,
     leftover_processes,
+    run_job,
     run_processes,
     run_ranks,
     torchrun_style,
@@ -20,12 +21,7 @@ from launch_helpers import (
 
 
 def _run(world, *args):
-    port = free_port()
-    envs = [clean_env(**torchrun_style(rank, world, port)) for rank in range(world)]
-    results, sessions = run_ranks("reducer_worker.py", envs, args=tuple(str(a) for a in args), timeout=120)
-    assert all(r.returncode == 0 for r in results), describe(results)
-    assert not leftover_processes(sessions)
-    return [r.json() for r in results]
+    return run_job("reducer_worker.py", world, *args)
 
 
 @pytest.mark.multirank

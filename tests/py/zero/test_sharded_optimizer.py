@@ -2,16 +2,11 @@
 
 import pytest
 
-from launch_helpers import clean_env, describe, free_port, leftover_processes, run_ranks, torchrun_style
+from launch_helpers import run_job
 
 
 def _run(world, *args):
-    port = free_port()
-    envs = [clean_env(**torchrun_style(rank, world, port)) for rank in range(world)]
-    results, sessions = run_ranks("zero_worker.py", envs, args=tuple(str(a) for a in args), timeout=240)
-    assert all(r.returncode == 0 for r in results), describe(results)
-    assert not leftover_processes(sessions)
-    return [r.json() for r in results]
+    return run_job("zero_worker.py", world, *args, timeout=240)
 
 
 @pytest.mark.multirank
