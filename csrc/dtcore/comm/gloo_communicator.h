@@ -54,7 +54,11 @@ class GlooCommunicator final : public Communicator {
   void submit_loop();
   // The ranks' signatures for `c` agree: "" when they do, else the message naming each call.
   std::string check_against_peers(const c10::intrusive_ptr<c10d::Backend>& backend, const Collective& c);
-  c10::intrusive_ptr<c10d::Work> launch(const c10::intrusive_ptr<c10d::Backend>& backend, const Collective& c);
+  // Hands `c` to Gloo. A reduce-scatter runs as an all-to-all into `received` (world x shard
+  // elements, allocated here), reduced into the output when the work completes: See Note
+  // [Reduce-scatter on Gloo] in gloo_communicator.cpp.
+  c10::intrusive_ptr<c10d::Work> launch(const c10::intrusive_ptr<c10d::Backend>& backend, const Collective& c,
+                                        at::Tensor& received);
 
   std::mutex mu_;  // guards everything below
   std::condition_variable cv_;

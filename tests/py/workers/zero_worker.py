@@ -2,6 +2,7 @@
 
 zero_worker.py parity ZERO [clip] [bf16] [accum]   # 50 AdamW steps next to zero=0 + torch AdamW
 zero_worker.py state ZERO                           # state_dict gathered, loaded from a plain optimizer
+zero_worker.py unused ZERO                          # find_unused_parameters=True, unused on some or all ranks
 zero_worker.py refusals                             # what cannot be right is refused
 
 The reference is the same model wrapped with zero=0 in the same process, stepped by torch's own
@@ -217,6 +218,41 @@ def refusals(ctx) -> dict:
     return {"errors": errors}
 
 
+class Branchy(torch.nn.Module):
+    """A middle layer that a step may skip: on one rank, on the other, or on both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)
+
+    def forward(self, x, use_b: bool):
+        h = self.a(x)
+        return self.c(self.b(h) if use_b else h).sum()
+
+
+def unused(ctx, zero: int) -> dict:
+    """find_unused_parameters=True with ZeRO: parameters unused on some ranks, or on all, in some steps."""
+    torch.manual_seed(0)
+    base = Branchy()
+    reference = dtcore.wrap(copy.deepcopy(base), find_unused_parameters=True)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    model = dtcore.wrap(copy.deepcopy(base), zero=zero, find_unused_parameters=True)
+    opt = dtcore.ShardedOptimizer(model, torch.optim.AdamW, lr=1e-2)
+    data = torch.Generator().manual_seed(ctx.rank)
+    bad = []
+    for step in range(6):
+        x = torch.randn(4, 8, generator=data)
+        use_b = step % 2 == 0 if ctx.rank == 0 else step % 3 == 0  # step 1 and 5: b unused on every rank
+        for m, o in ((reference, ref_opt), (model, opt)):
+            o.zero_grad()
+            m(x, use_b).backward()
+            o.step()
+        for (name, p), q in zip(model.module.named_parameters(), reference.module.parameters()):
+            if not close(p, q):
+                bad.append(f"step {step} {name}: {(p - q).abs().max().item():.3g}")
+    return {"bad": bad}
+
+
 def main() -> None:
     mode = sys.argv[1]
     ctx = dtcore.init(timeout=60)
@@ -224,6 +260,8 @@ def main() -> None:
         report = parity(ctx, int(sys.argv[2]), set(sys.argv[3:]))
     elif mode == "state":
         report = state(ctx, int(sys.argv[2]))
+    elif mode == "unused":
+        report = unused(ctx, int(sys.argv[2]))
     else:
         report = refusals(ctx)
     report["rank"] = ctx.rank

@@ -38,6 +38,13 @@ def test_state_dict_is_torchs_format_and_a_plain_optimizers_state_loads(zero):
 
 
 @pytest.mark.multirank
+@pytest.mark.parametrize("zero", [1, 2])
+def test_find_unused_parameters_with_zero_trains_as_unsharded(zero):
+    for j in _run(2, "unused", zero):
+        assert j["bad"] == [], j
+
+
+@pytest.mark.multirank
 def test_what_cannot_be_right_is_refused():
     for j in _run(2, "refusals"):
         e = j["errors"]
