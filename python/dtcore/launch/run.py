@@ -1,0 +1,169 @@
+"""One node's part of a launched job: preflight, the other nodes' commands, torch's elastic agent,
+and the verdict. `python -m dtcore.launch` (__main__.py) parses the command line and tees the log;
+this module does the rest.
+
+Process supervision is torch's: elastic_launch builds a LocalElasticAgent that starts, watches and
+stops the ranks. dtcore adds the roll call of the nodes (rendezvous.py), the recording entry every
+rank runs through (entry.py), and the root cause of a failure (failure.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shlex
+import signal
+import sys
+import time
+
+from .. import _C
+from .rendezvous import BACKEND, register
+
+
+def say(message: str) -> None:
+    print(f"dtcore.launch: {message}", file=sys.stderr, flush=True)
+
+
+class Job:
+    """This node's share of the job: `nproc` ranks of `nnodes * nproc`."""
+
+    def __init__(
+        self,
+        a: argparse.Namespace,
+        program: list[str],
+        nproc: int,
+        master_addr: str,
+        master_port: int,
+        log_path: str,
+        python: str,
+    ):
+        self.a = a
+        self.program = program  # ["-m", module, args...] or [script, args...]
+        self.nproc = nproc
+        self.world = a.nnodes * nproc
+        self.master_addr = master_addr
+        self.master_port = master_port
+        self.log_path = log_path
+        self.python = python  # how printed commands name the interpreter
+        # The agent's per-rank files (stdout, stderr, error file) sit next to the node log.
+        self.rank_dir = os.path.splitext(log_path)[0]
+
+    def command_for(self, node: int) -> str:
+        """The exact command that starts node `node` of this job."""
+        a = self.a
+        words = [self.python, "-m", "dtcore.launch", "--nnodes", str(a.nnodes), "--node-rank", str(node)]
+        words += ["--master-addr", self.master_addr, "--master-port", str(self.master_port)]
+        words += ["--nproc-per-node", str(self.nproc)]
+        if a.timeout != float(_default("timeout")):
+            words += ["--timeout", f"{a.timeout:g}"]
+        if a.log_dir != _default("log_dir"):
+            words += ["--log-dir", a.log_dir]
+        if a.name:
+            words += ["--name", a.name]
+        if not a.preflight:
+            words += ["--no-preflight"]
+        return shlex.join(words + self.program)
+
+    def stderr_file(self, local_rank: int) -> str:
+        """Where the agent kept a rank's stderr: <rank_dir>/<run id>_<random>/attempt_<n>/<local rank>/stderr.log."""
+        found = sorted(
+            glob.glob(os.path.join(glob.escape(self.rank_dir), "*", "attempt_*", str(local_rank), "stderr.log"))
+        )
+        return found[-1] if found else ""
+
+    def worker_env(self) -> dict[str, str]:
+        """What local rank 0 of this node will see, as the preflight judges it."""
+        return dict(
+            os.environ,
+            RANK=str(self.a.node_rank * self.nproc),
+            WORLD_SIZE=str(self.world),
+            LOCAL_RANK="0",
+            LOCAL_WORLD_SIZE=str(self.nproc),
+            MASTER_ADDR=self.master_addr,
+            MASTER_PORT=str(self.master_port),
+        )
+
+    def preflight(self) -> bool:
+        """dtcore.check's probes of this node for the job it is about to run: WARNs shown, FAILs stop it."""
+        from ..check import run as check
+
+        started = time.monotonic()
+        report = check(env=self.worker_env(), distributed=False)
+        for item in report.warnings:
+            say(f"preflight WARN {item.title} ({item.value}): {item.message} Fix: {item.fix}")
+        if report.failures:
+            lines = "\n".join(
+                f"  FAIL {i.title} ({i.value}): {i.message}\n       Fix: {i.fix}" for i in report.failures
+            )
+            say(
+                f"preflight: {len(report.failures)} check(s) failed on {report.host}; nothing was started:\n{lines}\n"
+                "(`python -m dtcore.check` shows the whole report; --no-preflight skips these checks.)"
+            )
+            return False
+        say(f"preflight: {len(report.items)} checks, no failure ({time.monotonic() - started:.1f} s)")
+        return True
+
+    def run(self) -> int:
+        a = self.a
+        say(
+            f"{a.nnodes} node(s) x {self.nproc} process(es) = {self.world} rank(s); this is node {a.node_rank}; "
+            f"master {self.master_addr}:{self.master_port}; log {self.log_path}"
+        )
+        if a.node_rank == 0 and a.nnodes > 1:
+            say("start the other nodes with:\n" + "\n".join(f"  {self.command_for(k)}" for k in range(1, a.nnodes)))
+        if self.nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
+            os.environ["OMP_NUM_THREADS"] = "1"  # as torchrun: several ranks' thread pools would fight over the CPUs
+            say("OMP_NUM_THREADS=1 for every rank (set it to choose otherwise)")
+        if a.preflight and not self.preflight():
+            return 1
+        return self._agent()
+
+    def _agent(self) -> int:
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+        from .failure import rank_failures, report
+
+        a = self.a
+        # The same knob as dtcore.init()'s own rendezvous lines (DTCORE_RDZV_LOG_INTERVAL, 5 s by default).
+        register(say, self.command_for, _C.read_settings().rdzv_log_interval_s)
+        config = LaunchConfig(
+            min_nodes=a.nnodes,
+            max_nodes=a.nnodes,
+            nproc_per_node=self.nproc,
+            run_id="dtcore",
+            role="worker",
+            rdzv_endpoint=f"{self.master_addr}:{self.master_port}",
+            rdzv_backend=BACKEND,
+            rdzv_configs={"rank": a.node_rank, "timeout": a.timeout},
+            max_restarts=0,  # a failed rank ends the job with its root cause; restarts are the trainer's resume
+            monitor_interval=0.1,
+            # Each rank's stdout/stderr are also kept in its own file (read back for a rank that died without a
+            # traceback) and shown on the console with a [rank<r>] prefix.
+            logs_specs=DefaultLogsSpecs(log_dir=self.rank_dir, tee=Std.ALL),
+            log_line_prefix_template="[rank${rank}]:",
+        )
+        started = time.monotonic()
+        try:
+            elastic_launch(config, sys.executable)("-u", "-m", "dtcore.launch.entry", *self.program)
+        except ChildFailedError as e:
+            failures = rank_failures(e.failures, self.stderr_file)
+            print(report(failures, self.log_path, self.world), file=sys.stderr, flush=True)
+            return 1
+        except _C.DtcoreError as e:
+            say(f"the job did not start: {e}")
+            return 1
+        except SignalException as e:
+            say(f"stopped by {signal.Signals(e.sigval).name}; the ranks of this node were stopped")
+            return 128 + int(e.sigval)
+        say(f"all {self.nproc} rank(s) of node {a.node_rank} finished in {time.monotonic() - started:.1f} s")
+        return 0
+
+
+def _default(dest: str):
+    from .__main__ import _parser
+
+    return _parser().get_default(dest)
