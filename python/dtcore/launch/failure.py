@@ -36,6 +36,13 @@ class RankFailure:
     """The Python traceback from the user's code on; empty when the rank left none."""
     stderr_tail: str
     """The last lines of the rank's stderr (from the agent's per-rank log), for ranks without a traceback."""
+    node: int = 0
+    """The node (--node-rank) it ran on."""
+
+    @property
+    def stopped(self) -> bool:
+        """Stopped by a launcher's SIGTERM after another rank failed (or the whole job was stopped)."""
+        return self.exitcode == -signal.SIGTERM and not self.traceback
 
 
 def _signal_name(code: int) -> str:
@@ -53,16 +60,19 @@ def _tail(path: str, lines: int = _STDERR_TAIL) -> str:
         return ""
 
 
-def rank_failures(failures: dict, stderr_file: Callable[[int], str]) -> list[RankFailure]:
-    """ChildFailedError.failures ({global rank: ProcessFailure}) as RankFailures, the first failure first.
+def first_first(failures: list[RankFailure]) -> list[RankFailure]:
+    """The root cause first: ranks stopped with SIGTERM last (unless every rank was, e.g. the whole job got
+    SIGTERM), then by time: a recorded exception's exact time, else when the agent saw the end. The sort is
+    stable, so equal keys keep the agent's order (it lists the ranks it found failed first)."""
+    everyone_stopped = all(r.stopped for r in failures)
+    return sorted(failures, key=lambda r: (r.stopped and not everyone_stopped, r.time))
 
-    `stderr_file(local_rank)` is where the agent kept that rank's stderr. The agent lists the ranks it
-    found failed before the ranks it then stopped with SIGTERM, and a stopped rank is never the root
-    cause (unless every rank was stopped, e.g. the whole job got SIGTERM): the order is collateral last,
-    then by time (a recorded exception's exact time, else when the agent saw the end), then as listed.
-    """
+
+def rank_failures(failures: dict, stderr_file: Callable[[int], str], node: int = 0) -> list[RankFailure]:
+    """ChildFailedError.failures ({global rank: ProcessFailure}) as RankFailures, the root cause first.
+    `stderr_file(local_rank)` is where the agent kept that rank's stderr."""
     out = []
-    for order, (rank, f) in enumerate(failures.items()):
+    for rank, f in failures.items():
         ours = f.error_file_data.get("dtcore", {}) if isinstance(f.error_file_data, dict) else {}
         if ours:
             summary = f.message["message"] if isinstance(f.message, dict) else str(f.message)
@@ -71,25 +81,20 @@ def rank_failures(failures: dict, stderr_file: Callable[[int], str]) -> list[Ran
         else:
             summary = f"exited with status {f.exitcode} without an uncaught Python exception"
         out.append(
-            (
-                order,
-                RankFailure(
-                    rank=int(rank),
-                    local_rank=f.local_rank,
-                    host=ours.get("host", socket.gethostname()),
-                    pid=f.pid,
-                    exitcode=f.exitcode,
-                    time=float(ours.get("time", f.timestamp)),
-                    summary=summary,
-                    traceback=ours.get("traceback", ""),
-                    stderr_tail="" if ours else _tail(stderr_file(f.local_rank)),
-                ),
+            RankFailure(
+                rank=int(rank),
+                local_rank=f.local_rank,
+                host=ours.get("host", socket.gethostname()),
+                pid=f.pid,
+                exitcode=f.exitcode,
+                time=float(ours.get("time", f.timestamp)),
+                summary=summary,
+                traceback=ours.get("traceback", ""),
+                stderr_tail="" if ours else _tail(stderr_file(f.local_rank)),
+                node=node,
             )
         )
-    stopped = [r.exitcode == -signal.SIGTERM and not r.traceback for _, r in out]
-    everyone_stopped = all(stopped)
-    keyed = sorted(zip(stopped, out), key=lambda x: (x[0] and not everyone_stopped, x[1][1].time, x[1][0]))
-    return [r for _, (_, r) in keyed]
+    return first_first(out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,23 +179,22 @@ def diagnose(failure: RankFailure) -> Diagnosis | None:
     return next((d for d in KNOWN if re.search(d.pattern, text)), None)
 
 
-def report(failures: list[RankFailure], log_file: str, world_size: int) -> str:
-    """The summary printed when a job failed: root cause first, then the other failures, then the fix."""
-    first = failures[0]
+def report(root: RankFailure, others: list[RankFailure], log_file: str, world_size: int, nodes: int = 1) -> str:
+    """The summary printed when a job failed: the root cause, this node's other failures, then the fix."""
+    where = f"host {root.host}" + (f" (node {root.node})" if nodes > 1 else "")
     lines = [
         "=" * 78,
-        f"dtcore.launch: the job failed. Root cause: rank {first.rank} (local rank {first.local_rank}) on host "
-        f"{first.host}, pid {first.pid}: {first.summary}",
+        f"dtcore.launch: the job failed. Root cause: rank {root.rank} (local rank {root.local_rank}) on {where}, "
+        f"pid {root.pid}: {root.summary}",
     ]
-    if first.traceback:
-        lines += ["", f"Traceback of rank {first.rank}:", first.traceback.rstrip()]
-    elif first.stderr_tail:
-        lines += ["", f"Last lines of rank {first.rank}'s stderr:", first.stderr_tail.rstrip()]
-    others = failures[1:]
+    if root.traceback:
+        lines += ["", f"Traceback of rank {root.rank}:", root.traceback.rstrip()]
+    elif root.stderr_tail:
+        lines += ["", f"Last lines of rank {root.rank}'s stderr:", root.stderr_tail.rstrip()]
     if others:
         lines += ["", f"Then, on this node ({len(others)} of {world_size} ranks; SIGTERM: stopped by the launcher):"]
-        lines += [f"  rank {r.rank} on {r.host}: {r.summary.splitlines()[0] if r.summary else ''}" for r in others]
-    found = diagnose(first)
+        lines += [f"  rank {r.rank} on {r.host}: {r.summary.splitlines()[0]}" for r in others]
+    found = diagnose(root)
     if found:
         lines += ["", f"Diagnosis ({found.name}): {found.meaning}", f"Fix: {found.fix}"]
     lines += ["", f"Full output of this node: {log_file}", "=" * 78]

@@ -8,6 +8,12 @@ every node signs in under its node rank with its host, and every node prints eve
 which nodes have joined and which are missing. At the timeout it raises RendezvousError naming
 the missing nodes and the command that starts them. A node rank claimed twice is refused.
 
+When a node's job fails, its launcher posts its first failure in the store (post_failure); every
+other node watches for that (watch_failures) and stops its own ranks, so that a job never hangs on
+a node whose ranks wait for a dead peer, and every node prints the same root cause: the earliest
+failure posted (gather_failures). Node 0, which serves the store, waits a little for the others to
+read it before it exits.
+
 After the roll call it hands the agent what StaticTCPRendezvous would: the store (prefixed by the
 run id), this node's rank, the number of nodes, and the store's address for the workers
 (TORCHELASTIC_USE_AGENT_STORE, which dtcore.init() reads).
@@ -19,6 +25,7 @@ import datetime
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 
@@ -35,6 +42,7 @@ from .. import _C
 
 BACKEND = "dtcore-static"
 _ROLL = "dtcore_roll_call/"  # store keys of the roll call: <run id>/node<k> -> {"host", "pid"}
+_RELAY_TIMEOUT = 10.0  # seconds for one store operation of the failure relay, and node 0's wait for readers
 
 
 class RollCallRendezvous(RendezvousHandler):
@@ -62,6 +70,7 @@ class RollCallRendezvous(RendezvousHandler):
         self.say = say
         self.start_command = start_command  # node rank -> the command that starts it (for messages)
         self._store: Store | None = None
+        self._stop_watching = threading.Event()
 
     def get_backend(self) -> str:
         return BACKEND
@@ -76,6 +85,8 @@ class RollCallRendezvous(RendezvousHandler):
             store = self._serve() if self.node_rank == 0 else self._connect(deadline)
             self._roll_call(store, deadline)
             self._store = store
+            if self.num_nodes > 1:
+                threading.Thread(target=self._watch, daemon=True, name="dtcore-failure-watch").start()
         return RendezvousInfo(
             PrefixStore(self.run_id, self._store),
             self.node_rank,
@@ -168,6 +179,60 @@ class RollCallRendezvous(RendezvousHandler):
                 next_line = now + self.interval
             time.sleep(0.2)
 
+    # Failures across nodes: keys <_ROLL><run id>/failed/node<k> (a JSON failure) and .../read/node<k>.
+
+    def _client(self) -> TCPStore:
+        """A connection of its own: the agent's store object is used by the agent's thread."""
+        return self._store_at(False, _RELAY_TIMEOUT)
+
+    def _failure_key(self, node: int, kind: str = "failed") -> str:
+        return f"{_ROLL}{self.run_id}/{kind}/node{node}"
+
+    def _watch(self) -> None:
+        """Until stop(): when another node posts a failure, on_remote_failure() (the launcher stops its ranks)."""
+        try:
+            store = self._client()
+            others = [self._failure_key(k) for k in range(self.num_nodes) if k != self.node_rank]
+            while not self._stop_watching.wait(0.25):
+                if any(store.check([key]) for key in others):
+                    self._stop_watching.set()
+                    _launcher["on_remote_failure"]()
+                    return
+        except RuntimeError:
+            return  # node 0's store is gone: the job is over; the agent reports what its own ranks did
+
+    def stop_watching(self) -> None:
+        self._stop_watching.set()
+
+    def post_failure(self, failure: dict) -> None:
+        """Posts this node's first failure for the other nodes (best effort: the store may be gone)."""
+        self._stop_watching.set()
+        try:
+            self._client().set(self._failure_key(self.node_rank), json.dumps(failure))
+        except RuntimeError:
+            pass
+
+    def gather_failures(self, grace: float) -> list[dict]:
+        """Every node's posted failure, after `grace` seconds for the slower nodes to post theirs; then marks
+        this node as having read them, and node 0 waits (a few seconds at most) until every node has."""
+        time.sleep(grace)
+        try:
+            store = self._client()
+            found = [
+                dict(json.loads(store.get(self._failure_key(k))), node=k)
+                for k in range(self.num_nodes)
+                if store.check([self._failure_key(k)])
+            ]
+            store.set(self._failure_key(self.node_rank, "read"), "1")
+            if self.node_rank == 0:  # this process serves the store: keep it until the others have read
+                readers = [self._failure_key(k, "read") for k in range(1, self.num_nodes)]
+                deadline = time.monotonic() + _RELAY_TIMEOUT
+                while not all(store.check([key]) for key in readers) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+            return found
+        except RuntimeError:
+            return []
+
     def is_closed(self) -> bool:
         return False
 
@@ -212,11 +277,14 @@ def _libuv() -> bool:
 
 # What the handler needs from the launcher; set by register() before the agent starts (one launch per process).
 _launcher: dict = {}
+# The handler the agent made, for the launcher's failure relay (None on one node, before the rendezvous).
+handler: RollCallRendezvous | None = None
 
 
 def _create(params: RendezvousParameters) -> RendezvousHandler:
+    global handler
     addr, _, port = params.endpoint.rpartition(":")
-    return RollCallRendezvous(
+    handler = RollCallRendezvous(
         addr,
         int(port),
         int(params.config["rank"]),
@@ -227,9 +295,15 @@ def _create(params: RendezvousParameters) -> RendezvousHandler:
         _launcher["say"],
         _launcher["start_command"],
     )
+    return handler
 
 
-def register(say: Callable[[str], None], start_command: Callable[[int], str], interval: float) -> None:
+def register(
+    say: Callable[[str], None],
+    start_command: Callable[[int], str],
+    interval: float,
+    on_remote_failure: Callable[[], None],
+) -> None:
     """Registers the "dtcore-static" backend with torch's rendezvous registry (this process only)."""
-    _launcher.update(say=say, start_command=start_command, interval=interval)
+    _launcher.update(say=say, start_command=start_command, interval=interval, on_remote_failure=on_remote_failure)
     rendezvous_handler_registry.register(BACKEND, _create)  # idempotent for the same creator

@@ -10,6 +10,7 @@ rank runs through (entry.py), and the root cause of a failure (failure.py).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import os
 import shlex
@@ -18,7 +19,13 @@ import sys
 import time
 
 from .. import _C
+from . import rendezvous
+from .failure import RankFailure, first_first, rank_failures, report
 from .rendezvous import BACKEND, register
+
+# Seconds a failed node waits for the other nodes to post their failures before naming the earliest: a rank
+# that raised and the peers that lost it a moment later fail within this of each other.
+_POST_GRACE = 2.0
 
 
 def say(message: str) -> None:
@@ -48,6 +55,7 @@ class Job:
         self.python = python  # how printed commands name the interpreter
         # The agent's per-rank files (stdout, stderr, error file) sit next to the node log.
         self.rank_dir = os.path.splitext(log_path)[0]
+        self.remote_failure = False  # set when another node's failure stopped this node's ranks
 
     def command_for(self, node: int) -> str:
         """The exact command that starts node `node` of this job."""
@@ -125,11 +133,9 @@ class Job:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
         from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-        from .failure import rank_failures, report
-
         a = self.a
         # The same knob as dtcore.init()'s own rendezvous lines (DTCORE_RDZV_LOG_INTERVAL, 5 s by default).
-        register(say, self.command_for, _C.read_settings().rdzv_log_interval_s)
+        register(say, self.command_for, _C.read_settings().rdzv_log_interval_s, self._remote_failure)
         config = LaunchConfig(
             min_nodes=a.nnodes,
             max_nodes=a.nnodes,
@@ -150,17 +156,45 @@ class Job:
         try:
             elastic_launch(config, sys.executable)("-u", "-m", "dtcore.launch.entry", *self.program)
         except ChildFailedError as e:
-            failures = rank_failures(e.failures, self.stderr_file)
-            print(report(failures, self.log_path, self.world), file=sys.stderr, flush=True)
+            self._failed(rank_failures(e.failures, self.stderr_file, a.node_rank))
             return 1
         except _C.DtcoreError as e:
             say(f"the job did not start: {e}")
             return 1
         except SignalException as e:
+            if self.remote_failure:
+                self._failed([])
+                return 1
             say(f"stopped by {signal.Signals(e.sigval).name}; the ranks of this node were stopped")
             return 128 + int(e.sigval)
+        finally:
+            if rendezvous.handler is not None:
+                rendezvous.handler.stop_watching()
         say(f"all {self.nproc} rank(s) of node {a.node_rank} finished in {time.monotonic() - started:.1f} s")
         return 0
+
+    def _remote_failure(self) -> None:
+        """Another node posted a failure: stop this node's ranks (torch's agent turns SIGTERM into SignalException)
+        rather than let them wait for a dead peer until a timeout."""
+        self.remote_failure = True
+        say("another node's job failed: stopping the ranks of this node")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def _failed(self, local: list[RankFailure]) -> None:
+        """Prints the root cause: on several nodes, the earliest failure any node posted."""
+        root = local[0] if local else None
+        handler = rendezvous.handler
+        if self.a.nnodes > 1 and handler is not None:
+            if root is not None:
+                handler.post_failure(dataclasses.asdict(root))
+            posted = [RankFailure(**f) for f in handler.gather_failures(_POST_GRACE)]
+            if posted:
+                root = first_first(posted)[0]
+        if root is None:
+            say("another node failed, but its failure could not be read (its store is gone): see that node's log")
+            return
+        others = [r for r in local if r != root]
+        print(report(root, others, self.log_path, self.world, self.a.nnodes), file=sys.stderr, flush=True)
 
 
 def _default(dest: str):
