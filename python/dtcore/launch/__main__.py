@@ -13,8 +13,9 @@ import sys
 import time
 from collections.abc import Sequence
 
+from .run import DEFAULT_LOG_DIR, DEFAULT_TIMEOUT
+
 DEFAULT_PORT = 29500  # torch's, for multi-node jobs whose nodes must agree on one in advance
-DEFAULT_TIMEOUT = 300.0  # seconds for every node to join: dtcore.init()'s default wait (DTCORE_TIMEOUT)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -59,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="S",
         help=f"seconds to wait for every node to join before naming the missing ones (default: {DEFAULT_TIMEOUT:g})",
     )
-    p.add_argument("--log-dir", default="logs", metavar="DIR", help="where the node logs go (default: ./logs)")
+    p.add_argument("--log-dir", default=DEFAULT_LOG_DIR, metavar="DIR", help="where the node logs go (default: ./logs)")
     p.add_argument("--name", help="the job's name in log and script names (default: the module or script name)")
     p.add_argument(
         "--no-preflight",
@@ -83,6 +84,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     slurm.add_argument("--script", metavar="FILE", help="where to write the sbatch script (default: <name>.sbatch)")
     slurm.add_argument("--submit", action="store_true", help="also submit it with sbatch (when sbatch exists)")
+    slurm.add_argument(
+        "--from-slurm",
+        action="store_true",
+        help="take --nnodes, --node-rank, --master-addr and --master-port from the SLURM job step this runs in "
+        "(one task per node), as dtcore.init() reads SLURM; the script --slurm writes runs it under srun",
+    )
     p.add_argument("-m", dest="module", action="store_true", help="PROGRAM is a module, run as python -m does")
     p.add_argument("program", metavar="MODULE | SCRIPT", help="what every rank runs")
     p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS", help="its arguments, passed through")
@@ -121,6 +128,8 @@ def _validate(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error(f"--timeout {a.timeout}: need a positive number of seconds")
     if a.node_rank > 0 and not a.master_addr and not a.slurm:
         p.error(f"--node-rank {a.node_rank} needs --master-addr: node 0's host, as node 0 printed it")
+    if a.slurm and a.from_slurm:
+        p.error("--slurm writes the script that runs --from-slurm: use one or the other")
     if a.submit and not a.slurm:
         p.error("--submit goes with --slurm (it submits the script --slurm writes)")
 
@@ -128,13 +137,17 @@ def _validate(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     p = _parser()
     a = p.parse_args(argv)
+    if a.from_slurm:
+        from .slurm import from_slurm
+
+        from_slurm(p, a)
     _validate(p, a)
     program = (["-m"] if a.module else []) + [a.program, *a.args]
     name = a.name or (a.program if a.module else os.path.splitext(os.path.basename(a.program))[0])
     if a.slurm:
         from .slurm import write
 
-        return write(a, program, name)
+        return write(a, program, name, _python())
 
     nproc = a.nproc_per_node or _gpu_count() or 1
     master_addr = a.master_addr or ("127.0.0.1" if a.nnodes == 1 else socket.getfqdn())

@@ -141,6 +141,13 @@ KNOWN = (
         "--nnodes to the number of nodes; check CUDA_VISIBLE_DEVICES on every node.",
     ),
     Diagnosis(
+        "missing rank",
+        r"rendezvous timed out|never joined|did not join|missing rank",
+        "a rank or node never arrived at the rendezvous.",
+        "start every node with the command node 0 prints, with the same --nnodes, --master-addr and "
+        "--master-port; check that the master address resolves and its port is open from every node.",
+    ),
+    Diagnosis(
         "collective mismatch",
         r"mismatch|different collectives|do not match",
         "ranks called different collectives (or the same one with different shapes) at the same point.",
@@ -154,13 +161,6 @@ KNOWN = (
         "look first at the rank the message names (its log above); `python -m dtcore.check --analyze LOG_DIR` "
         "reads the flight records; raise the timeout (dtcore.init(timeout=) or DTCORE_TIMEOUT) only for a "
         "rank that is slow on purpose (e.g. a long save on rank 0).",
-    ),
-    Diagnosis(
-        "missing rank",
-        r"never joined|did not join|missing rank|RendezvousError",
-        "a rank or node never arrived at the rendezvous.",
-        "start every node with the command node 0 prints, with the same --nnodes, --master-addr and "
-        "--master-port; check that the master address resolves and its port is open from every node.",
     ),
     Diagnosis(
         "killed",

@@ -23,6 +23,8 @@ from . import rendezvous
 from .failure import RankFailure, first_first, rank_failures, report
 from .rendezvous import BACKEND, register
 
+DEFAULT_TIMEOUT = 300.0  # seconds for every node to join: dtcore.init()'s default wait (DTCORE_TIMEOUT)
+DEFAULT_LOG_DIR = "logs"
 # Seconds a failed node waits for the other nodes to post their failures before naming the earliest: a rank
 # that raised and the peers that lost it a moment later fail within this of each other.
 _POST_GRACE = 2.0
@@ -63,9 +65,9 @@ class Job:
         words = [self.python, "-m", "dtcore.launch", "--nnodes", str(a.nnodes), "--node-rank", str(node)]
         words += ["--master-addr", self.master_addr, "--master-port", str(self.master_port)]
         words += ["--nproc-per-node", str(self.nproc)]
-        if a.timeout != float(_default("timeout")):
+        if a.timeout != DEFAULT_TIMEOUT:
             words += ["--timeout", f"{a.timeout:g}"]
-        if a.log_dir != _default("log_dir"):
+        if a.log_dir != DEFAULT_LOG_DIR:
             words += ["--log-dir", a.log_dir]
         if a.name:
             words += ["--name", a.name]
@@ -195,9 +197,3 @@ class Job:
             return
         others = [r for r in local if r != root]
         print(report(root, others, self.log_path, self.world, self.a.nnodes), file=sys.stderr, flush=True)
-
-
-def _default(dest: str):
-    from .__main__ import _parser
-
-    return _parser().get_default(dest)
