@@ -38,7 +38,8 @@ class NodeLog:
     def _pump(self, read_end: int, terminal: int) -> None:
         while chunk := os.read(read_end, 1 << 16):
             with self._lock:
-                self._file.write(chunk)
+                if not self._file.closed:  # after close(), a straggling child's output reaches the terminal only
+                    self._file.write(chunk)
             try:
                 os.write(terminal, chunk)
             except OSError:
@@ -53,6 +54,8 @@ class NodeLog:
             os.dup2(saved, fd)  # closes this process's write end; EOF once no child holds it
         for thread in self._threads:
             thread.join(5.0)
-        for saved in self._saved:
-            os.close(saved)
-        self._file.close()
+        with self._lock:
+            self._file.close()
+        if all(not t.is_alive() for t in self._threads):
+            for saved in self._saved:
+                os.close(saved)  # else a child still writes: its thread keeps the terminal until the process ends
