@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from dtcore.launch.__main__ import main as launch_main
+
 from launch_helpers import WORKERS, clean_env, free_port
 
 pytestmark = pytest.mark.multirank
@@ -124,7 +126,11 @@ def test_a_preflight_failure_stops_the_launch_with_the_fix(tmp_path):
         (["--from-slurm"], "--from-slurm reads a SLURM job step"),
     ],
 )
-def test_bad_usage_exits_2_with_the_fix(tmp_path, args, message):
-    r = launch(tmp_path, *args, WORKER, "allreduce", timeout=30)
-    assert r.returncode == 2 and message in r.stderr, r.stderr
+def test_bad_usage_exits_2_with_the_fix(tmp_path, monkeypatch, capsys, args, message):
+    monkeypatch.chdir(tmp_path)
+    for name in set(os.environ) - set(clean_env()):
+        monkeypatch.delenv(name)  # no launcher variable of the test's own environment
+    with pytest.raises(SystemExit) as exit:
+        launch_main([*args, WORKER, "allreduce"])
+    assert exit.value.code == 2 and message in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "logs")

@@ -4,12 +4,16 @@ as the right world."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from dtcore.launch.__main__ import main as launch_main
 
 from launch_helpers import WORKERS, clean_env, leftover_processes
 
@@ -17,17 +21,16 @@ WORKER = str(WORKERS / "launch_worker.py")
 
 
 def write_script(tmp_path: Path, *args: str) -> str:
-    r = subprocess.run(
-        [sys.executable, "-m", "dtcore.launch", "--slurm", "--log-dir", "slurm-logs", *args],
-        cwd=tmp_path,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert r.returncode == 0, r.stderr
-    return r.stdout
+    """Runs `python -m dtcore.launch --slurm ARGS` in tmp_path (in this process: it only writes a file)."""
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert launch_main(["--slurm", "--log-dir", "slurm-logs", *args]) == 0
+    finally:
+        os.chdir(old)
+    return out.getvalue()
 
 
 def test_the_script_is_valid_bash_and_asks_for_the_nodes_and_gpus(tmp_path):
@@ -42,17 +45,11 @@ def test_the_script_is_valid_bash_and_asks_for_the_nodes_and_gpus(tmp_path):
     assert (tmp_path / "slurm-logs").is_dir()  # SLURM opens --output=slurm-logs/... before the script runs
 
 
-def test_submit_without_sbatch_says_where_to_run_it(tmp_path):
-    r = subprocess.run(
-        [sys.executable, "-m", "dtcore.launch", "--slurm", "--submit", WORKER, "allreduce"],
-        cwd=tmp_path,
-        env=clean_env(PATH="/usr/bin:/bin"),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert r.returncode == 1 and "sbatch is not on PATH" in r.stderr, r.stderr
+def test_submit_without_sbatch_says_where_to_run_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch there
+    assert launch_main(["--slurm", "--submit", WORKER, "allreduce"]) == 1
+    assert "sbatch is not on PATH" in capsys.readouterr().err
 
 
 def srun_line(script: str) -> str:
