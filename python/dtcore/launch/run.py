@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import glob
+import logging
 import os
 import shlex
 import signal
@@ -32,6 +33,12 @@ _POST_GRACE = 2.0
 
 def say(message: str) -> None:
     print(f"dtcore.launch: {message}", file=sys.stderr, flush=True)
+
+
+def _without_agent_verdict(record: logging.LogRecord) -> bool:
+    """Drops torch's agent's "failed (exitcode: ...) local_rank: ..." line: it picks the first failure by whole
+    seconds, so it may name a rank the agent itself stopped; the launcher prints the root cause instead."""
+    return not str(record.msg).startswith("failed (exitcode")
 
 
 class Job:
@@ -136,6 +143,7 @@ class Job:
         from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
         a = self.a
+        logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_without_agent_verdict)
         # The same knob as dtcore.init()'s own rendezvous lines (DTCORE_RDZV_LOG_INTERVAL, 5 s by default).
         register(say, self.command_for, _C.read_settings().rdzv_log_interval_s, self._remote_failure)
         config = LaunchConfig(

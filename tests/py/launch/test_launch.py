@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -16,18 +17,33 @@ import pytest
 
 from dtcore.launch.__main__ import main as launch_main
 
-from launch_helpers import WORKERS, clean_env, free_port
+from launch_helpers import WORKERS, clean_env, free_port, leftover_processes
 
 pytestmark = pytest.mark.multirank
 WORKER = str(WORKERS / "launch_worker.py")
 
 
 def launch(tmp_path: Path, *args: str, timeout: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Runs the launcher in tmp_path (logs under tmp_path/logs) and returns it, stdout and stderr as text."""
+    """Runs the launcher in tmp_path (logs under tmp_path/logs), in a session of its own, and checks that no
+    process of it (a rank included) outlives it."""
     cmd = [sys.executable, "-m", "dtcore.launch", "--log-dir", str(tmp_path / "logs"), *args]
-    return subprocess.run(
-        cmd, cwd=tmp_path, env=env or clean_env(), capture_output=True, text=True, timeout=timeout, check=False
+    p = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=env or clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
+    try:
+        out, err = p.communicate(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert leftover_processes([p.pid]) == []
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
 def node_log(tmp_path: Path, node: int = 0) -> str:
