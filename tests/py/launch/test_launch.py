@@ -122,6 +122,22 @@ def test_a_missing_node_is_named_every_few_seconds_then_at_the_timeout(tmp_path)
     assert "missing: node 1" in node_log(tmp_path)
 
 
+def test_a_node_whose_node_0_never_comes_says_so_and_how_to_start_it(tmp_path):
+    port = free_port()
+    r = launch(
+        tmp_path,
+        *("--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(port)),
+        *("--timeout", "3", "--nproc-per-node", "1", "--no-preflight", WORKER, "allreduce"),
+        env=clean_env(DTCORE_RDZV_LOG_INTERVAL="1"),
+    )
+    assert r.returncode == 1
+    assert r.stderr.count(f"node 1: waiting for node 0's store at 127.0.0.1:{port}") >= 2, r.stderr
+    assert f"could not reach node 0's rendezvous store at 127.0.0.1:{port} within 3 s" in r.stderr
+    fix = r.stderr[r.stderr.index("start node 0 first with: ") :]
+    assert f"-m dtcore.launch --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port {port}" in fix
+    assert "Traceback" not in r.stderr and "frame #" not in r.stderr  # no C++ retry backtraces from torch
+
+
 def test_a_preflight_failure_stops_the_launch_with_the_fix(tmp_path):
     with socket.socket() as taken:
         taken.bind(("", 0))
