@@ -8,6 +8,8 @@ import contextlib
 import io
 import json
 import os
+import random
+import socket
 import subprocess
 from pathlib import Path
 
@@ -93,7 +95,20 @@ def simulated_step(command: str, tmp_path: Path, nodes: int) -> list[tuple[int, 
     return [(t.returncode, out, err) for t, (out, err) in zip(tasks, outs)]
 
 
-JOB_ID = 4242  # dtcore derives the port from it: 15000 + 4242
+def _job_id_with_a_free_port() -> int:
+    """A SLURM job id whose derived port (15000 + id % 15000) is free here now."""
+    for _ in range(100):
+        job_id = random.randrange(1, 15000)
+        with socket.socket() as s:
+            try:
+                s.bind(("", 15000 + job_id))
+            except OSError:
+                continue
+        return job_id
+    raise AssertionError("no free port in 15000..29999")
+
+
+JOB_ID = _job_id_with_a_free_port()
 
 
 @pytest.mark.multirank
