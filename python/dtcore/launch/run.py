@@ -127,7 +127,7 @@ class Job:
             f"{a.nnodes} node(s) x {self.nproc} process(es) = {self.world} rank(s); this is node {a.node_rank}; "
             f"master {self.master_addr}:{self.master_port}; log {self.log_path}"
         )
-        if a.node_rank == 0 and a.nnodes > 1:
+        if a.node_rank == 0 and a.nnodes > 1 and not a.from_slurm:  # under SLURM, srun starts every node
             say("start the other nodes with:\n" + "\n".join(f"  {self.command_for(k)}" for k in range(1, a.nnodes)))
         if self.nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
             os.environ["OMP_NUM_THREADS"] = "1"  # as torchrun: several ranks' thread pools would fight over the CPUs
@@ -161,6 +161,10 @@ class Job:
             # traceback) and shown on the console with a [rank<r>] prefix.
             logs_specs=DefaultLogsSpecs(log_dir=self.rank_dir, tee=Std.ALL),
             log_line_prefix_template="[rank${rank}]:",
+            # SIGUSR1 is what SLURM sends before a time limit (sbatch --signal=USR1@120): like SIGTERM, it is passed
+            # on to every rank (dtcore.train saves a checkpoint and exits), which get TORCH_ELASTIC_SHUTDOWN_TIMEOUT
+            # seconds (30 by default) before SIGKILL. Left to its default action it would kill the launcher alone.
+            signals_to_handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
         )
         started = time.monotonic()
         try:

@@ -138,6 +138,35 @@ def test_a_node_whose_node_0_never_comes_says_so_and_how_to_start_it(tmp_path):
     assert "Traceback" not in r.stderr and "frame #" not in r.stderr  # no C++ retry backtraces from torch
 
 
+def test_sigusr1_to_the_launcher_reaches_every_rank(tmp_path):
+    cmd = [sys.executable, "-m", "dtcore.launch", "--log-dir", str(tmp_path / "logs"), "--nproc-per-node", "2"]
+    p = subprocess.Popen(
+        [*cmd, WORKER, "usr1"],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        waiting = 0
+        for line in p.stdout:  # both ranks have their handler: SLURM's warning signal now goes to the launcher
+            waiting += "waits for SIGUSR1" in line
+            if waiting == 2:
+                break
+        p.send_signal(signal.SIGUSR1)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 128 + signal.SIGUSR1, err
+    assert "rank 0 got SIGUSR1: saving" in out and "rank 1 got SIGUSR1: saving" in out, out
+    assert "stopped by SIGUSR1" in err
+    assert leftover_processes([p.pid]) == []
+
+
 def test_a_preflight_failure_stops_the_launch_with_the_fix(tmp_path):
     with socket.socket() as taken:
         taken.bind(("", 0))

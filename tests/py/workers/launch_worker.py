@@ -1,6 +1,7 @@
 """A rank started by python -m dtcore.launch: `launch_worker.py MODE [RANK]`.
 
 allreduce: dtcore.init(), an all-reduce, then one JSON line with the world as dtcore read it.
+usr1: every rank waits for SIGUSR1, then says so and exits 0 (as a trainer that saves and stops).
 raise | kill | exit | oom: rank RANK fails that way (an uncaught exception, SIGKILL, sys.exit(3) after a
 line on stderr, torch's OutOfMemoryError); the other ranks wait, to be stopped by the launcher.
 """
@@ -32,6 +33,16 @@ def main() -> None:
         print(json.dumps(dict({f: getattr(ctx, f) for f in fields}, launcher=ctx.launcher, sum=t.item())), flush=True)
         dtcore.shutdown()
         return
+    if mode == "usr1":
+
+        def stop(signum, frame):
+            print(f"rank {rank} got {signal.Signals(signum).name}: saving, then exiting", flush=True)
+            sys.exit(0)
+
+        signal.signal(signal.SIGUSR1, stop)
+        print(f"rank {rank} waits for SIGUSR1", flush=True)
+        time.sleep(60)
+        sys.exit(1)
     if rank == int(sys.argv[2]):
         if mode == "raise":
             fail_deep(rank)
