@@ -163,6 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         job = Job(a, program, nproc, master_addr, master_port, log_path, _python())
         return job.run()
+    except KeyboardInterrupt:  # Ctrl-C before the ranks started (once they run, the agent stops them: 130 too)
+        print("dtcore.launch: interrupted before the ranks started", file=sys.stderr, flush=True)
+        return 130
     finally:
         log.close()
 

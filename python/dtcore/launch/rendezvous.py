@@ -6,7 +6,8 @@ torch's elastic agent (registered as the "dtcore-static" rendezvous backend, use
 `python -m dtcore.launch`) and does the same job in the open: node 0 serves the agent's store,
 every node signs in under its node rank with its host, and every node prints every few seconds
 which nodes have joined and which are missing. At the timeout it raises RendezvousError naming
-the missing nodes and the command that starts them. A node rank claimed twice is refused.
+the missing nodes and the command that starts them. A node rank claimed by two hosts is refused
+(claimed again from the same host, it is a restart of that node).
 
 When a node's job fails, its launcher posts its first failure in the store (post_failure); every
 other node watches for that (watch_failures) and stops its own ranks, so that a job never hangs on
@@ -83,7 +84,16 @@ class RollCallRendezvous(RendezvousHandler):
         if self._store is None:
             deadline = time.monotonic() + self.timeout
             store = self._serve() if self.node_rank == 0 else self._connect(deadline)
-            self._roll_call(store, deadline)
+            try:
+                self._roll_call(store, deadline)
+            except RuntimeError as e:  # torch's store errors (DistNetworkError, DistStoreError) derive from it
+                if isinstance(e, _C.DtcoreError):
+                    raise
+                raise _C.RendezvousError(
+                    f"node {self.node_rank} ({socket.gethostname()}) lost node 0's rendezvous store at "
+                    f"{self.master_addr}:{self.master_port} during the roll call ({e}): node 0 gave up or was stopped. "
+                    f"Fix: see node 0's output; start node 0 again ({self.start_command(0)}), then this node."
+                ) from e
             self._store = store
             if self.num_nodes > 1:
                 threading.Thread(target=self._watch, daemon=True, name="dtcore-failure-watch").start()
@@ -155,8 +165,10 @@ class RollCallRendezvous(RendezvousHandler):
         me = json.dumps({"host": socket.gethostname(), "pid": os.getpid()})
         key = f"{_ROLL}{self.run_id}/node"
         seen = store.compare_set(f"{key}{self.node_rank}", "", me).decode()
-        if seen != me:
-            other = json.loads(seen)
+        other = json.loads(seen)
+        if seen != me and other["host"] == socket.gethostname():
+            store.set(f"{key}{self.node_rank}", me)  # this node started again (e.g. after Ctrl-C): its claim stands
+        elif seen != me:
             raise _C.RendezvousError(
                 f"node rank {self.node_rank} is claimed twice: by host {other['host']} (pid {other['pid']}) and by "
                 f"this node, {socket.gethostname()} (pid {os.getpid()}). Fix: give every node its own "
