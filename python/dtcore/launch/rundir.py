@@ -1,0 +1,131 @@
+"""Reading a run directory of `python -m dtcore.train` (RUN_DIR/run.json, RUN_DIR/metrics/rank<r>.jsonl),
+for dtcore.monitor and dtcore.plot. The layout is the trainer's; this module only reads it, and
+tolerates what a live or crashed run leaves: a rank with no line yet, a metric that is null, a
+line still being written (no newline yet: skipped until it is complete).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import json
+import os
+import re
+import statistics
+
+from .. import _C
+
+STRAGGLER_FACTOR = 1.1  # a rank whose median step time exceeds the job's by this factor is named
+WINDOW = 20  # steps over which step times are compared (the trainer's straggler window)
+
+
+@dataclasses.dataclass
+class Run:
+    """What the run directory holds: run.json (or {} before it is written) and every rank's lines."""
+
+    path: str
+    info: dict
+    train: dict[int, list[dict]]  # rank -> its "train" lines, in step order
+    evals: list[dict]  # every rank's "eval" lines
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(self.train)
+
+    def host(self, rank: int) -> str:
+        lines = self.train.get(rank) or []
+        if lines and lines[-1].get("host"):
+            return str(lines[-1]["host"])
+        hosts = self.info.get("hosts") or []
+        return str(hosts[rank]) if rank < len(hosts) else "?"
+
+
+def parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The command line of dtcore.monitor and dtcore.plot: RUN_DIR, then each tool's own options."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (holds run.json and metrics/)")
+    return p
+
+
+def _lines(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    out = []
+    for line in text.split("\n")[:-1]:  # the piece after the last newline is not a whole line yet
+        if line.strip():
+            out.append(json.loads(line))
+    return out
+
+
+def load(path: str) -> Run:
+    """Reads RUN_DIR; ConfigError when it is absent or holds no run (neither run.json nor metrics)."""
+    if not os.path.isdir(path):
+        raise _C.ConfigError(
+            f"'{path}' is not a directory. Fix: pass the run directory that python -m dtcore.train writes "
+            "(it holds run.json and metrics/rank<r>.jsonl)."
+        )
+    info_path = os.path.join(path, "run.json")
+    files = glob.glob(os.path.join(glob.escape(path), "metrics", "rank*.jsonl"))
+    if not files and not os.path.isfile(info_path):
+        raise _C.ConfigError(
+            f"'{path}' holds no run: neither run.json nor metrics/rank<r>.jsonl is there. Fix: pass the run "
+            "directory of python -m dtcore.train (its --run_dir), or wait until the run has started."
+        )
+    info = {}
+    if os.path.isfile(info_path):
+        with open(info_path, encoding="utf-8") as f:
+            info = json.load(f)
+    train: dict[int, list[dict]] = {}
+    evals: list[dict] = []
+    for file in files:
+        match = re.search(r"rank(\d+)\.jsonl$", file)
+        if not match:
+            continue
+        rank = int(match.group(1))
+        lines = _lines(file)
+        train[rank] = sorted((x for x in lines if x.get("kind") == "train"), key=lambda x: x["step"])
+        evals += [x for x in lines if x.get("kind") == "eval"]
+    return Run(path, info, train, sorted(evals, key=lambda x: (x["step"], x.get("rank", 0))))
+
+
+def values(lines: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of `key` over `lines`, leaving out the lines where it is null or absent."""
+    pairs = [(x["step"], x[key]) for x in lines if x.get(key) is not None]
+    return [s for s, _ in pairs], [float(v) for _, v in pairs]
+
+
+@dataclasses.dataclass
+class Straggler:
+    rank: int
+    host: str
+    median_s: float
+    factor: float  # its median / the job's median
+
+
+@dataclasses.dataclass
+class Spread:
+    """Step times over the last WINDOW steps: the job's median, each rank's, and the ranks > 1.1x the job's."""
+
+    job_median_s: float
+    rank_median_s: dict[int, float]
+    stragglers: list[Straggler]
+
+
+def spread(run: Run, window: int = WINDOW) -> Spread | None:
+    """None until some rank has a step time."""
+    per_rank = {}
+    for rank, lines in run.train.items():
+        times = [float(x["step_time_s"]) for x in lines[-window:] if x.get("step_time_s") is not None]
+        if times:
+            per_rank[rank] = times
+    if not per_rank:
+        return None
+    job = statistics.median(t for times in per_rank.values() for t in times)
+    medians = {rank: statistics.median(times) for rank, times in per_rank.items()}
+    slow = [
+        Straggler(rank, run.host(rank), m, m / job)
+        for rank, m in sorted(medians.items())
+        if job > 0 and m > STRAGGLER_FACTOR * job
+    ]
+    return Spread(job, medians, slow)

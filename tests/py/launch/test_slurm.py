@@ -1,0 +1,141 @@
+"""python -m dtcore.launch --slurm: the sbatch script is valid bash, asks for what was given, and its srun
+line, run under a simulated SLURM step (one task per node), starts a job whose ranks dtcore.init() reads
+as the right world."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import random
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dtcore.launch.__main__ import main as launch_main
+
+from launch_helpers import WORKERS, clean_env, leftover_processes
+
+WORKER = str(WORKERS / "launch_worker.py")
+
+
+def write_script(tmp_path: Path, *args: str) -> str:
+    """Runs `python -m dtcore.launch --slurm ARGS` in tmp_path (in this process: it only writes a file)."""
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert launch_main(["--slurm", "--log-dir", "slurm-logs", *args]) == 0
+    finally:
+        os.chdir(old)
+    return out.getvalue()
+
+
+def test_the_script_is_valid_bash_and_asks_for_the_nodes_and_gpus(tmp_path):
+    out = write_script(tmp_path, "--nnodes", "2", "--nproc-per-node", "8", "--sbatch", "partition=gpu", "-m", "m.x")
+    path = tmp_path / "m.x.sbatch"
+    assert f"wrote {path.name}" in out and "sbatch m.x.sbatch" in out
+    text = path.read_text()
+    subprocess.run(["bash", "-n", str(path)], check=True, timeout=10)
+    for line in ("--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=8", "--partition=gpu", "--job-name=m.x"):
+        assert f"#SBATCH {line}\n" in text
+    assert "--from-slurm --nproc-per-node 8" in text and text.rstrip().endswith("-m m.x")
+    assert (tmp_path / "slurm-logs").is_dir()  # SLURM opens --output=slurm-logs/... before the script runs
+
+
+def test_submit_without_sbatch_says_where_to_run_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch there
+    assert launch_main(["--slurm", "--submit", WORKER, "allreduce"]) == 1
+    assert "sbatch is not on PATH" in capsys.readouterr().err
+
+
+def srun_line(script: str) -> str:
+    """The command srun runs on every node (the script's last command, without `srun OPTIONS`)."""
+    command = script[script.index("\nsrun ") :].split("\\\n", 1)[1]
+    return command.replace("\\\n", " ")
+
+
+def simulated_step(command: str, tmp_path: Path, nodes: int) -> list[tuple[int, str, str]]:
+    """Runs `command` as srun would with one task per node, every "node" on this host: (status, out, err)."""
+    tasks = []
+    for node in range(nodes):
+        slurm = {
+            "SLURM_JOB_ID": str(JOB_ID),
+            "SLURM_JOB_NODELIST": ",".join(["localhost"] * nodes),
+            "SLURM_NNODES": str(nodes),
+            "SLURM_NTASKS": str(nodes),
+            "SLURM_TASKS_PER_NODE": f"1(x{nodes})",
+            "SLURM_PROCID": str(node),
+            "SLURM_NODEID": str(node),
+            "SLURM_LOCALID": "0",
+        }
+        tasks.append(
+            subprocess.Popen(
+                ["bash", "-c", command],
+                cwd=tmp_path,
+                env=clean_env(**slurm),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
+    try:
+        outs = [t.communicate(timeout=90) for t in tasks]
+    finally:
+        for t in tasks:
+            if t.poll() is None:
+                t.kill()
+    assert leftover_processes([t.pid for t in tasks]) == []
+    return [(t.returncode, out, err) for t, (out, err) in zip(tasks, outs)]
+
+
+def _job_id_with_a_free_port() -> int:
+    """A SLURM job id whose derived port (15000 + id % 15000) is free here now."""
+    for _ in range(100):
+        job_id = random.randrange(1, 15000)
+        with socket.socket() as s:
+            try:
+                s.bind(("", 15000 + job_id))
+            except OSError:
+                continue
+        return job_id
+    raise AssertionError("no free port in 15000..29999")
+
+
+JOB_ID = _job_id_with_a_free_port()
+
+
+@pytest.mark.multirank
+def test_the_srun_line_under_simulated_slurm_starts_the_world_dtcore_reads(tmp_path):
+    write_script(tmp_path, "--nnodes", "1", "--nproc-per-node", "2", WORKER, "allreduce")
+    ((status, out, err),) = simulated_step(srun_line((tmp_path / "launch_worker.sbatch").read_text()), tmp_path, 1)
+    assert status == 0, err
+    seen = sorted((json.loads(line.split(":", 1)[1]) for line in out.splitlines() if ":{" in line), key=str)
+    assert sorted(x["rank"] for x in seen) == [0, 1]
+    for x in seen:
+        assert x["world_size"] == 2 and x["num_nodes"] == 1 and x["local_rank"] == x["rank"], x
+        assert (x["master_addr"], x["master_port"]) == ("localhost", 15000 + JOB_ID) and x["sum"] == 3.0
+    assert "preflight:" in err  # the script keeps the checks
+    assert len(list((tmp_path / "slurm-logs").glob("launch_worker_*_node0.log"))) == 1
+
+
+@pytest.mark.multirank
+def test_the_srun_line_on_two_simulated_nodes_gives_each_its_node_rank(tmp_path):
+    # Both "nodes" are this host, so the ranks do not call dtcore.init() (it refuses two ranks with one local
+    # rank on one host); rank 1 fails, and each node's launcher names it with the node it ran on.
+    write_script(tmp_path, "--nnodes", "2", "--nproc-per-node", "1", "--no-preflight", WORKER, "raise", "1")
+    results = simulated_step(srun_line((tmp_path / "launch_worker.sbatch").read_text()), tmp_path, 2)
+    for node, (status, out, err) in enumerate(results):
+        assert status == 1, err
+        assert f"worker rank {node} of 2 says hello" in out
+        assert f"this is node {node}; master localhost:{15000 + JOB_ID}" in err
+        assert "Root cause: rank 1 (local rank 0) on host" in err and "(node 1)" in err
+        assert "ValueError: boom on rank 1" in err
+    # Node 0's rank would wait a minute: node 1's failure stopped it.
+    assert "another node's job failed: stopping the ranks of this node" in results[0][2]
