@@ -5,6 +5,7 @@ ctx = dtcore.init()          # under torchrun, SLURM, mpirun, accelerate, or alo
 dtcore.all_reduce(t, op="avg")
 model = dtcore.wrap(model)   # gradients averaged across ranks during backward
 dtcore.checkpoint_activations(model, "budget:2GB", example_inputs=batch)  # recompute in backward
+dtcore.Trainer(model, optimizer, train_data, dtcore.TrainConfig()).fit()  # or python -m dtcore.train
 """
 
 from . import _guard
@@ -21,6 +22,7 @@ try:
     from .bootstrap import Context, get_context, init, is_initialized, shutdown
     from .comm import all_reduce, barrier, broadcast, is_main_process, main_process_first
     from .reducer import DistributedDataParallel, DistributedModel, wrap
+    from .train import TrainConfig, Trainer
     from .zero import ShardedOptimizer, clip_grad_norm_
 except ImportError as e:  # only `python -m dtcore.check` gets here with a mismatch: it reports it
     if _mismatch is None:
@@ -47,6 +49,8 @@ __all__ = [
     "ShardedOptimizer",
     "clip_grad_norm_",
     "checkpoint_activations",
+    "Trainer",
+    "TrainConfig",
     "CheckpointSummary",
     "DtcoreError",
     "ConfigError",

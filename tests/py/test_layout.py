@@ -70,6 +70,7 @@ ALLOWED = {
     "activation": {"base", "bootstrap", "comm", "reducer", "activation"},
     "check": {"base", "bootstrap", "comm", "check"},
     "zero": {"base", "bootstrap", "comm", "reducer", "zero"},
+    "train": {"base", "bootstrap", "comm", "reducer", "activation", "zero", "checkpoint", "train"},
 }
 
 
@@ -199,6 +200,7 @@ def test_public_packages_say_what_they_export():
         dtcore.reducer,
         dtcore.activation,
         dtcore.check,
+        dtcore.train,
         dtcore.units,
     ):
         for name in module.__all__:
