@@ -192,7 +192,7 @@ def sections() -> list[tuple[str, type]]:
 
 @functools.cache
 def hints(cls: type) -> dict[str, Any]:
-    return typing.get_typehints(cls)
+    return typing.get_type_hints(cls)
 
 
 def fields(cls: type) -> tuple[dataclasses.Field, ...]:

@@ -108,7 +108,9 @@ def oom_report(
     """The message of the OutOfMemoryError the trainer raises: what holds memory and what to do."""
 
     def gib(n: int | None) -> str:
-        return "unknown" if n is None else f"{n / GIB:.2f} GiB"
+        if n is None:
+            return "unknown"
+        return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.2f} MiB"
 
     first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     lines = [

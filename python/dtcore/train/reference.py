@@ -46,3 +46,24 @@ def reference_markdown() -> str:
             tp = type_name(hints(cls)[f.name]).replace("|", "\\|")
             out.append(f"| `{section}.{f.name}` | {tp} | `{getattr(default, f.name)!r}` | {docs[f.name]} |")
     return "\n".join(out) + "\n"
+
+
+BEGIN = "<!-- reference: generated from the dataclasses by dtcore.train.reference; do not edit by hand -->"
+END = "<!-- end of reference -->"
+
+
+def docs_with_reference(text: str) -> str:
+    """`text` (docs/train.md) with the part between BEGIN and END replaced by reference_markdown()."""
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    return f"{head}{BEGIN}\n\n{reference_markdown()}\n{END}{tail}"
+
+
+if __name__ == "__main__":  # python -m dtcore.train.reference docs/train.md: rewrites the reference in place
+    import sys
+
+    path = sys.argv[1]
+    with open(path) as f:
+        updated = docs_with_reference(f.read())
+    with open(path, "w") as f:
+        f.write(updated)

@@ -108,6 +108,15 @@ def _tokens(batch: Any) -> int:
     return next((v.numel() for v in values if isinstance(v, torch.Tensor)), 0)
 
 
+def _peek(data: Any) -> Any:
+    """The first batch of `data`, for the budget planner's profile, leaving the data where it was."""
+    state = data.state_dict() if hasattr(data, "state_dict") else None
+    batch = next(iter(data))
+    if state is not None:
+        data.load_state_dict(state)
+    return tuple(batch) if isinstance(batch, list) else batch
+
+
 def _call(model: torch.nn.Module, batch: Any) -> torch.Tensor:
     out = (
         model(**batch)
@@ -148,9 +157,10 @@ class Trainer:
         self.accum = accumulation_steps(config, self.world)
         _seed_everything(config.training.seed, self.rank)  # per-rank seeds: seed + rank
         par = config.parallel
-        inner = model.module if isinstance(model, DistributedModel) else model
+        inner = (model.module if isinstance(model, DistributedModel) else model).to(self.device)
         if par.activation_checkpointing != "none":
-            checkpoint_activations(inner, par.activation_checkpointing)
+            example = _peek(train_data) if par.activation_checkpointing.startswith("budget:") else None
+            checkpoint_activations(inner, par.activation_checkpointing, example_inputs=_to(example, self.device))
         if isinstance(model, DistributedModel):
             if model.zero != par.zero:
                 raise _C.ConfigError(
@@ -159,7 +169,7 @@ class Trainer:
                 )
             self.model = model
         else:
-            self.model = wrap(model.to(self.device), zero=par.zero, bucket_mb=par.bucket_mb)
+            self.model = wrap(model, zero=par.zero, bucket_mb=par.bucket_mb)
         self.optimizer = self._optimizer(optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(config, s))
         self.train_data, self.eval_data = train_data, eval_data
