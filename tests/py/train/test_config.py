@@ -106,3 +106,11 @@ def test_help_from_the_command_line_and_bad_key_exit_status():
     assert ok.returncode == 0 and "--parallel.activation_checkpointing=" in ok.stdout
     bad = subprocess.run([sys.executable, "-m", "dtcore.train", "--lrr=1"], env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "Did you mean 'lr'?" in bad.stderr, bad.stderr
+
+
+def test_stragglers_are_ranks_above_the_ratio_of_the_job_median():
+    from dtcore.train.metrics import stragglers
+
+    slow = stragglers([0.10, 0.10, 0.12, 0.10], ["a", "b", "c", "d"], 1.1)
+    assert slow == ["rank 2 (c): median step time 0.120 s, 1.20x the job's median 0.100 s"]
+    assert stragglers([0.10, 0.105, 0.10, 0.10], ["a", "b", "c", "d"], 1.1) == []
