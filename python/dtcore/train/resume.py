@@ -76,6 +76,9 @@ class Preemption:
             os.write(2, f"dtcore.train: second signal {signal.Signals(signum).name}: exiting now\n".encode())
             os._exit(128 + signum)
         self.signum, self.received_at = signum, time.monotonic()
+        name = signal.Signals(signum).name
+        note = f"dtcore.train: {name}: every rank saves a checkpoint after this step; a second signal exits now\n"
+        os.write(2, note.encode())  # not logging: a signal handler must not take the logging locks
 
     @property
     def requested(self) -> bool:

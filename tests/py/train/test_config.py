@@ -114,3 +114,19 @@ def test_stragglers_are_ranks_above_the_ratio_of_the_job_median():
     slow = stragglers([0.10, 0.10, 0.12, 0.10], ["a", "b", "c", "d"], 1.1)
     assert slow == ["rank 2 (c): median step time 0.120 s, 1.20x the job's median 0.100 s"]
     assert stragglers([0.10, 0.105, 0.10, 0.10], ["a", "b", "c", "d"], 1.1) == []
+
+
+def test_a_first_signal_asks_for_a_stop_and_a_second_exits_at_once():
+    code = (
+        "import os, signal, time\n"
+        "from dtcore.train.resume import Preemption\n"
+        "p = Preemption(); p.install()\n"
+        "os.kill(os.getpid(), signal.SIGUSR1); time.sleep(0.1)\n"
+        "assert p.requested and p.signum == signal.SIGUSR1\n"
+        "os.kill(os.getpid(), signal.SIGTERM); time.sleep(10)\n"
+    )
+    env = clean_env(PYTHONPATH=str(Path(dtcore.__file__).parents[1]))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 128 + 15, done.stderr
+    assert "SIGUSR1: every rank saves a checkpoint after this step" in done.stderr
+    assert "second signal SIGTERM: exiting now" in done.stderr
