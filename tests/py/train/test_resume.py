@@ -123,3 +123,19 @@ def test_sigkill_then_resume_auto_continues_from_the_newest_complete_checkpoint(
     resumed = _finish(_start(run_dir, *ARGS, "--checkpoint.resume=auto"))
     assert [code for code, _ in resumed] == [0, 0], resumed
     _same_after(reference, run_dir, stop)  # across the epoch boundary at step 22 too
+
+
+def test_a_first_signal_asks_for_a_stop_and_a_second_exits_at_once():
+    code = (
+        "import os, signal, time\n"
+        "from dtcore.train.resume import Preemption\n"
+        "p = Preemption(); p.install()\n"
+        "os.kill(os.getpid(), signal.SIGUSR1); time.sleep(0.1)\n"
+        "assert p.requested and p.signum == signal.SIGUSR1\n"
+        "os.kill(os.getpid(), signal.SIGTERM); time.sleep(10)\n"
+    )
+    env = clean_env()
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 128 + 15, done.stderr
+    assert "SIGUSR1: every rank saves a checkpoint after this step" in done.stderr
+    assert "second signal SIGTERM: exiting now" in done.stderr
