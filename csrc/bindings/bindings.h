@@ -49,5 +49,6 @@ void bind_comm(pybind11::module_& m);        // Work, Communicator, HealthMonito
 void bind_reducer(pybind11::module_& m);     // ReducerOptions, Reducer
 void bind_check(pybind11::module_& m);       // the resource checker's probes and judges
 void bind_activation(pybind11::module_& m);  // the activation-checkpoint planner
+void bind_checkpoint(pybind11::module_& m);  // atomic files, safetensors writing
 
 }  // namespace dtcore::bindings

@@ -5,7 +5,7 @@
 #include "bindings/bindings.h"
 
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "dtcore's C++ core: bootstrap, rendezvous, communicators, reducer, checker, logging";
+  m.doc() = "dtcore's C++ core: bootstrap, rendezvous, communicators, reducer, checker, checkpoint files, logging";
   using namespace dtcore::bindings;
   bind_common(m);  // first: the error classes every other area raises
   bind_bootstrap(m);
@@ -13,4 +13,5 @@ PYBIND11_MODULE(_C, m) {
   bind_reducer(m);
   bind_check(m);
   bind_activation(m);
+  bind_checkpoint(m);
 }

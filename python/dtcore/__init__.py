@@ -5,6 +5,7 @@ ctx = dtcore.init()          # under torchrun, SLURM, mpirun, accelerate, or alo
 dtcore.all_reduce(t, op="avg")
 model = dtcore.wrap(model)   # gradients averaged across ranks during backward
 dtcore.checkpoint_activations(model, "budget:2GB", example_inputs=batch)  # recompute in backward
+dtcore.save_checkpoint(path, model=model, optimizer=opt, step=step)  # reshards at load
 dtcore.Trainer(model, optimizer, train_data, dtcore.TrainConfig()).fit()  # or python -m dtcore.train
 """
 
@@ -20,6 +21,7 @@ try:
     from ._C import CheckpointError, CommError, ConfigError, DtcoreError, RendezvousError, __version__
     from .activation import CheckpointSummary, checkpoint_activations
     from .bootstrap import Context, get_context, init, is_initialized, shutdown
+    from .checkpoint import load_checkpoint, save_checkpoint
     from .comm import all_reduce, barrier, broadcast, is_main_process, main_process_first
     from .reducer import DistributedDataParallel, DistributedModel, wrap
     from .train import TrainConfig, Trainer
@@ -48,6 +50,9 @@ __all__ = [
     "DistributedDataParallel",
     "ShardedOptimizer",
     "clip_grad_norm_",
+    "save_checkpoint",
+    "load_checkpoint",
+    "checkpoint",
     "checkpoint_activations",
     "Trainer",
     "TrainConfig",

@@ -70,6 +70,7 @@ ALLOWED = {
     "activation": {"base", "bootstrap", "comm", "reducer", "activation"},
     "check": {"base", "bootstrap", "comm", "check"},
     "zero": {"base", "bootstrap", "comm", "reducer", "zero"},
+    "checkpoint": {"base", "bootstrap", "comm", "reducer", "zero", "checkpoint"},
     "train": {"base", "bootstrap", "comm", "reducer", "activation", "zero", "checkpoint", "train"},
 }
 

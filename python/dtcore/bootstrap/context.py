@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,6 +24,9 @@ log = logging.getLogger("dtcore")
 # threads see one context or none.
 lock = threading.RLock()
 _current: Context | None = None
+# Called (without arguments) at the start of shutdown(), while the context still works: work that
+# must finish on it first registers here (an asynchronous checkpoint save waits to complete).
+before_shutdown: list[Callable[[], None]] = []
 
 
 class Context(_C.WorldSpec):
@@ -132,6 +136,11 @@ def shutdown(barrier: bool = True) -> None:
         ctx = _current
         if ctx is None:
             return
+        for finish in before_shutdown:
+            try:
+                finish()
+            except Exception as e:  # shutdown goes on: what failed was reported when it failed
+                log.warning("shutdown: %s", e)
         _current = None
         try:
             if barrier and ctx.world_size > 1:

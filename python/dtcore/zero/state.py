@@ -61,7 +61,11 @@ def _split(opt: ShardedOptimizer, local: torch.Tensor) -> tuple[list[str], list[
 def gather_state(opt: ShardedOptimizer) -> dict[str, Any]:
     """Every rank gets the whole state (a collective: every rank must call it)."""
     state: dict[int, dict[str, Any]] = {}
-    if opt._inner is None or not opt._inner.state:
+    if opt._inner is None:  # not stepped yet: a state loaded meanwhile is still whole, on every rank
+        pending = opt._pending_state or {}
+        state = {int(i): {k: _copied(v) for k, v in entry.items()} for i, entry in pending.items()}
+        return {"state": state, "param_groups": _groups(opt)}
+    if not opt._inner.state:
         return {"state": state, "param_groups": _groups(opt)}
     index = {id(p): i for i, p in enumerate(_numbered(opt))}
     inner_groups = opt._inner.param_groups
@@ -191,3 +195,46 @@ def _cut(entry: dict[str, Any], local: torch.Tensor, param_offset: int) -> dict[
         else:
             out[key] = _copied(value, local.device)
     return out
+
+
+def local_state(
+    opt: ShardedOptimizer,
+) -> tuple[list[tuple[int, str, int, torch.Tensor]], dict[int, dict[str, Any]], bool]:
+    """What this rank holds of the state, without any collective: for checkpoints that write each
+    rank's shard only (dtcore.save_checkpoint).
+
+    Returns (per_element, scalars, replicated): per_element lists (parameter index, key, offset in the
+    flattened parameter, values (numel,)) for every piece's per-element state and master copy;
+    scalars maps each optimized parameter's index to its group's scalar state (equal on every
+    rank); replicated is False when each rank returned its own pieces. Before the first step the
+    pieces do not exist yet: a state loaded then is still whole (`_pending_state`), the same on every
+    rank, and is returned whole, at offset 0, with replicated True.
+    """
+    index = {id(p): i for i, p in enumerate(_numbered(opt))}
+    per_element: list[tuple[int, str, int, torch.Tensor]] = []
+    scalars: dict[int, dict[str, Any]] = {}
+    if opt._inner is None:
+        for i, entry in (opt._pending_state or {}).items():
+            for key, value in entry.items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0:
+                    per_element.append((int(i), key, 0, value.reshape(-1)))
+                else:
+                    scalars.setdefault(int(i), {})[key] = value
+        return per_element, scalars, True
+    for piece in opt._pieces:
+        entry = opt._inner.state.get(piece.local)
+        if not entry:
+            continue
+        i = index[id(piece.param)]
+        for key in _split(opt, piece.local)[0]:
+            per_element.append((i, key, piece.param_offset, entry[key]))
+        if piece.has_master:
+            per_element.append((i, MASTER_KEY, piece.param_offset, piece.local))
+    for g, group in enumerate(opt._inner.param_groups):
+        first = opt._inner.state.get(group["params"][0])
+        if not first:
+            continue
+        values = {k: first[k] for k in _split(opt, group["params"][0])[1]}
+        for p in opt.param_groups[g]["params"]:
+            scalars[index[id(p)]] = values
+    return per_element, scalars, False

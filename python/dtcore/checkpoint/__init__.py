@@ -1,0 +1,17 @@
+"""Checkpoints: safetensors files per rank and a JSON manifest written last; no pickle anywhere.
+
+    dtcore.save_checkpoint(path, model=, optimizer=, step=, extra=, rank_extra=, async_save=)
+    dtcore.load_checkpoint(path, model=, optimizer=) -> {"step", "extra", "rank_extra", "path"}
+    dtcore.checkpoint.latest(path)   the newest complete checkpoint under path, or None
+    dtcore.checkpoint.wait()         the asynchronous save in flight, done (or its error raised)
+    dtcore.checkpoint.export(path, out.safetensors)   the model's weights for use without dtcore
+
+A checkpoint saved by N ranks loads at any number of ranks, with or without ZeRO, and into a
+plain torch optimizer. See Note [Checkpoint layout] in manifest.py and docs/checkpoint.md.
+"""
+
+from .load import export, load_checkpoint
+from .manifest import latest
+from .save import save_checkpoint, wait
+
+__all__ = ["save_checkpoint", "load_checkpoint", "latest", "wait", "export"]

@@ -1,0 +1,244 @@
+"""`dtcore.load_checkpoint` and `dtcore.checkpoint.export`: any checkpoint into any world size.
+
+Each rank reads what it needs from every file it needs (Note [Checkpoint layout]): the model
+whole (it is replicated under DDP and ZeRO-1/2), the optimizer's state whole, cut to this rank's
+shard by ShardedOptimizer (zero/state.py). No collective is needed to read; one small exchange
+checks that every rank loads the same checkpoint. Every file is checked against the manifest's
+size and SHA-256 before it is opened, and it is opened by the `safetensors` library, which never
+executes anything from a file: a truncated, altered or pickle-carrying file is a CheckpointError
+naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from .. import _C
+from ..bootstrap import context
+from ..comm import agree
+from ..zero.optimizer import ShardedOptimizer
+from ..zero.state import MASTER_KEY
+from . import manifest, values
+from .collect import unwrap
+from .save import wait
+
+log = logging.getLogger("dtcore")
+
+
+class Reader:
+    """Ranges of a checkpoint's logical tensors, read from its verified files."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.manifest = manifest.read(directory)
+        self._open: dict[int, Any] = {}
+
+    def file(self, index: int) -> Any:
+        handle = self._open.get(index)
+        if handle is None:
+            entry = self.manifest["files"][index]
+            path = os.path.join(self.directory, entry["name"])
+            digest = _C.digest_file(path)
+            if digest.bytes != entry["bytes"]:
+                raise _C.CheckpointError(
+                    f"checkpoint file {path} is corrupt: {digest.bytes} bytes where the manifest says {entry['bytes']} "
+                    f"({'truncated' if digest.bytes < entry['bytes'] else 'grown'}). Fix: load another checkpoint."
+                )
+            if digest.sha256 != entry["sha256"]:
+                raise _C.CheckpointError(
+                    f"checkpoint file {path} is corrupt: its SHA-256 is {digest.sha256}, the manifest says "
+                    f"{entry['sha256']} (the file was altered or damaged). Fix: load another checkpoint."
+                )
+            try:
+                handle = safe_open(path, framework="pt", device="cpu")
+            except (SafetensorError, OSError) as e:
+                raise _C.CheckpointError(
+                    f"checkpoint file {path} cannot be read: {e}. Fix: load another checkpoint."
+                ) from None
+            self._open[index] = handle
+        return handle
+
+    def tensor(self, key: str, index: int) -> torch.Tensor:
+        """A whole tensor of file `index` (values saved by encode())."""
+        return self.file(index).get_tensor(key)
+
+    def info(self, name: str) -> dict[str, Any]:
+        return self.manifest["tensors"][self.manifest["aliases"].get(name, name)]
+
+    def copy_into(self, name: str, out: torch.Tensor) -> None:
+        """`out` (shaped like the saved tensor) = the saved tensor `name`, read chunk by chunk."""
+        info = self.info(name)
+        flat = out.view(-1) if out.is_contiguous() else torch.empty(out.numel(), dtype=out.dtype)
+        for index, lo, hi in info["chunks"]:
+            key = manifest.chunk_key(self.manifest["aliases"].get(name, name), lo)
+            flat[lo:hi].copy_(self.file(index).get_slice(key)[:])
+        if flat.data_ptr() != out.data_ptr() or not out.is_contiguous():
+            out.copy_(flat.view(out.shape))
+
+    def full(self, name: str) -> torch.Tensor:
+        info = self.info(name)
+        out = torch.empty(info["shape"], dtype=values.dtype_of(info["dtype"]))
+        self.copy_into(name, out)
+        return out
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    strict: bool = True,
+) -> dict[str, Any]:
+    """Loads the checkpoint at `path` into `model` (and `optimizer`), at any world size.
+
+    path: a checkpoint directory, or a directory of them (the newest complete one by step is
+    taken), or a plain .safetensors file of the model's weights (e.g. from
+    dtcore.checkpoint.export or another tool). strict: the model's keys and the checkpoint's must
+    be the same (as torch's load_state_dict). Returns {"step", "extra", "rank_extra" (this rank's;
+    None when the checkpoint was saved by another number of ranks), "path"}.
+    """
+    wait()  # a save in flight completes first: it may be the one to load
+    path = os.fspath(path)
+    ctx = context.current()
+    rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
+    if os.path.isfile(path) and path.endswith(".safetensors"):
+        return _load_weights_file(path, model, strict)
+    try:
+        directory, problem = manifest.resolve(path), ""
+    except _C.CheckpointError as e:
+        directory, problem = "", str(e)
+    if world > 1:
+        seen = agree.gather([directory, problem])
+        if any(p for _, p in seen) or len({d for d, _ in seen}) > 1:
+            odd = next(r for r, (d, p) in enumerate(seen) if p or d != seen[0][0])
+            what = seen[odd][1] or f"it found {seen[odd][0]}, rank 0 found {seen[0][0]}"
+            raise _C.CheckpointError(
+                f"ranks do not see the same checkpoint at {path}: rank {odd}: {what} Fix: put checkpoints on a file "
+                "system every node shares, at the same path."
+            )
+    if problem:
+        raise _C.CheckpointError(problem)
+    reader = Reader(directory)
+    saved = reader.manifest
+    _load_model(reader, model, strict)
+    if optimizer is not None:
+        _load_optimizer(reader, optimizer)
+    rank_extra = None
+    if saved["world_size"] == world:
+        rank_extra = values.decode(saved["rank_extra"][rank], lambda key: reader.tensor(key, rank))
+    elif any(v is not None for v in saved["rank_extra"]):
+        log.warning(
+            "checkpoint %s was saved by %d ranks and is loaded by %d: each rank's own values (rank_extra, e.g. its "
+            "RNG states) cannot be given back, so they are None; the model, optimizer and extra are restored.",
+            directory,
+            saved["world_size"],
+            world,
+        )
+    return {
+        "step": saved["step"],
+        "extra": values.decode(saved["extra"], lambda key: reader.tensor(key, 0)),
+        "rank_extra": rank_extra,
+        "path": directory,
+    }
+
+
+def _load_model(reader: Reader, model: torch.nn.Module, strict: bool) -> None:
+    target = unwrap(model).state_dict()
+    names = (*reader.manifest["tensors"], *reader.manifest["aliases"])
+    saved = {n.removeprefix("model/") for n in names if n.startswith("model/")}
+    _check_keys(reader.directory, set(target), saved, strict)
+    with torch.no_grad():
+        for key, tensor in target.items():
+            if key not in saved:
+                continue
+            info = reader.info(f"model/{key}")
+            if list(tensor.shape) != info["shape"]:
+                raise _C.CheckpointError(
+                    f"checkpoint {reader.directory}: '{key}' has shape {info['shape']} there and "
+                    f"{list(tensor.shape)} in the model. Fix: build the model with the configuration it was saved with."
+                )
+            reader.copy_into(f"model/{key}", tensor)
+
+
+def _check_keys(directory: str, ours: set[str], theirs: set[str], strict: bool) -> None:
+    missing, unexpected = sorted(ours - theirs), sorted(theirs - ours)
+    if strict and (missing or unexpected):
+        parts = []
+        if missing:
+            parts.append(f"the model has {len(missing)} key(s) the checkpoint lacks: {', '.join(missing[:5])}")
+        if unexpected:
+            parts.append(f"the checkpoint has {len(unexpected)} the model lacks: {', '.join(unexpected[:5])}")
+        raise _C.CheckpointError(
+            f"checkpoint {directory} does not fit the model: {'; '.join(parts)}. Fix: load it into the model it was "
+            "saved from, or pass strict=False to load the keys both have."
+        )
+
+
+def _load_optimizer(reader: Reader, optimizer: torch.optim.Optimizer) -> None:
+    meta = reader.manifest["optimizer"]
+    if meta is None:
+        raise _C.CheckpointError(
+            f"checkpoint {reader.directory} holds no optimizer state. Fix: load it without optimizer=."
+        )
+    sharded = isinstance(optimizer, ShardedOptimizer)
+    ours = optimizer._optimizer_class.__name__ if sharded else type(optimizer).__name__
+    if meta["class"] != ours:
+        raise _C.CheckpointError(
+            f"checkpoint {reader.directory} holds the state of a {meta['class']}, and the optimizer given is a "
+            f"{ours}. Fix: build the optimizer of the saved class."
+        )
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if [list(p.shape) for p in params] != meta["param_shapes"]:
+        raise _C.CheckpointError(
+            f"checkpoint {reader.directory}: the optimizer was saved over {len(meta['param_shapes'])} parameters of "
+            f"other shapes than the {len(params)} given. Fix: build the optimizer over the same parameters and groups."
+        )
+    state: dict[int, dict[str, Any]] = {}
+    for i, entry in meta["scalars"].items():
+        state[int(i)] = values.decode(entry, lambda key: reader.tensor(key, 0))
+    for name in reader.manifest["tensors"]:
+        if not name.startswith("optim/"):
+            continue
+        _, i, key = name.split("/", 2)
+        if key == MASTER_KEY and not sharded:
+            continue  # a plain optimizer steps the parameters themselves
+        state.setdefault(int(i), {})[key] = reader.full(name)
+    groups = values.decode(meta["param_groups"], lambda key: reader.tensor(key, 0))
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def _load_weights_file(path: str, model: torch.nn.Module, strict: bool) -> dict[str, Any]:
+    """A plain safetensors file of the model's weights (no optimizer, no step)."""
+    target = unwrap(model).state_dict()
+    try:
+        with safe_open(path, framework="pt", device="cpu") as f:
+            keys = set(f.keys())
+            _check_keys(path, set(target), keys, strict)
+            with torch.no_grad():
+                for key, tensor in target.items():
+                    if key in keys:
+                        value = f.get_tensor(key)
+                        if value.shape != tensor.shape:
+                            raise _C.CheckpointError(
+                                f"{path}: '{key}' has shape {list(value.shape)} there and {list(tensor.shape)} in the "
+                                "model. Fix: build the model with the configuration it was saved with."
+                            )
+                        tensor.copy_(value)
+    except SafetensorError as e:
+        raise _C.CheckpointError(f"{path} cannot be read as safetensors: {e}. Fix: load another file.") from None
+    return {"step": None, "extra": None, "rank_extra": None, "path": path}
+
+
+def export(path: str | os.PathLike, out: str | os.PathLike) -> str:
+    """The model's weights of the checkpoint at `path` as one plain safetensors file `out`, for use
+    without dtcore (safetensors.torch.load_file(out) -> the bare model's state_dict). Returns out."""
+    reader = Reader(manifest.resolve(os.fspath(path)))
+    names = [n for n in (*reader.manifest["tensors"], *reader.manifest["aliases"]) if n.startswith("model/")]
+    tensors = [(n.removeprefix("model/"), reader.full(n)) for n in names]
+    _C.write_safetensors(os.fspath(out), tensors, {"format": "pt"})
+    return os.fspath(out)

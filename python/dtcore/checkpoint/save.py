@@ -1,0 +1,318 @@
+"""`dtcore.save_checkpoint`: every rank writes its own safetensors file, rank 0 the manifest last.
+
+The calling thread does what must see the live training state: it agrees with the other ranks
+on the directory and step (one small collective), collects this rank's chunks (collect.py) and,
+for an asynchronous save, copies them to host memory. The rest touches no training state and
+no collective: writing the file (C++, without the GIL), reporting it through the rendezvous store
+on a connection of its own, and on rank 0 waiting for every report and writing the manifest.
+That rest runs on the calling thread (a synchronous save) or on a background thread (async_save),
+so that training goes on while the files are written. See Note [Checkpoint layout].
+
+Every wait is bounded by `timeout` (default: the job's, init(timeout=)); a rank that does not
+report in time (dead, or its disk too slow) leaves the checkpoint incomplete (no manifest) and
+every rank raises a CheckpointError naming it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from typing import Any
+
+import torch
+
+from .. import _C
+from ..bootstrap import context
+from ..comm import agree
+from . import collect as collecting
+from . import manifest, values
+
+log = logging.getLogger("dtcore")
+
+_lock = threading.Lock()
+_pending: _Write | None = None  # the asynchronous save in flight, if any
+
+
+def save_checkpoint(
+    path: str | os.PathLike,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    step: int,
+    extra: Any = None,
+    rank_extra: Any = None,
+    async_save: bool = False,
+    timeout: float | None = None,
+) -> None:
+    """Saves `model` (and `optimizer`) into the directory `path`; a collective: every rank calls it.
+
+    model: a dtcore.wrap'ed model, a torch DDP or compiled model, or a plain module: its bare
+    state_dict is saved (no `module.` prefix). optimizer: a torch optimizer or a
+    dtcore.ShardedOptimizer; each rank writes only the shard it holds. extra: plain values
+    (numbers, strings, lists, dicts, tensors, NumPy arrays) that are the same on every rank, such
+    as a scheduler's state_dict; rank_extra: such values of this rank alone (its RNG states).
+    async_save: return once the state is copied to host memory and write in the background; the
+    next save, load_checkpoint, dtcore.checkpoint.wait(), shutdown() and exit wait for it.
+    The checkpoint is complete once `path`/manifest.json exists (Note [Checkpoint layout]).
+    """
+    wait()  # one save at a time: the previous one completes (or raises) first
+    ctx = context.current()
+    rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
+    timeout = float(timeout if timeout is not None else (ctx.timeout if ctx is not None else 300.0))
+    directory = os.path.abspath(os.fspath(path))
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise _C.ConfigError(f"save_checkpoint(step={step!r}): step must be an int. Fix: pass the training step.")
+
+    if rank == 0:
+        os.makedirs(directory, exist_ok=True)
+        _remove(os.path.join(directory, manifest.MANIFEST))  # incomplete from here on, never mixed
+    token = uuid.uuid4().hex if rank == 0 else ""
+    if world > 1:
+        # One collective: the same directory and step everywhere, and rank 0's token for the store keys.
+        seen = agree.gather([directory, step, token])
+        odd = [r for r, (d, s, _) in enumerate(seen) if (d, s) != (directory, step)]
+        if odd:
+            raise _C.ConfigError(
+                f"save_checkpoint was called with other arguments on different ranks: rank 0 saves step "
+                f"{seen[0][1]} into {seen[0][0]}, rank {odd[0]} step {seen[odd[0]][1]} into {seen[odd[0]][0]}. "
+                "Fix: pass the same path and step on every rank (a shared file system, the same path)."
+            )
+        token = seen[0][2]
+        os.makedirs(directory, exist_ok=True)
+
+    scalar_tensors: list[tuple[str, torch.Tensor]] = []
+    collected = collecting.collect(model, optimizer, rank, world, scalar_tensors)
+    extras: list[tuple[str, torch.Tensor]] = []
+    report: dict[str, Any] = {
+        "rank": rank,
+        "tensors": collected.tensors,
+        "chunks": [[c.name, c.lo, c.hi] for c in collected.chunks],
+        "rank_extra": values.encode(rank_extra, extras, "rank_extra"),
+    }
+    if rank == 0:
+        report.update(
+            step=step,
+            aliases=collected.aliases,
+            optimizer=collected.optimizer,
+            extra=values.encode(extra, extras, "extra"),
+        )
+    entries = [(manifest.chunk_key(c.name, c.lo), c.data) for c in collected.chunks] + scalar_tensors + extras
+    entries = [(key, _to_host(t, copy=async_save)) for key, t in entries]
+
+    store = ctx.rendezvous.store.clone() if world > 1 else None
+    job = _Write(directory, rank, world, token, entries, report, store, timeout)
+    if not async_save:
+        job.run()
+        job.raise_error()
+        return
+    global _pending
+    with _lock:
+        _pending = job
+    job.thread = threading.Thread(target=job.run, name="dtcore-checkpoint", daemon=False)
+    job.thread.start()
+
+
+def wait() -> None:
+    """Waits for the asynchronous save in flight, if any; raises its CheckpointError if it failed."""
+    global _pending
+    with _lock:
+        job, _pending = _pending, None
+    if job is None:
+        return
+    assert job.thread is not None
+    job.thread.join()
+    job.raise_error()
+
+
+context.before_shutdown.append(wait)
+
+
+def _to_host(t: torch.Tensor, *, copy: bool) -> torch.Tensor:
+    """A contiguous CPU tensor with `t`'s values; a copy when asked (async: training goes on)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        return t.to("cpu").contiguous()
+    if copy:
+        return t.clone(memory_format=torch.contiguous_format)
+    return t.contiguous()
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+class _Write:
+    """Writing one rank's file, reporting it, and on rank 0 the manifest (see the module's doc)."""
+
+    def __init__(
+        self,
+        directory: str,
+        rank: int,
+        world: int,
+        token: str,
+        entries: list[tuple[str, torch.Tensor]],
+        report: dict[str, Any],
+        store: Any,
+        timeout: float,
+    ) -> None:
+        self.directory, self.rank, self.world, self.token = directory, rank, world, token
+        self.entries, self.report, self.store, self.timeout = entries, report, store, timeout
+        self.prefix = f"dtcore/checkpoint/{token}"
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def run(self) -> None:
+        started = time.monotonic()
+        try:
+            self._run()
+            log.debug(
+                "checkpoint: rank %d wrote its part of %s in %.2f s",
+                self.rank,
+                self.directory,
+                time.monotonic() - started,
+            )
+        except BaseException as e:  # kept for wait(); an asynchronous save reports it there
+            self.error = e
+            if self.thread is not None:
+                log.error("checkpoint %s failed on rank %d: %s", self.directory, self.rank, e)
+        finally:
+            self.entries = []  # the host copies go as soon as they are written
+
+    def _run(self) -> None:
+        name = manifest.file_name(self.rank)
+        try:
+            digest = _C.write_safetensors(
+                os.path.join(self.directory, name), self.entries, {"format": "pt", "dtcore_rank": str(self.rank)}
+            )
+            self.report.update(file=name, bytes=digest.bytes, sha256=digest.sha256, error=None)
+        except _C.CheckpointError as e:
+            self.report.update(error=str(e))
+            if self.world == 1:
+                raise
+        if self.world == 1:
+            self._write_manifest([self.report])
+            return
+        self.store.set(f"{self.prefix}/report/{self.rank}", json.dumps(self.report))
+        if self.rank == 0:
+            self._finish_as_rank0()
+        else:
+            done = json.loads(self._get(f"{self.prefix}/done", "rank 0 to complete the manifest"))
+            self.store.add(f"{self.prefix}/acks", 1)
+            if done.get("error"):
+                raise _C.CheckpointError(done["error"])
+
+    def _finish_as_rank0(self) -> None:
+        keys = [f"{self.prefix}/report/{r}" for r in range(self.world)]
+        try:
+            self._wait_for(keys)
+            reports = [json.loads(self.store.get(k)) for k in keys]
+            failed = [r for r in reports if r.get("error")]
+            if failed:
+                raise _C.CheckpointError(
+                    f"checkpoint {self.directory} is incomplete: rank {failed[0]['rank']} could not write its file: "
+                    f"{failed[0]['error']}"
+                )
+            self._write_manifest(reports)
+            outcome: dict[str, Any] = {"ok": self.directory}
+        except BaseException as e:
+            outcome = {"error": str(e)}
+            raise
+        finally:
+            for key in keys:
+                self.store.delete_key(key)
+            self.store.set(f"{self.prefix}/done", json.dumps(outcome))
+            # After a failure a rank may be dead and never answer: the living ones read at once.
+            self._await_acks(self.timeout if "ok" in outcome else min(self.timeout, 2.0))
+
+    def _await_acks(self, limit: float) -> None:
+        """Until every rank has read the outcome (bounded): this process may exit next, and with it
+        the store the others read it from. Then the save's last keys are deleted."""
+        deadline = time.monotonic() + limit
+        acks = f"{self.prefix}/acks"
+        while self.store.add(acks, 0) < self.world - 1 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        self.store.delete_key(f"{self.prefix}/done")
+        self.store.delete_key(acks)
+
+    def _wait_for(self, keys: list[str]) -> None:
+        try:
+            self.store.wait(keys, datetime.timedelta(seconds=self.timeout))
+        except Exception:
+            missing = [k.rsplit("/", 1)[1] for k in keys if not self.store.check([k])]
+            raise _C.CheckpointError(
+                f"checkpoint {self.directory} is incomplete: rank(s) {', '.join(missing)} did not report their file "
+                f"written within {self.timeout:g} s (the process died, or its disk is that slow). The previous "
+                "complete checkpoint is intact. Fix: look at those ranks' logs; raise timeout= for slow storage."
+            ) from None
+
+    def _get(self, key: str, what: str) -> bytes:
+        try:
+            self.store.wait([key], datetime.timedelta(seconds=self.timeout))
+        except Exception:
+            raise _C.CheckpointError(
+                f"checkpoint {self.directory}: rank {self.rank} waited {self.timeout:g} s for {what}, in vain (rank 0 "
+                "died, or another rank did not write its file). The previous complete checkpoint is intact. Fix: "
+                "look at rank 0's log."
+            ) from None
+        return self.store.get(key)
+
+    def _write_manifest(self, reports: list[dict[str, Any]]) -> None:
+        head = reports[0]
+        files, tensors = [], {}
+        for index, rep in enumerate(reports):
+            files.append({"name": rep["file"], "rank": rep["rank"], "bytes": rep["bytes"], "sha256": rep["sha256"]})
+            for name, info in rep["tensors"].items():
+                tensors.setdefault(name, {**info, "chunks": []})
+            for name, lo, hi in rep["chunks"]:
+                tensors[name]["chunks"].append([index, lo, hi])
+        for name, info in tensors.items():
+            _check_tiled(name, info)
+        document = {
+            "format": manifest.FORMAT,
+            "version": manifest.VERSION,
+            "step": head["step"],
+            "world_size": self.world,
+            "dtcore_version": _C.__version__,
+            "torch_version": torch.__version__,
+            "created": time.time(),
+            "files": files,
+            "tensors": tensors,
+            "aliases": head["aliases"],
+            "optimizer": head["optimizer"],
+            "extra": head["extra"],
+            "rank_extra": [rep["rank_extra"] for rep in reports],
+        }
+        _C.write_file_atomic(os.path.join(self.directory, manifest.MANIFEST), json.dumps(document, indent=1))
+
+
+def _check_tiled(name: str, info: dict[str, Any]) -> None:
+    """The chunks of `name` cover it exactly once: else the manifest is not written (never a wrong load)."""
+    numel = 1
+    for n in info["shape"]:
+        numel *= n
+    position = 0
+    for _, lo, hi in sorted(info["chunks"], key=lambda c: c[1]):
+        if lo != position:
+            break
+        position = hi
+    else:
+        if position == numel:
+            info["chunks"].sort(key=lambda c: c[1])
+            return
+    raise _C.CheckpointError(
+        f"checkpoint: the parts written of '{name}' (shape {info['shape']}) do not cover it exactly "
+        f"({info['chunks']}); the manifest is not written. Fix: report this as a dtcore bug with the model."
+    )
