@@ -32,6 +32,7 @@ from .. import _C
 from ..activation import checkpoint_activations
 from ..bootstrap import get_context, init, is_initialized
 from ..bootstrap.join import _seed_everything
+from ..checkpoint import latest, load_checkpoint, save_checkpoint, wait
 from ..comm import all_reduce
 from ..reducer import DistributedModel, wrap
 from ..zero import ShardedOptimizer, clip_grad_norm_
@@ -244,8 +245,9 @@ class Trainer:
                 self.step += 1
                 step_time = time.perf_counter() - t0
                 # One small all-reduce per step: the job's loss and tokens, and whether any rank was signalled.
-                agreed = all_reduce(torch.tensor([loss, float(tokens), float(self.preemption.requested)]), op="sum")
-                job_loss, job_tokens, stop = agreed[0].item() / self.world, agreed[1].item(), agreed[2].item() > 0
+                flags = [loss, float(tokens), float(self.preemption.requested)]
+                summed, job_tokens, stop = all_reduce(torch.tensor(flags, device=self.device), op="sum").tolist()
+                job_loss = summed / self.world
                 rate = job_tokens / step_time
                 mem_alloc, mem_reserved = metrics.memory(self.device)
                 line = metrics.train_line(self.step, self.rank, self.host, loss=loss, lr=lr)
@@ -273,11 +275,11 @@ class Trainer:
                     out.write(metrics.eval_line(self.step, self.rank, eval_loss))
                     trackers.scalars(self.step, {"eval/loss": eval_loss})
                     eval_losses.append(eval_loss)
-                if stop:
-                    self._save(run_dir, wait=True)
+                if stop > 0:
+                    self._save(run_dir, complete=True)
                     self._preempted(main)
                 if (c.checkpoint.every and self.step % c.checkpoint.every == 0) or (last and c.checkpoint.at_end):
-                    self._save(run_dir, wait=last)
+                    self._save(run_dir, complete=last)
         finally:
             self.preemption.uninstall()
             progress.close()
@@ -381,10 +383,10 @@ class Trainer:
                 total += _call(self.model, _to(batch, self.device)).float()
             n += 1
         self.model.train()
-        return all_reduce((total / max(n, 1)).reshape(1).cpu(), op="avg").item()
+        return all_reduce((total / max(n, 1)).reshape(1), op="avg").item()
 
     def _stragglers(self, window: deque[float], hosts: list[str]) -> None:
-        medians = torch.zeros(self.world, dtype=torch.float64)
+        medians = torch.zeros(self.world, dtype=torch.float64, device=self.device)
         medians[self.rank] = statistics.median(window)
         medians = all_reduce(medians, op="sum").tolist()
         if self.rank == 0:
@@ -398,10 +400,8 @@ class Trainer:
 
     # Checkpoints ------------------------------------------------------------------------------
 
-    def _save(self, run_dir: str, wait: bool) -> None:
-        from ..checkpoint import save_checkpoint
-        from ..checkpoint import wait as wait_for_save
-
+    def _save(self, run_dir: str, complete: bool) -> None:
+        """A checkpoint of this step; with `complete`, returns once its manifest is written."""
         path = os.path.join(run_dir, "checkpoints", f"step_{self.step:08d}")
         data = self.train_data
         extra = {"scheduler": self.scheduler.state_dict(), "world_size": self.world}
@@ -415,17 +415,15 @@ class Trainer:
             step=self.step,
             extra=extra,
             rank_extra=rank_extra,
-            async_save=self.config.checkpoint.async_save and not wait,
+            async_save=self.config.checkpoint.async_save and not complete,
         )
-        if wait:
-            wait_for_save()
+        if complete:
+            wait()
 
     def _resume(self, checkpoints: str) -> None:
         resume = self.config.checkpoint.resume
         if resume == "none":
             return
-        from ..checkpoint import latest, load_checkpoint
-
         path = latest(checkpoints) if resume == "auto" else resume
         if path is None:
             log.info("--resume auto: no complete checkpoint in %s, starting fresh", checkpoints)

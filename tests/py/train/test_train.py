@@ -2,6 +2,7 @@
 the run directory, and an out-of-memory error diagnosed on the rank it hit."""
 
 import json
+import os
 import sys
 
 import pytest
@@ -20,11 +21,21 @@ def _lines(run_dir, rank):
     return [json.loads(line) for line in (run_dir / "metrics" / f"rank{rank}.jsonl").read_text().splitlines()]
 
 
+def _worker(mode, run_dir):
+    """train_worker.py MODE on 2 ranks; every rank reports (its JSON line), none is left behind."""
+    port = free_port()
+    envs = [clean_env(**torchrun_style(rank, 2, port)) for rank in range(2)]
+    results, sessions = run_ranks("train_worker.py", envs, args=(mode, str(run_dir)), timeout=120)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    assert leftover_processes(sessions) == []
+    return results
+
+
 @pytest.mark.multirank
 def test_torchrun_trains_the_tiny_preset_and_writes_the_run_directory(tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dtcore.train"]
-    cmd += ["--preset", "tiny", f"--logging.run_dir={run_dir}", "--checkpoint.at_end=false"]
+    cmd += ["--preset", "tiny", f"--logging.run_dir={run_dir}"]
     (result,), sessions = run_processes([cmd], [clean_env()], timeout=120)
     assert result.returncode == 0, describe([result])
     assert leftover_processes(sessions) == []
@@ -44,15 +55,13 @@ def test_torchrun_trains_the_tiny_preset_and_writes_the_run_directory(tmp_path):
         assert last < first - 0.5, (first, last)  # ln(58) = 4.06 to about 2.7 in 40 steps
     assert _lines(run_dir, 0)[-1]["eval_loss"] == _lines(run_dir, 1)[-1]["eval_loss"]  # averaged over ranks
     assert "loss" in result.stderr and "tok/s" in result.stderr  # rank 0's progress
+    assert os.listdir(run_dir / "checkpoints") == ["step_00000040"]  # at the end
+    assert (run_dir / "checkpoints" / "step_00000040" / "manifest.json").exists()
 
 
 @pytest.mark.multirank
 def test_injected_out_of_memory_is_diagnosed_on_its_rank_and_the_other_gets_the_verdict(tmp_path):
-    port = free_port()
-    envs = [clean_env(**torchrun_style(rank, 2, port)) for rank in range(2)]
-    results, sessions = run_ranks("train_worker.py", envs, args=("oom", str(tmp_path)), timeout=120)
-    assert all(r.returncode == 0 for r in results), describe(results)
-    assert leftover_processes(sessions) == []
+    results = _worker("oom", tmp_path)
     zero, one = (r.json() for r in results)
     assert one["error"] == "OutOfMemoryError", one
     message = one["message"]
@@ -73,3 +82,14 @@ def test_injected_out_of_memory_is_diagnosed_on_its_rank_and_the_other_gets_the_
     params = num_parameters(GPT(GPTConfig(vocab_size=vocab)))
     assert f"parameters       {4 * params / 2**20:.2f} MiB" in message  # measured on the rank, fp32
     assert zero["error"] == "CommError" and "root cause: rank 1" in zero["message"], zero  # the health verdict
+
+
+@pytest.mark.multirank
+def test_any_module_with_a_plain_list_of_batches_and_its_own_optimizer_sharded(tmp_path):
+    results = _worker("mlp", tmp_path)
+    for r in results:
+        j = r.json()
+        assert j["error"] is None and j["optimizer"] == "ShardedOptimizer", j
+        assert len(j["losses"]) == 30 and sum(j["losses"][-5:]) < 0.5 * sum(j["losses"][:5]), j["losses"]
+    assert results[0].json()["losses"] == results[1].json()["losses"]  # the job's loss, averaged over ranks
+    assert [line["tokens"] for line in _lines(tmp_path, 1)][:2] == [2 * 4 * 8] * 2  # 2 micro-batches of (4, 8)
