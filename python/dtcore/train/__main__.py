@@ -38,6 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ctx = init(seed=config.training.seed)
         m, t = config.model, config.training
+        if m.n_head < 1 or m.n_embd % m.n_head:
+            raise _C.ConfigError(
+                f"model.n_embd={m.n_embd} is not a multiple of model.n_head={m.n_head}: the heads split the width "
+                "evenly. Fix: change either, e.g. --model.n_embd="
+                + str(max(m.n_head, 1) * max(1, m.n_embd // max(m.n_head, 1)))
+            )
         tokenizer, train, evaluation = data.build(
             config.data, m.block_size, t.device_batch_size, ctx.rank, ctx.world_size, t.seed
         )

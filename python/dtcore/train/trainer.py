@@ -20,6 +20,7 @@ import itertools
 import logging
 import math
 import os
+import signal
 import socket
 import statistics
 import time
@@ -454,7 +455,7 @@ class Trainer:
     def _preempted(self, main: bool) -> None:
         p = self.preemption
         if p.requested:
-            name = f"signal {p.signum}"
+            name = signal.Signals(p.signum).name
             log.warning(
                 "%s: checkpoint of step %d complete %.2f s after the signal; exiting with %d (resume with "
                 "--checkpoint.resume=auto)",

@@ -105,3 +105,7 @@ def test_help_from_the_command_line_and_bad_key_exit_status():
     assert ok.returncode == 0 and "--parallel.activation_checkpointing=" in ok.stdout
     bad = subprocess.run([sys.executable, "-m", "dtcore.train", "--lrr=1"], env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "Did you mean 'lr'?" in bad.stderr, bad.stderr
+    heads = subprocess.run(
+        [sys.executable, "-m", "dtcore.train", "--n_embd=100", "--n_head=3"], env=env, capture_output=True, text=True
+    )
+    assert heads.returncode == 2 and "model.n_embd=100 is not a multiple of model.n_head=3" in heads.stderr
