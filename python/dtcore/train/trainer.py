@@ -1,16 +1,8 @@
 """`dtcore.Trainer`: the training loop for any nn.Module on any launcher, readable top to bottom.
 
-    trainer = dtcore.Trainer(model, optimizer, train_data, config)   # config: dtcore.TrainConfig
-    trainer.fit()
-
-model: an nn.Module (wrapped here with dtcore.wrap, zero and bucket_mb from config.parallel) or
-  one already wrapped. Called as model(*batch) for a tuple, model(**batch) for a dict, model(batch)
-  otherwise; it returns the loss (a tensor, or an object or dict with `loss`).
-optimizer: a torch optimizer over the model's parameters, or None for AdamW from config.optim.
-  With parallel.zero >= 1 it becomes a dtcore.ShardedOptimizer of the same class and defaults.
-train_data: this rank's batches, an iterable restarted when exhausted. Resume is exact when it
-  has state_dict()/load_state_dict() (dtcore.train.data.TokenData has); otherwise the batches
-  taken are counted and skipped on resume, exact when iterating it again yields the same batches.
+One step: accumulate micro-batches (no_sync on all but the last) under autocast, clip, step,
+schedule; then one small all-reduce for the job's loss, tokens and the preemption flag, the
+metrics line, evaluation and checkpoints. See docs/train.md.
 """
 
 from __future__ import annotations
@@ -139,7 +131,22 @@ def _call(model: torch.nn.Module, batch: Any) -> torch.Tensor:
 
 
 class Trainer:
-    """Runs the loop; see the module's docstring for what it accepts."""
+    """The training loop for any nn.Module on any launcher.
+
+    trainer = dtcore.Trainer(model, optimizer, train_data, config)   # config: dtcore.TrainConfig
+    trainer.fit()
+
+    model: an nn.Module (wrapped here with dtcore.wrap, zero and bucket_mb from config.parallel) or
+      one already wrapped. Called as model(*batch) for a tuple, model(**batch) for a dict, model(batch)
+      otherwise; it returns the loss (a tensor, or an object or dict with `loss`).
+    optimizer: a torch optimizer over the model's parameters, or None for AdamW from config.optim.
+      With parallel.zero >= 1 it becomes a dtcore.ShardedOptimizer of the same class and defaults.
+    train_data: this rank's batches, an iterable restarted when exhausted. Resume is exact when it
+      has state_dict()/load_state_dict() (dtcore.train.data.TokenData has); otherwise the batches
+      taken are counted and skipped on resume, exact when iterating it again yields the same batches.
+    eval_data: batches for evaluation (the same first ones each time); flops_per_token: for MFU
+      (default: the model's flops_per_token(), else 6 x its parameters).
+    """
 
     def __init__(
         self,

@@ -1,5 +1,7 @@
-"""Exact resume on 2 CPU ranks: a run stopped by SIGTERM mid-epoch, or killed by SIGKILL, then
-resumed with --checkpoint.resume=auto, logs the same losses bit for bit as the uninterrupted run."""
+"""Interrupted runs of `python -m dtcore.train` on 2 CPU ranks. Exact resume: a run stopped by
+SIGTERM mid-epoch, or killed by SIGKILL, then resumed with --checkpoint.resume=auto, logs the same
+losses bit for bit as the uninterrupted run. A rank that dies ends the other with the health
+monitor's verdict, not a stack."""
 
 import json
 import os
@@ -141,3 +143,14 @@ def test_a_first_signal_asks_for_a_stop_and_a_second_exits_at_once():
     assert done.returncode == 128 + 15, done.stderr
     assert "SIGUSR1: every rank saves a checkpoint after this step" in done.stderr
     assert "second signal SIGTERM: exiting now" in done.stderr
+
+
+@pytest.mark.multirank
+def test_a_dead_rank_ends_the_other_with_the_health_verdict_not_a_stack(tmp_path):
+    procs = _start(tmp_path, "--num_iterations=100000", "--checkpoint.at_end=false")
+    _when_step(tmp_path, 1, 3)
+    os.killpg(procs[1].pid, signal.SIGKILL)
+    (code, text), _ = _finish(procs)
+    assert code == 1, text
+    assert "the run ended: " in text and "root cause: rank 1" in text, text
+    assert "Traceback" not in text
