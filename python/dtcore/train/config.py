@@ -187,16 +187,13 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 
 def sections() -> list[tuple[str, type]]:
     """(name, dataclass) of every section, in order."""
-    return [(f.name, f.type if isinstance(f.type, type) else hints(TrainConfig)[f.name]) for f in fields(TrainConfig)]
+    return [(f.name, hints(TrainConfig)[f.name]) for f in dataclasses.fields(TrainConfig)]
 
 
 @functools.cache
 def hints(cls: type) -> dict[str, Any]:
+    """The field types of `cls` (this module's annotations are strings: `from __future__ import annotations`)."""
     return typing.get_type_hints(cls)
-
-
-def fields(cls: type) -> tuple[dataclasses.Field, ...]:
-    return dataclasses.fields(cls)
 
 
 @functools.cache
@@ -219,7 +216,7 @@ def field_docs(cls: type) -> dict[str, str]:
 
 def all_keys() -> list[str]:
     """Every `section.field`."""
-    return [f"{name}.{f.name}" for name, cls in sections() for f in fields(cls)]
+    return [f"{name}.{f.name}" for name, cls in sections() for f in dataclasses.fields(cls)]
 
 
 def _choices(tp: Any) -> tuple | None:

@@ -5,9 +5,10 @@ tests/py/train/test_config.py checks the file against it).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
-from .config import PRESETS, field_docs, fields, hints, sections, type_name
+from .config import PRESETS, field_docs, hints, sections, type_name
 from .memory import preset_memory
 
 
@@ -27,7 +28,7 @@ def help_text() -> str:
         lines += ["", f"[{section}] {inspect.getdoc(cls)}"]
         docs = field_docs(cls)
         default = cls()
-        for f in fields(cls):
+        for f in dataclasses.fields(cls):
             lines.append(f"  --{section}.{f.name}={getattr(default, f.name)!r}  ({type_name(hints(cls)[f.name])})")
             lines.append(f"      {docs[f.name]}")
     return "\n".join(lines)
@@ -42,7 +43,7 @@ def reference_markdown() -> str:
         out.append("|---|---|---|---|")
         docs = field_docs(cls)
         default = cls()
-        for f in fields(cls):
+        for f in dataclasses.fields(cls):
             tp = type_name(hints(cls)[f.name]).replace("|", "\\|")
             out.append(f"| `{section}.{f.name}` | {tp} | `{getattr(default, f.name)!r}` | {docs[f.name]} |")
     return "\n".join(out) + "\n"
