@@ -129,9 +129,14 @@ class Progress:
         self.enabled, self.log_every = enabled, log_every
         self.bar = None
         if enabled and bar:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, initial=initial, desc="train", dynamic_ncols=True, leave=True)
+            try:
+                from tqdm import tqdm
+            except ImportError:  # not a hard dependency: the log lines carry the same figures
+                log.warning(
+                    "tqdm is not installed: no progress bar (pip install tqdm), a log line every %d steps", log_every
+                )
+            else:
+                self.bar = tqdm(total=total, initial=initial, desc="train", dynamic_ncols=True, leave=True)
 
     def update(self, line: dict[str, Any], eta_s: float) -> None:
         if not self.enabled:
