@@ -3,7 +3,7 @@
     python benchmarks/bench_activation.py [--preset 20m] [--batch 4] [--steps 10] [--warmup 2]
                                           [--dropout 0.0] [--budgets 0.5 0.75] [--threads N]
 
-One process, one GPT (examples/gpt.py), one copy of the model per variant (same weights):
+One process, one GPT (dtcore/train/gpt.py), one copy of the model per variant (same weights):
   none                 no checkpointing
   torch per block      torch.utils.checkpoint.checkpoint(use_reentrant=False) around each block
   all, every:2, selective, budget:<f>   dtcore.checkpoint_activations with that policy; each budget
@@ -26,18 +26,14 @@ import argparse
 import copy
 import dataclasses
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import dtcore
 from dtcore.activation import LiveTensorMemory
-
-from gpt import GPT, PRESETS, CharData, make_corpus, num_parameters
+from dtcore.train.gpt import GPT, SHAPES, CharData, make_corpus, num_parameters
 
 MiB = 2**20
 
@@ -81,7 +77,7 @@ def timed(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cuda = torch.cuda.is_available()
-    ap.add_argument("--preset", default="gpt2" if cuda else "20m", choices=sorted(PRESETS))
+    ap.add_argument("--preset", default="gpt2" if cuda else "20m", choices=sorted(SHAPES))
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
@@ -94,7 +90,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if cuda else "cpu")
     dtype = getattr(torch, args.dtype)
-    config = dataclasses.replace(PRESETS[args.preset], dropout=args.dropout)
+    config = dataclasses.replace(SHAPES[args.preset], dropout=args.dropout)
     data = CharData(make_corpus(), config.block_size, seed=0)
     if config.vocab_size < len(data.vocab):
         raise SystemExit(f"preset {args.preset} has too small a vocabulary for the corpus")

@@ -27,14 +27,12 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-from ranks import rank0_report
+from dtcore.train.gpt import GPT, SHAPES, CharData, make_corpus, num_parameters
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from gpt import GPT, PRESETS, CharData, make_corpus, num_parameters
+from ranks import rank0_report
 
 
 def flat_allreduce_avg(params, reduce) -> None:
@@ -53,7 +51,7 @@ def worker(args) -> None:
     import dtcore
 
     ctx = dtcore.init(timeout=600)
-    config = PRESETS[args.preset]
+    config = SHAPES[args.preset]
     data = CharData(make_corpus(), config.block_size, seed=ctx.rank)
     torch.manual_seed(0)
     base = GPT(config)
@@ -106,7 +104,7 @@ def world1(args) -> None:
     import dtcore
 
     dtcore.init(timeout=600)
-    config = PRESETS[args.preset]
+    config = SHAPES[args.preset]
     data = CharData(make_corpus(), config.block_size, seed=0)
     torch.manual_seed(0)
     base = GPT(config)
@@ -145,7 +143,7 @@ def world1(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="20m", choices=sorted(PRESETS))
+    ap.add_argument("--preset", default="20m", choices=sorted(SHAPES))
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch", type=int, default=4)
@@ -162,7 +160,7 @@ def main() -> None:
     compute = r["compute only"]
     print(
         f"2 ranks (Gloo, 1 thread each), GPT preset {args.preset} ({r['params'] / 1e6:.1f}M parameters, float32), "
-        f"batch {args.batch}x{PRESETS[args.preset].block_size} per rank, {r['buckets']} dtcore bucket(s), "
+        f"batch {args.batch}x{SHAPES[args.preset].block_size} per rank, {r['buckets']} dtcore bucket(s), "
         f"median of {args.steps} steps after {args.warmup} warm-up, alternating"
     )
     print("| variant | step (ms) | ratio to DDP | communication hidden |")

@@ -23,16 +23,13 @@ import argparse
 import copy
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-from ranks import rank0_report
+from dtcore.train.gpt import GPT, SHAPES, CharData, make_corpus, num_parameters
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from gpt import GPT, PRESETS, CharData, make_corpus, num_parameters
+from ranks import rank0_report
 
 VARIANTS = ("ddp", "ddp + ZeroRedundancyOptimizer", "dtcore zero=1", "dtcore zero=2")
 _MARK = 1_234_567  # bytes of a marker allocation: where the steady state starts in the profile
@@ -65,7 +62,7 @@ def memory_worker(args) -> None:
     import dtcore
 
     ctx = dtcore.init(timeout=600)
-    config = PRESETS[args.preset]
+    config = SHAPES[args.preset]
     data = CharData(make_corpus(), 16, seed=ctx.rank)
     batches = [data.batch(1, torch.device("cpu")) for _ in range(4)]
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -94,7 +91,7 @@ def time_worker(args) -> None:
     import dtcore
 
     ctx = dtcore.init(timeout=600)
-    config = PRESETS[args.preset]
+    config = SHAPES[args.preset]
     data = CharData(make_corpus(), config.block_size, seed=ctx.rank)
     torch.manual_seed(0)
     base = GPT(config)
@@ -121,7 +118,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=("memory", "time"))
     ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--preset", default="20m", choices=sorted(PRESETS))
+    ap.add_argument("--preset", default="20m", choices=sorted(SHAPES))
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--batch", type=int, default=4)
@@ -146,7 +143,7 @@ def main() -> None:
     r = launch(args, ["--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch)])
     print(
         f"{n} ranks (Gloo, 1 thread each), GPT preset {args.preset} ({r['params'] / 1e6:.1f}M parameters, fp32), "
-        f"batch {args.batch}x{PRESETS[args.preset].block_size} per rank, median of {args.steps} steps, alternating"
+        f"batch {args.batch}x{SHAPES[args.preset].block_size} per rank, median of {args.steps} steps, alternating"
     )
     print("| variant | step (ms) | ratio to ZeroRedundancyOptimizer |")
     print("| --- | --- | --- |")

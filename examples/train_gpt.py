@@ -15,13 +15,12 @@ import time
 import torch
 
 import dtcore
-
-from gpt import GPT, PRESETS, CharData, make_corpus, num_parameters, uniform_loss
+from dtcore.train.gpt import GPT, SHAPES, CharData, make_corpus, num_parameters, uniform_loss
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    ap.add_argument("--preset", default="small", choices=sorted(SHAPES))
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
     ap.add_argument("--accum", type=int, default=1, help="micro-batches per step (no_sync for all but the last)")
@@ -30,7 +29,7 @@ def main() -> int:
     args = ap.parse_args()
 
     ctx = dtcore.init(seed=1234)
-    config = PRESETS[args.preset]
+    config = SHAPES[args.preset]
     data = CharData(make_corpus(), config.block_size, seed=1234 + ctx.rank)  # each rank its own batches
     config = dataclasses.replace(config, vocab_size=len(data.vocab))
     model = GPT(config).to(ctx.device)

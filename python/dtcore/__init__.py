@@ -6,6 +6,7 @@ dtcore.all_reduce(t, op="avg")
 model = dtcore.wrap(model)   # gradients averaged across ranks during backward
 dtcore.checkpoint_activations(model, "budget:2GB", example_inputs=batch)  # recompute in backward
 dtcore.save_checkpoint(path, model=model, optimizer=opt, step=step)  # reshards at load
+dtcore.Trainer(model, optimizer, train_data, dtcore.TrainConfig()).fit()  # or python -m dtcore.train
 """
 
 from . import _guard
@@ -23,6 +24,7 @@ try:
     from .checkpoint import load_checkpoint, save_checkpoint
     from .comm import all_reduce, barrier, broadcast, is_main_process, main_process_first
     from .reducer import DistributedDataParallel, DistributedModel, wrap
+    from .train import TrainConfig, Trainer
     from .zero import ShardedOptimizer, clip_grad_norm_
 except ImportError as e:  # only `python -m dtcore.check` gets here with a mismatch: it reports it
     if _mismatch is None:
@@ -52,6 +54,8 @@ __all__ = [
     "load_checkpoint",
     "checkpoint",
     "checkpoint_activations",
+    "Trainer",
+    "TrainConfig",
     "CheckpointSummary",
     "DtcoreError",
     "ConfigError",

@@ -13,14 +13,11 @@ import copy
 import dataclasses
 import json
 import sys
-from pathlib import Path
 
 import torch
 
 import dtcore
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
-from gpt import GPT, GPTConfig
+from dtcore.train.gpt import GPT, GPTConfig
 
 CONFIG = GPTConfig(vocab_size=32, block_size=16, n_layer=3, n_head=2, n_embd=32, dropout=0.0)
 

@@ -1,6 +1,7 @@
-"""A small GPT (decoder-only transformer), nanoGPT-style, and a corpus to train it on.
+"""The built-in GPT (a decoder-only transformer, nanoGPT-style) and a generated corpus.
 
-Used by examples/train_gpt.py and benchmarks/bench_reducer.py.
+`python -m dtcore.train` trains it; examples/train_gpt.py, the benchmarks and the tests build it
+from a GPTConfig. `SHAPES` are the sizes the benchmarks name.
 """
 
 from __future__ import annotations
@@ -12,18 +13,17 @@ import random
 import torch
 import torch.nn.functional as F
 
+from .config import ModelConfig
+
 
 @dataclasses.dataclass
-class GPTConfig:
+class GPTConfig(ModelConfig):
+    """The model section (dtcore.train.ModelConfig) and the vocabulary, which the tokenizer decides."""
+
     vocab_size: int = 64
-    block_size: int = 128
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    dropout: float = 0.0
 
 
-PRESETS = {
+SHAPES = {
     "tiny": GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=64),  # seconds on a laptop CPU
     "small": GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=128),  # ~0.8M parameters
     "20m": GPTConfig(n_layer=6, n_head=8, n_embd=512, block_size=128),  # ~19M: the CPU benchmark
@@ -78,6 +78,21 @@ class GPT(torch.nn.Module):
             x = block(x)
         logits = self.head(self.ln(x))  # (B, T, vocab)
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token: 6 per parameter (forward and backward matmuls) plus attention
+        (PaLM's appendix B, as nanoGPT counts them); the position embedding does no matmul."""
+        c = self.config
+        n = num_parameters(self) - self.pos.weight.numel()
+        return 6.0 * n + 12.0 * c.n_layer * c.n_embd * c.block_size
+
+    def activation_bytes(self, batch_size: int, element_size: int = 2) -> int:
+        """Activations kept for backward by one micro-batch of `batch_size` sequences: 34 values per
+        token and channel per block (Korthikanti et al. 2022, with fused attention), plus the fp32
+        logits and their gradient."""
+        c = self.config
+        tokens = batch_size * c.block_size
+        return 34 * tokens * c.n_embd * c.n_layer * element_size // 2 + 2 * 4 * tokens * c.vocab_size
 
 
 def num_parameters(model: torch.nn.Module) -> int:

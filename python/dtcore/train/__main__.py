@@ -1,0 +1,76 @@
+"""`python -m dtcore.train [--preset P] [--config F.toml] [--key=value ...]`: the built-in GPT.
+
+Exit status: 0 trained; 1 the run failed (the error, e.g. a CommError with the health monitor's
+verdict or an out-of-memory diagnosis, is logged without a stack); 2 bad arguments or
+configuration; 75 (EXIT_PREEMPTED) stopped by SIGTERM/SIGUSR1 after saving a checkpoint;
+128 + N a second signal N ended it at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+
+import torch
+
+from .. import _C
+from ..bootstrap import init, shutdown
+from . import data
+from .config import parse_args
+from .gpt import GPT, GPTConfig
+from .reference import help_text
+from .trainer import Trainer
+
+log = logging.getLogger("dtcore.train")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print(help_text())
+        return 0
+    try:
+        config = parse_args(argv)
+    except _C.ConfigError as e:
+        print(f"dtcore.train: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        ctx = init(seed=config.training.seed)
+        m, t = config.model, config.training
+        if m.n_head < 1 or m.n_embd % m.n_head:
+            raise _C.ConfigError(
+                f"model.n_embd={m.n_embd} is not a multiple of model.n_head={m.n_head}: the heads split the width "
+                "evenly. Fix: change either, e.g. --model.n_embd="
+                + str(max(m.n_head, 1) * max(1, m.n_embd // max(m.n_head, 1)))
+            )
+        tokenizer, train, evaluation = data.build(
+            config.data, m.block_size, t.device_batch_size, ctx.rank, ctx.world_size, t.seed
+        )
+        shape = GPTConfig(**dataclasses.asdict(m), vocab_size=tokenizer.vocab_size)
+        model = GPT(shape)
+        if ctx.rank == 0:
+            params = sum(p.numel() for p in model.parameters())
+            log.info(
+                "GPT %.2fM parameters, vocabulary %d (%s), %d rank(s) on %s",
+                params / 1e6,
+                tokenizer.vocab_size,
+                config.data.tokenizer,
+                ctx.world_size,
+                ctx.device,
+            )
+        result = Trainer(model, None, train, config, eval_data=evaluation).fit()
+    except _C.ConfigError as e:
+        log.error("%s", e)
+        return 2
+    except (_C.DtcoreError, torch.OutOfMemoryError) as e:
+        log.error("the run ended: %s", e)  # CommError: the health monitor's verdict; OOM: the breakdown
+        return 1
+    if result["losses"] and ctx.rank == 0:
+        log.info("done: step %d, loss %.4f", result["step"], result["losses"][-1])
+    shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

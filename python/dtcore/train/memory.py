@@ -1,0 +1,156 @@
+"""Where a device's memory goes: the presets' expected figures and the out-of-memory diagnosis.
+
+`estimate` models a GPT step (parameters, gradients, AdamW state, activations) from the
+configuration alone; `oom_report` explains a real torch.OutOfMemoryError on the rank it hit,
+from what that rank holds, and lists the fixes in the order that costs least.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+
+from .config import PRESETS, TrainConfig, from_preset
+
+GIB = 2**30
+kPresetWorld = 8  # the presets' memory figures assume 8 ranks (one node of 8 GPUs) for ZeRO's sharding
+
+
+@dataclasses.dataclass
+class MemoryBreakdown:
+    """Bytes per device, by what holds them."""
+
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    activations: int | None  # None: unknown (a model without activation_bytes(), on CPU)
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer_state + (self.activations or 0)
+
+
+def gpt_parameters(config: TrainConfig, vocab_size: int) -> int:
+    """The built-in GPT's parameter count (dtcore.train.gpt.GPT, tied embeddings), without building it."""
+    c = config.model
+    per_block = 12 * c.n_embd**2 + 13 * c.n_embd
+    return c.n_layer * per_block + (vocab_size + c.block_size + 2) * c.n_embd
+
+
+def estimate(config: TrainConfig, world_size: int, vocab_size: int = 256) -> MemoryBreakdown:
+    """A GPT step's memory per device: fp32 parameters and gradients, AdamW's two fp32 moments,
+    activations in 16-bit (Korthikanti et al.: 34 bytes per token, channel and block with fused
+    attention; with checkpointing, each block's input plus one block recomputed) and fp32 logits."""
+    n = gpt_parameters(config, vocab_size)
+    zero = config.parallel.zero
+    tokens = config.training.device_batch_size * config.model.block_size
+    per_block = 34 * tokens * config.model.n_embd
+    if config.parallel.activation_checkpointing == "none":
+        acts = per_block * config.model.n_layer
+    else:  # every policy keeps at least the blocks' inputs; "all" keeps no more
+        acts = 2 * tokens * config.model.n_embd * config.model.n_layer + per_block
+    acts += 3 * 4 * tokens * vocab_size  # fp32 logits, their softmax and gradient
+    return MemoryBreakdown(
+        parameters=4 * n,
+        gradients=4 * n // (world_size if zero == 2 else 1),
+        optimizer_state=8 * n // (world_size if zero >= 1 else 1),
+        activations=acts,
+    )
+
+
+def preset_memory(name: str) -> str:
+    """The expected memory per device of a preset, as docs and --help show it."""
+    config = from_preset(name)
+    vocab = 256 if config.data.tokenizer == "byte" else 64
+    world = kPresetWorld if config.parallel.zero else 1
+    est = estimate(config, world, vocab)
+    where = f"with {world} ranks" if config.parallel.zero else "any number of ranks"
+    if PRESETS[name][1].get("model.n_layer") is None:
+        return f"{est.total / 2**20:.0f} MiB ({where})"
+    return f"{est.total / GIB:.1f} GiB + CUDA context ({where})"
+
+
+def _tensor_bytes(value: object) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
+
+
+def measure(model: torch.nn.Module, optimizer: torch.optim.Optimizer, zero: int, world: int, batch: int):
+    """What this rank holds now (parameters, gradients, optimizer state) and the activation estimate."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    grads = params // (world if zero == 2 else 1)
+    state = _tensor_bytes(list(optimizer.state.values()))
+    if state == 0:  # before the first step (or sharded out of sight): AdamW's two fp32 moments
+        state = 2 * sum(p.numel() * 4 for p in model.parameters()) // (world if zero >= 1 else 1)
+    inner = getattr(model, "module", model)
+    acts = inner.activation_bytes(batch) if hasattr(inner, "activation_bytes") else None
+    return MemoryBreakdown(params, grads, state, acts)
+
+
+def oom_report(
+    error: BaseException,
+    *,
+    where: str,
+    rank: int,
+    host: str,
+    breakdown: MemoryBreakdown,
+    config: TrainConfig,
+    world: int,
+    device: torch.device,
+) -> str:
+    """The message of the OutOfMemoryError the trainer raises: what holds memory and what to do."""
+
+    def gib(n: int | None) -> str:
+        if n is None:
+            return "unknown"
+        return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / 2**20:.2f} MiB"
+
+    first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    lines = [
+        f"out of memory on rank {rank} ({host}, {device}) during {where}: {first_line}",
+        "Memory of this rank:",
+        f"  parameters       {gib(breakdown.parameters)}",
+        f"  gradients        {gib(breakdown.gradients)}" + ("  (sharded, zero=2)" if config.parallel.zero == 2 else ""),
+        f"  optimizer state  {gib(breakdown.optimizer_state)}" + ("  (sharded)" if config.parallel.zero >= 1 else ""),
+        f"  activations      {gib(breakdown.activations)}  (estimate for device_batch_size="
+        f"{config.training.device_batch_size}, activation_checkpointing={config.parallel.activation_checkpointing})",
+    ]
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        lines.append(
+            f"  allocator        {gib(torch.cuda.memory_allocated(device))} allocated, "
+            f"{gib(torch.cuda.memory_reserved(device))} reserved, {gib(free)} free of {gib(total)}"
+        )
+    lines.append("Next steps, cheapest first:")
+    steps = []
+    batch = config.training.device_batch_size
+    if batch > 1:
+        total = config.training.total_batch_size or batch * world
+        steps.append(
+            f"--training.device_batch_size={batch // 2} with --training.total_batch_size={total}: half the "
+            "activations, the same optimization (twice the micro-batches accumulated)"
+        )
+    if config.parallel.zero < 2 and world > 1:
+        saved = (breakdown.gradients + breakdown.optimizer_state) * (world - 1) // world
+        steps.append(
+            f"--parallel.zero=2: shards gradients and optimizer state over {world} ranks (saves ~{gib(saved)})"
+        )
+    if config.parallel.activation_checkpointing == "none":
+        steps.append(
+            "--parallel.activation_checkpointing=all (or budget:<size>): recompute activations in backward "
+            "(~30% more compute)"
+        )
+    if device.type == "cuda" and "expandable_segments" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+        steps.append(
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: less fragmentation when reserved is well above allocated"
+        )
+    steps.append("a device with more memory, or more ranks with zero=2")
+    lines += [f"  {i}. {s}" for i, s in enumerate(steps, 1)]
+    return "\n".join(lines)

@@ -1,0 +1,85 @@
+"""What exact resume needs besides the model and optimizer: every random generator of this rank,
+and the preemption signals that make every rank save before it goes.
+
+RNG states are converted to JSON-like values and tensors (dtcore.save_checkpoint takes no pickle).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import threading
+import time
+from typing import Any
+
+import torch
+
+log = logging.getLogger("dtcore.train")
+
+EXIT_PREEMPTED = 75  # a checkpoint was saved after SIGTERM/SIGUSR1: requeue and --resume auto (EX_TEMPFAIL)
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def rng_state() -> dict[str, Any]:
+    """Python's, NumPy's (if installed) and torch's CPU and CUDA generators."""
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {"python": [version, list(internal), gauss], "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy
+    except ImportError:
+        return state
+    kind, keys, pos, has_gauss, cached = numpy.random.get_state()
+    state["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached)]
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((int(version), tuple(int(x) for x in internal), gauss))
+    torch.set_rng_state(state["torch"].to(torch.uint8))
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all([s.to(torch.uint8) for s in state["cuda"]])
+    if "numpy" in state:
+        import numpy
+
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        numpy.random.set_state((kind, keys.numpy().astype("uint32"), int(pos), int(has_gauss), float(cached)))
+
+
+class Preemption:
+    """SIGTERM or SIGUSR1 asks for a stop (the trainer agrees on it with every rank within one
+    step, saves and exits with EXIT_PREEMPTED); a second signal exits at once with 128 + signal."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.received_at: float | None = None  # time.monotonic() of the first signal
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            log.warning("the trainer runs outside the main thread: SIGTERM/SIGUSR1 will not save a checkpoint")
+            return
+        for sig in PREEMPT_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:
+            os.write(2, f"dtcore.train: second signal {signal.Signals(signum).name}: exiting now\n".encode())
+            os._exit(128 + signum)
+        self.signum, self.received_at = signum, time.monotonic()
+        name = signal.Signals(signum).name
+        note = f"dtcore.train: {name}: every rank saves a checkpoint after this step; a second signal exits now\n"
+        os.write(2, note.encode())  # not logging: a signal handler must not take the logging locks
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None

@@ -1,0 +1,478 @@
+"""`dtcore.Trainer`: the training loop for any nn.Module on any launcher, readable top to bottom.
+
+One step: accumulate micro-batches (no_sync on all but the last) under autocast, clip, step,
+schedule; then one small all-reduce for the job's loss, tokens and the preemption flag, the
+metrics line, evaluation and checkpoints. See docs/train.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import math
+import os
+import signal
+import socket
+import statistics
+import time
+from collections import deque
+from typing import Any
+
+import torch
+
+from .. import _C
+from ..activation import checkpoint_activations
+from ..bootstrap import get_context, init, is_initialized
+from ..bootstrap.join import _seed_everything
+from ..checkpoint import latest, load_checkpoint, save_checkpoint, wait
+from ..comm import all_reduce
+from ..reducer import DistributedModel, wrap
+from ..zero import ShardedOptimizer, clip_grad_norm_
+from . import memory, metrics
+from .config import TrainConfig
+from .resume import EXIT_PREEMPTED, Preemption, rng_state, set_rng_state
+
+log = logging.getLogger("dtcore.train")
+
+
+class Preempted(SystemExit):
+    """Raised by fit() after a preemption signal and a saved checkpoint; exits with EXIT_PREEMPTED."""
+
+
+def accumulation_steps(config: TrainConfig, world: int) -> int:
+    """Micro-batches per step: total_batch_size / (device_batch_size x world); ConfigError unless whole."""
+    t = config.training
+    per_pass = t.device_batch_size * world
+    total = t.total_batch_size or per_pass
+    if t.device_batch_size < 1 or total % per_pass:
+        lower, upper = max(per_pass, total // per_pass * per_pass), (total // per_pass + 1) * per_pass
+        raise _C.ConfigError(
+            f"training.total_batch_size={total} is not a multiple of device_batch_size x world size = "
+            f"{t.device_batch_size} x {world} = {per_pass}, so the micro-batches per step would not be whole. "
+            f"Fix: --training.total_batch_size={lower} or {upper}, or a device_batch_size that divides "
+            f"{total} / {world}."
+        )
+    return total // per_pass
+
+
+def _check(config: TrainConfig) -> None:
+    t, o = config.training, config.optim
+    for key, value in (
+        ("training.num_iterations", t.num_iterations),
+        ("training.device_batch_size", t.device_batch_size),
+        ("optim.lr", o.lr),
+    ):
+        if value <= 0:
+            raise _C.ConfigError(f"{key}={value} must be > 0. Fix: give a positive value.")
+    for key, value in (("training.warmup_steps", t.warmup_steps), ("training.eval_every", t.eval_every)):
+        if value < 0:
+            raise _C.ConfigError(f"{key}={value} must be >= 0. Fix: 0 turns it off.")
+
+
+def lr_factor(config: TrainConfig, step: int) -> float:
+    """Warmup from 0 to 1 over warmup_steps, then cosine down to min_lr_ratio at num_iterations (or constant)."""
+    t = config.training
+    if step < t.warmup_steps:
+        return (step + 1) / t.warmup_steps
+    if t.schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - t.warmup_steps) / max(1, t.num_iterations - t.warmup_steps))
+    ratio = config.optim.min_lr_ratio
+    return ratio + (1.0 - ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _to(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _to(v, device) for k, v in batch.items()}
+    return batch
+
+
+def _tokens(batch: Any) -> int:
+    """Tokens in a batch: the elements of its first tensor (input_ids for a dict that has them)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.numel()
+    values = batch.values() if isinstance(batch, dict) else batch
+    if isinstance(batch, dict) and "input_ids" in batch:
+        return batch["input_ids"].numel()
+    return next((v.numel() for v in values if isinstance(v, torch.Tensor)), 0)
+
+
+def _peek(data: Any) -> Any:
+    """The first batch of `data`, for the budget planner's profile, leaving the data where it was."""
+    state = data.state_dict() if hasattr(data, "state_dict") else None
+    batch = next(iter(data))
+    if state is not None:
+        data.load_state_dict(state)
+    return tuple(batch) if isinstance(batch, list) else batch
+
+
+def _call(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+    out = (
+        model(**batch)
+        if isinstance(batch, dict)
+        else model(*batch)
+        if isinstance(batch, (list, tuple))
+        else model(batch)
+    )
+    if isinstance(out, torch.Tensor):
+        return out
+    loss = out.get("loss") if isinstance(out, dict) else getattr(out, "loss", None)
+    if not isinstance(loss, torch.Tensor):
+        raise _C.ConfigError(
+            f"the model returned {type(out).__name__}, not a loss. Fix: return the loss tensor from forward "
+            "(or an object or dict with a `loss` tensor, as Hugging Face models given labels do)."
+        )
+    return loss
+
+
+class Trainer:
+    """The training loop for any nn.Module on any launcher.
+
+    trainer = dtcore.Trainer(model, optimizer, train_data, config)   # config: dtcore.TrainConfig
+    trainer.fit()
+
+    model: an nn.Module (wrapped here with dtcore.wrap, zero and bucket_mb from config.parallel) or
+      one already wrapped. Called as model(*batch) for a tuple, model(**batch) for a dict, model(batch)
+      otherwise; it returns the loss (a tensor, or an object or dict with `loss`).
+    optimizer: a torch optimizer over the model's parameters, or None for AdamW from config.optim.
+      With parallel.zero >= 1 it becomes a dtcore.ShardedOptimizer of the same class and defaults.
+    train_data: this rank's batches, an iterable restarted when exhausted. Resume is exact when it
+      has state_dict()/load_state_dict() (dtcore.train.data.TokenData has); otherwise the batches
+      taken are counted and skipped on resume, exact when iterating it again yields the same batches.
+    eval_data: batches for evaluation (the same first ones each time); flops_per_token: for MFU
+      (default: the model's flops_per_token(), else 6 x its parameters).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        train_data: Any,
+        config: TrainConfig | None = None,
+        *,
+        eval_data: Any = None,
+        flops_per_token: float | None = None,
+    ) -> None:
+        self.config = config = config if config is not None else TrainConfig()
+        _check(config)
+        self.ctx = ctx = get_context() if is_initialized() else init(seed=config.training.seed)
+        self.rank, self.world, self.device = ctx.rank, ctx.world_size, ctx.device
+        self.host = socket.gethostname()
+        self.accum = accumulation_steps(config, self.world)
+        _seed_everything(config.training.seed, self.rank)  # per-rank seeds: seed + rank
+        par = config.parallel
+        inner = (model.module if isinstance(model, DistributedModel) else model).to(self.device)
+        if par.activation_checkpointing != "none":
+            example = _peek(train_data) if par.activation_checkpointing.startswith("budget:") else None
+            checkpoint_activations(inner, par.activation_checkpointing, example_inputs=_to(example, self.device))
+        if isinstance(model, DistributedModel):
+            if model.zero != par.zero:
+                raise _C.ConfigError(
+                    f"the model was wrapped with zero={model.zero} but parallel.zero={par.zero}. Fix: pass the "
+                    "unwrapped model (the Trainer wraps it) or make the two agree."
+                )
+            self.model = model
+        else:
+            self.model = wrap(model, zero=par.zero, bucket_mb=par.bucket_mb)
+        self.optimizer = self._optimizer(optimizer)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(config, s))
+        self.train_data, self.eval_data = train_data, eval_data
+        self.flops_per_token = flops_per_token or (
+            inner.flops_per_token()
+            if hasattr(inner, "flops_per_token")
+            else 6.0 * sum(p.numel() for p in inner.parameters())
+        )
+        self.autocast_dtype, self.scaler = self._precision(config.training.precision)
+        self.step = 0
+        self.batches_taken = 0  # for data without state_dict(): skipped again on resume
+        self.preemption = Preemption()
+
+    def _optimizer(self, optimizer: torch.optim.Optimizer | None) -> torch.optim.Optimizer:
+        o, zero = self.config.optim, self.config.parallel.zero
+        if optimizer is None:
+            cls, defaults = torch.optim.AdamW, {"lr": o.lr, "betas": (o.beta1, o.beta2), "weight_decay": o.weight_decay}
+            return ShardedOptimizer(self.model, cls, **defaults) if zero else cls(self.model.parameters(), **defaults)
+        if zero == 0 or isinstance(optimizer, ShardedOptimizer):
+            return optimizer
+        if len(optimizer.param_groups) != 1:
+            raise _C.ConfigError(
+                f"parallel.zero={zero} needs the optimizer rebuilt as a dtcore.ShardedOptimizer, which the Trainer "
+                f"does only for one param group; this one has {len(optimizer.param_groups)}. Fix: pass "
+                "dtcore.ShardedOptimizer(wrapped_model, cls, params=groups, ...)."
+            )
+        return ShardedOptimizer(self.model, type(optimizer), **optimizer.defaults)
+
+    def _precision(self, precision: str) -> tuple[torch.dtype | None, Any]:
+        cuda = self.device.type == "cuda"
+        if precision == "auto":
+            precision = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if cuda else "fp32"
+        if precision == "fp16" and self.config.parallel.zero == 2:
+            raise _C.ConfigError(
+                "training.precision=fp16 with parallel.zero=2: the gradient scaler cannot unscale sharded gradients. "
+                "Fix: --training.precision=bf16, or --parallel.zero=1."
+            )
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
+        scaler = torch.amp.GradScaler(self.device.type) if precision == "fp16" else None
+        return dtype, scaler
+
+    # The loop ---------------------------------------------------------------------------------
+
+    def fit(self) -> dict[str, Any]:
+        """Trains to training.num_iterations; returns {"step", "losses", "eval_losses"}. Raises
+        Preempted (a SystemExit with EXIT_PREEMPTED) after a preemption signal and its checkpoint."""
+        c = self.config
+        run_dir = c.logging.run_dir
+        main = self.rank == 0
+        self._resume(os.path.join(run_dir, "checkpoints"))
+        hosts = self._hosts()
+        peak = metrics.peak_flops(self.device, c.logging.peak_tflops)
+        if main:
+            os.makedirs(run_dir, exist_ok=True)
+            run = {"config": c.to_dict(), "world_size": self.world, "num_iterations": c.training.num_iterations}
+            run |= {"started": time.time(), "hosts": hosts, "model_flops_per_token": self.flops_per_token}
+            metrics.write_json_atomically(os.path.join(run_dir, "run.json"), run | {"peak_flops_per_device": peak})
+        out = metrics.MetricsFile(run_dir, self.rank)
+        progress = metrics.Progress(main, c.logging.progress, c.training.num_iterations, self.step, c.logging.log_every)
+        trackers = metrics.Trackers(main, run_dir, c.logging.tensorboard, c.logging.mlflow, c.to_dict())
+        batches = self._batches()
+        window: deque[float] = deque(maxlen=c.logging.straggler_window)
+        losses, eval_losses, started = [], [], time.monotonic()
+        first_step = self.step
+        self.preemption.install()
+        try:
+            self.model.train()
+            while self.step < c.training.num_iterations:
+                t0 = time.perf_counter()
+                lr = self.scheduler.get_last_lr()[0]  # the rate this step uses
+                loss, tokens = self._train_step(batches)
+                self.step += 1
+                step_time = time.perf_counter() - t0
+                # One small all-reduce per step: the job's loss and tokens, and whether any rank was signalled.
+                flags = [loss, float(tokens), float(self.preemption.requested)]
+                summed, job_tokens, stop = all_reduce(torch.tensor(flags, device=self.device), op="sum").tolist()
+                job_loss = summed / self.world
+                rate = job_tokens / step_time
+                mem_alloc, mem_reserved = metrics.memory(self.device)
+                line = metrics.train_line(self.step, self.rank, self.host, loss=loss, lr=lr)
+                line |= {"step_time_s": step_time, "tokens": tokens, "tokens_per_s": rate}
+                line |= {"mfu": None if peak is None else self.flops_per_token * rate / (peak * self.world)}
+                line |= {"mem_allocated_bytes": mem_alloc, "mem_reserved_bytes": mem_reserved}
+                out.write(line)
+                losses.append(job_loss)
+                window.append(step_time)
+                elapsed = time.monotonic() - started
+                eta = elapsed / (self.step - first_step) * (c.training.num_iterations - self.step)
+                progress.update(line | {"loss": job_loss}, eta)
+                trackers.scalars(
+                    self.step, {"train/loss": job_loss, "train/tokens_per_s": rate, "train/mfu": line["mfu"]}
+                )
+                if self.step % c.logging.straggler_window == 0:
+                    self._stragglers(window, hosts)
+                last = self.step == c.training.num_iterations
+                if (
+                    c.training.eval_every
+                    and (self.step % c.training.eval_every == 0 or last)
+                    and self.eval_data is not None
+                ):
+                    eval_loss = self._evaluate()
+                    out.write(metrics.eval_line(self.step, self.rank, eval_loss))
+                    trackers.scalars(self.step, {"eval/loss": eval_loss})
+                    eval_losses.append(eval_loss)
+                if stop > 0:
+                    self._save(run_dir, complete=True)
+                    self._preempted(main)
+                if (c.checkpoint.every and self.step % c.checkpoint.every == 0) or (last and c.checkpoint.at_end):
+                    self._save(run_dir, complete=last)
+        finally:
+            self.preemption.uninstall()
+            progress.close()
+            trackers.close()
+            out.close()
+        return {"step": self.step, "losses": losses, "eval_losses": eval_losses}
+
+    def _train_step(self, batches) -> tuple[float, int]:
+        """One optimizer step over `accum` micro-batches; (this rank's mean loss, its tokens)."""
+        total, tokens, where = torch.zeros((), device=self.device), 0, "forward"
+        autocast = (
+            torch.autocast(self.device.type, dtype=self.autocast_dtype)
+            if self.autocast_dtype is not None
+            else contextlib.nullcontext()
+        )
+        try:
+            for micro in range(self.accum):
+                batch = _to(next(batches), self.device)
+                tokens += _tokens(batch)
+                sync = micro == self.accum - 1  # no_sync on all but the last micro-batch
+                with contextlib.nullcontext() if sync else self.model.no_sync():
+                    where = f"forward of micro-batch {micro + 1}/{self.accum}"
+                    with autocast:
+                        loss = _call(self.model, batch)
+                    where = f"backward of micro-batch {micro + 1}/{self.accum}"
+                    scaled = loss / self.accum
+                    (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+                total += loss.detach().float()
+            where = "optimizer step"
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            if self.config.optim.grad_clip > 0:
+                clip_grad_norm_(self.model, self.config.optim.grad_clip)
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            self.model.zero_grad(set_to_none=True)
+            self.scheduler.step()
+            return total.item() / self.accum, tokens
+        except torch.OutOfMemoryError as e:
+            raise self._oom(e, where) from None
+
+    def _oom(self, error: BaseException, where: str) -> torch.OutOfMemoryError:
+        inner = self.model.module
+        c = self.config
+        breakdown = memory.measure(inner, self.optimizer, c.parallel.zero, self.world, c.training.device_batch_size)
+        report = memory.oom_report(
+            error,
+            where=f"step {self.step + 1}, {where}",
+            rank=self.rank,
+            host=self.host,
+            breakdown=breakdown,
+            config=c,
+            world=self.world,
+            device=self.device,
+        )
+        log.error("%s", report)
+        return torch.OutOfMemoryError(report)
+
+    def _batches(self):
+        """train_data as an endless iterator, from where a resume left it."""
+        data = self.train_data
+        skip = 0 if hasattr(data, "load_state_dict") else self.batches_taken
+        self.batches_taken -= skip  # counted again as they are skipped
+
+        def endless():
+            while True:
+                empty = True
+                for batch in data:
+                    empty = False
+                    self.batches_taken += 1
+                    yield batch
+                if empty:
+                    raise _C.ConfigError("train_data yielded no batch. Fix: give the Trainer a non-empty iterable.")
+
+        it = endless()
+        for _ in itertools.islice(it, skip):
+            pass
+        return it
+
+    @torch.no_grad()
+    def _evaluate(self) -> float:
+        """Mean loss over eval_batches micro-batches per rank, averaged over ranks (the same on each)."""
+        data = self.eval_data
+        if hasattr(data, "load_state_dict"):
+            data.load_state_dict({"epoch": 0, "taken": 0})  # the same batches every evaluation
+        limit = self.config.training.eval_batches
+        if hasattr(data, "batches_per_epoch"):
+            limit = min(limit, data.batches_per_epoch)
+        self.model.eval()
+        total, n = torch.zeros((), device=self.device), 0
+        autocast = (
+            torch.autocast(self.device.type, dtype=self.autocast_dtype)
+            if self.autocast_dtype
+            else contextlib.nullcontext()
+        )
+        for batch in itertools.islice(iter(data), limit):
+            with autocast:
+                total += _call(self.model, _to(batch, self.device)).float()
+            n += 1
+        self.model.train()
+        return all_reduce((total / max(n, 1)).reshape(1), op="avg").item()
+
+    def _stragglers(self, window: deque[float], hosts: list[str]) -> None:
+        medians = torch.zeros(self.world, dtype=torch.float64, device=self.device)
+        medians[self.rank] = statistics.median(window)
+        medians = all_reduce(medians, op="sum").tolist()
+        if self.rank == 0:
+            for slow in metrics.stragglers(medians, hosts, self.config.logging.straggler_ratio):
+                log.warning("straggler at step %d: %s", self.step, slow)
+
+    def _hosts(self) -> list[str]:
+        roster = self.ctx.rendezvous.roster() if self.ctx.rendezvous is not None else []
+        by_rank = {e.rank: e.host for e in roster}
+        return [by_rank.get(r, self.host if r == self.rank else "?") for r in range(self.world)]
+
+    # Checkpoints ------------------------------------------------------------------------------
+
+    def _save(self, run_dir: str, complete: bool) -> None:
+        """A checkpoint of this step; with `complete`, returns once its manifest is written."""
+        path = os.path.join(run_dir, "checkpoints", f"step_{self.step:08d}")
+        data = self.train_data
+        extra = {"scheduler": self.scheduler.state_dict(), "world_size": self.world}
+        extra["scaler"] = self.scaler.state_dict() if self.scaler is not None else None
+        rank_extra = {"rng": rng_state(), "batches_taken": self.batches_taken}
+        rank_extra["data"] = data.state_dict() if hasattr(data, "state_dict") else None
+        save_checkpoint(
+            path,
+            model=self.model,
+            optimizer=self.optimizer,
+            step=self.step,
+            extra=extra,
+            rank_extra=rank_extra,
+            async_save=self.config.checkpoint.async_save and not complete,
+        )
+        if complete:
+            wait()
+
+    def _resume(self, checkpoints: str) -> None:
+        resume = self.config.checkpoint.resume
+        if resume == "none":
+            return
+        path = latest(checkpoints) if resume == "auto" else resume
+        if path is None:
+            log.info("--resume auto: no complete checkpoint in %s, starting fresh", checkpoints)
+            return
+        loaded = load_checkpoint(path, model=self.model, optimizer=self.optimizer)
+        self.step = int(loaded["step"])
+        extra = loaded["extra"]
+        self.scheduler.load_state_dict(extra["scheduler"])
+        if self.scaler is not None and extra.get("scaler") is not None:
+            self.scaler.load_state_dict(extra["scaler"])
+        mine = loaded["rank_extra"]
+        if mine is None:
+            log.warning(
+                "resumed from %s, saved by %s ranks, on %s: model, optimizer and schedule restored; data position "
+                "and random generators start afresh (exact resume needs the same world size)",
+                loaded["path"],
+                extra["world_size"],
+                self.world,
+            )
+            _seed_everything(self.config.training.seed + self.step, self.rank)
+            return
+        set_rng_state(mine["rng"])
+        self.batches_taken = int(mine["batches_taken"])
+        if mine["data"] is not None and hasattr(self.train_data, "load_state_dict"):
+            self.train_data.load_state_dict(mine["data"])
+        log.info("resumed from %s at step %d", loaded["path"], self.step)
+
+    def _preempted(self, main: bool) -> None:
+        p = self.preemption
+        if p.requested:
+            name = signal.Signals(p.signum).name
+            log.warning(
+                "%s: checkpoint of step %d complete %.2f s after the signal; exiting with %d (resume with "
+                "--checkpoint.resume=auto)",
+                name,
+                self.step,
+                time.monotonic() - (p.received_at or time.monotonic()),
+                EXIT_PREEMPTED,
+            )
+        elif main:
+            log.warning(
+                "another rank was signalled: checkpoint of step %d saved; exiting with %d", self.step, EXIT_PREEMPTED
+            )
+        raise Preempted(EXIT_PREEMPTED)

@@ -1,0 +1,111 @@
+"""The trainer's configuration: presets, TOML, --key=value, the errors' closest matches, and the
+generated reference (--help, docs/train.md) that cannot drift from the dataclasses."""
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+import dtcore
+from dtcore.train import config as cfg
+from dtcore.train import memory, reference
+from dtcore.train.gpt import GPT, GPTConfig, num_parameters
+from dtcore.train.trainer import accumulation_steps
+
+from launch_helpers import ROOT, clean_env
+
+
+def test_presets_overrides_and_unique_field_names():
+    c = cfg.parse_args(["--preset", "balanced", "--training.device_batch_size=4", "--lr", "1e-4", "--zero=2"])
+    assert (c.model.n_layer, c.training.device_batch_size, c.optim.lr, c.parallel.zero) == (12, 4, 1e-4, 2)
+    assert c.training.total_batch_size == 512  # from the preset, untouched
+    assert cfg.parse_args(["--progress=false", "--every=0x10"]).logging.progress is False
+    assert cfg.parse_args(["--checkpoint.every=0x10"]).checkpoint.every == 16
+    assert cfg.parse_args([]) == cfg.from_preset("tiny")  # the defaults are the tiny preset
+
+
+def test_toml_file_with_preset_then_command_line(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('preset = "conservative"\n[training]\nnum_iterations = 7\n[data]\ntokenizer = "char"\n')
+    c = cfg.parse_args(["--config", str(path), "--num_iterations=9"])
+    assert (c.model.n_embd, c.parallel.zero, c.training.num_iterations, c.data.tokenizer) == (768, 2, 9, "char")
+
+
+@pytest.mark.parametrize(
+    "argv,needles",
+    [
+        (["--preset", "tinny"], ["'tinny' is not a preset", "Closest: 'tiny'", "tiny, conservative, balanced"]),
+        (["--training.num_iteration=5"], ["unknown key 'training.num_iteration'", "'training.num_iterations'"]),
+        (["--learning_rate=1"], ["unknown key 'learning_rate'", "Valid keys: model.n_layer"]),
+        (["--precision=bf61"], ["training.precision='bf61' is not one of auto, bf16, fp16, fp32", "Closest: 'bf16'"]),
+        (["--zero=3"], ["parallel.zero='3' is not one of 0, 1, 2"]),
+        (["--device_batch_size=eight"], ["training.device_batch_size='eight' is not a whole number"]),
+        (["--progress=maybe"], ["logging.progress='maybe' is not a boolean"]),
+        (["--lr"], ["--lr has no value"]),
+        (["stray"], ["unexpected argument 'stray'"]),
+    ],
+)
+def test_bad_presets_keys_and_values_name_the_closest_match(argv, needles):
+    with pytest.raises(dtcore.ConfigError) as e:
+        cfg.parse_args(argv)
+    for needle in needles:
+        assert needle in str(e.value)
+
+
+def test_bad_toml_value_names_file_and_table(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[optim]\nlr = true\n")
+    with pytest.raises(dtcore.ConfigError, match=r"bad.toml \[optim\]: optim.lr=True is not a number"):
+        cfg.parse_args(["--config", str(path)])
+
+
+def test_accumulation_must_divide_and_names_the_numbers():
+    c = cfg.TrainConfig()
+    c.training.device_batch_size, c.training.total_batch_size = 8, 64
+    assert accumulation_steps(c, 2) == 4
+    c.training.total_batch_size = 100
+    with pytest.raises(dtcore.ConfigError) as e:
+        accumulation_steps(c, 2)
+    assert "total_batch_size=100 is not a multiple of device_batch_size x world size = 8 x 2 = 16" in str(e.value)
+    assert "--training.total_batch_size=96 or 112" in str(e.value)
+
+
+def test_every_field_has_a_docstring_in_help_and_docs():
+    text = reference.help_text()
+    for section, cls in cfg.sections():
+        docs = cfg.field_docs(cls)
+        for f in dataclasses.fields(cls):
+            assert docs.get(f.name), f"{section}.{f.name} has no docstring"
+            assert f"--{section}.{f.name}=" in text
+    for name in cfg.PRESETS:
+        assert name in text
+
+
+def test_docs_reference_is_generated_from_the_dataclasses():
+    path = ROOT / "docs" / "train.md"
+    text = path.read_text()
+    assert reference.docs_with_reference(text) == text, (
+        "docs/train.md is out of date: python -m dtcore.train.reference docs/train.md"
+    )
+
+
+def test_preset_memory_estimates_grow_with_batch_and_fall_with_sharding():
+    small = memory.estimate(cfg.from_preset("balanced"), 8)
+    big = memory.estimate(cfg.from_preset("aggressive"), 8)
+    assert big.activations > small.activations and big.optimizer_state > small.optimizer_state  # zero 0 vs 1
+    c = cfg.TrainConfig(model=cfg.ModelConfig(n_layer=3, n_head=2, n_embd=48, block_size=32))
+    built = GPT(GPTConfig(**dataclasses.asdict(c.model), vocab_size=40))
+    assert memory.gpt_parameters(c, 40) == num_parameters(built)  # the estimate counts what the model has
+
+
+def test_help_from_the_command_line_and_bad_key_exit_status():
+    env = clean_env()
+    ok = subprocess.run([sys.executable, "-m", "dtcore.train", "--help"], env=env, capture_output=True, text=True)
+    assert ok.returncode == 0 and "--parallel.activation_checkpointing=" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "dtcore.train", "--lrr=1"], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "Did you mean 'lr'?" in bad.stderr, bad.stderr
+    heads = subprocess.run(
+        [sys.executable, "-m", "dtcore.train", "--n_embd=100", "--n_head=3"], env=env, capture_output=True, text=True
+    )
+    assert heads.returncode == 2 and "model.n_embd=100 is not a multiple of model.n_head=3" in heads.stderr

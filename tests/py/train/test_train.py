@@ -1,0 +1,95 @@
+"""The trainer end to end on 2 CPU ranks (Gloo): torchrun -m dtcore.train, the metrics files of
+the run directory, and an out-of-memory error diagnosed on the rank it hit."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from dtcore.train import DataConfig
+from dtcore.train.data import Tokenizer, load_text
+from dtcore.train.gpt import GPT, GPTConfig, num_parameters
+
+from launch_helpers import clean_env, describe, free_port, leftover_processes, run_processes, run_ranks, torchrun_style
+
+TRAIN_KEYS = {"kind", "step", "time", "rank", "host", "loss", "lr", "step_time_s", "tokens", "tokens_per_s", "mfu"}
+TRAIN_KEYS |= {"mem_allocated_bytes", "mem_reserved_bytes"}
+
+
+def _lines(run_dir, rank):
+    return [json.loads(line) for line in (run_dir / "metrics" / f"rank{rank}.jsonl").read_text().splitlines()]
+
+
+def _worker(mode, run_dir):
+    """train_worker.py MODE on 2 ranks; every rank reports (its JSON line), none is left behind."""
+    port = free_port()
+    envs = [clean_env(**torchrun_style(rank, 2, port)) for rank in range(2)]
+    results, sessions = run_ranks("train_worker.py", envs, args=(mode, str(run_dir)), timeout=120)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    assert leftover_processes(sessions) == []
+    return results
+
+
+@pytest.mark.multirank
+def test_torchrun_trains_the_tiny_preset_and_writes_the_run_directory(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dtcore.train"]
+    cmd += ["--preset", "tiny", f"--logging.run_dir={run_dir}"]
+    (result,), sessions = run_processes([cmd], [clean_env()], timeout=120)
+    assert result.returncode == 0, describe([result])
+    assert leftover_processes(sessions) == []
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["world_size"] == 2 and run["num_iterations"] == 40 and len(run["hosts"]) == 2
+    assert run["config"]["training"]["num_iterations"] == 40 and run["peak_flops_per_device"] is None
+    assert run["model_flops_per_token"] > 6 * 100_000  # 6 per parameter and more
+    for rank in (0, 1):
+        lines = _lines(run_dir, rank)
+        train = [line for line in lines if line["kind"] == "train"]
+        evals = [line for line in lines if line["kind"] == "eval"]
+        assert [t["step"] for t in train] == list(range(1, 41))
+        assert all(set(t) == TRAIN_KEYS and t["rank"] == rank and t["mfu"] is None for t in train)
+        assert all(t["tokens"] == 8 * 64 and t["tokens_per_s"] > 0 for t in train)
+        assert [e["step"] for e in evals] == [20, 40] and evals[1]["eval_loss"] < evals[0]["eval_loss"]
+        first, last = sum(t["loss"] for t in train[:5]) / 5, sum(t["loss"] for t in train[-5:]) / 5
+        assert last < first - 0.5, (first, last)  # ln(58) = 4.06 to about 2.7 in 40 steps
+    assert _lines(run_dir, 0)[-1]["eval_loss"] == _lines(run_dir, 1)[-1]["eval_loss"]  # averaged over ranks
+    assert "loss" in result.stderr and "tok/s" in result.stderr  # rank 0's progress
+    assert os.listdir(run_dir / "checkpoints") == ["step_00000040"]  # at the end
+    assert (run_dir / "checkpoints" / "step_00000040" / "manifest.json").exists()
+
+
+@pytest.mark.multirank
+def test_injected_out_of_memory_is_diagnosed_on_its_rank_and_the_other_gets_the_verdict(tmp_path):
+    results = _worker("oom", tmp_path)
+    zero, one = (r.json() for r in results)
+    assert one["error"] == "OutOfMemoryError", one
+    message = one["message"]
+    for needle in (
+        "out of memory on rank 1",
+        "during step 2, forward of micro-batch 1/2: CUDA out of memory. Tried to allocate 2.00 GiB",
+        "parameters ",
+        "gradients ",
+        "optimizer state ",
+        "activations ",
+        "(estimate for device_batch_size=8, activation_checkpointing=none)",
+        "1. --training.device_batch_size=4 with --training.total_batch_size=32",
+        "2. --parallel.zero=2: shards gradients and optimizer state over 2 ranks",
+        "3. --parallel.activation_checkpointing=all",
+    ):
+        assert needle in message, message
+    vocab = Tokenizer("char", load_text(DataConfig())).vocab_size
+    params = num_parameters(GPT(GPTConfig(vocab_size=vocab)))
+    assert f"parameters       {4 * params / 2**20:.2f} MiB" in message  # measured on the rank, fp32
+    assert zero["error"] == "CommError" and "root cause: rank 1" in zero["message"], zero  # the health verdict
+
+
+@pytest.mark.multirank
+def test_any_module_with_a_plain_list_of_batches_and_its_own_optimizer_sharded(tmp_path):
+    results = _worker("mlp", tmp_path)
+    for r in results:
+        j = r.json()
+        assert j["error"] is None and j["optimizer"] == "ShardedOptimizer", j
+        assert len(j["losses"]) == 30 and sum(j["losses"][-5:]) < 0.5 * sum(j["losses"][:5]), j["losses"]
+    assert results[0].json()["losses"] == results[1].json()["losses"]  # the job's loss, averaged over ranks
+    assert [line["tokens"] for line in _lines(tmp_path, 1)][:2] == [2 * 4 * 8] * 2  # 2 micro-batches of (4, 8)
