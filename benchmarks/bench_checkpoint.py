@@ -20,24 +20,22 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from ranks import rank0_report
+from dtcore.train.gpt import GPT, SHAPES, CharData, make_corpus, num_parameters
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from gpt import GPT, PRESETS, CharData, make_corpus, num_parameters
+from ranks import rank0_report
 
 
 def worker(args) -> None:
     import dtcore
 
     ctx = dtcore.init(timeout=600)
-    config = PRESETS[args.preset]
+    config = SHAPES[args.preset]
     data = CharData(make_corpus(), config.block_size, seed=ctx.rank)
     report: dict = {}
     for zero in (0, 2):
@@ -100,7 +98,7 @@ def measure(model, opt, root: str, repeats: int, dcp: bool) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--preset", default="20m", choices=sorted(PRESETS))
+    ap.add_argument("--preset", default="20m", choices=sorted(SHAPES))
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
