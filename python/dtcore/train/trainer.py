@@ -26,7 +26,7 @@ from ..activation import checkpoint_activations
 from ..bootstrap import get_context, init, is_initialized
 from ..bootstrap.join import _seed_everything
 from ..checkpoint import latest, load_checkpoint, save_checkpoint, wait
-from ..comm import all_reduce
+from ..comm import all_reduce, barrier
 from ..reducer import DistributedModel, wrap
 from ..zero import ShardedOptimizer, clip_grad_norm_
 from . import memory, metrics
@@ -229,6 +229,11 @@ class Trainer:
         run_dir = c.logging.run_dir
         main = self.rank == 0
         self._resume(os.path.join(run_dir, "checkpoints"))
+        if self.step == 0:
+            if main:
+                _set_aside_earlier_run(run_dir)
+            if self.world > 1:
+                barrier()  # no rank opens its metrics file before an earlier run's is moved away
         hosts = self._hosts()
         peak = metrics.peak_flops(self.device, c.logging.peak_tflops)
         if main:
@@ -476,3 +481,20 @@ class Trainer:
                 "another rank was signalled: checkpoint of step %d saved; exiting with %d", self.step, EXIT_PREEMPTED
             )
         raise Preempted(EXIT_PREEMPTED)
+
+
+def _set_aside_earlier_run(run_dir: str) -> None:
+    """A fresh run (nothing resumed) into a directory an earlier run wrote: the earlier run is moved
+    to RUN_DIR.<its start time>, so that metrics, plots and `--resume auto` never mix two runs, and
+    nothing of it is lost."""
+    earlier = os.path.join(run_dir, "run.json")
+    if not os.path.exists(earlier) and not os.path.isdir(os.path.join(run_dir, "metrics")):
+        return
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(os.path.getmtime(run_dir)))
+    target = f"{run_dir}.{stamp}"
+    for n in itertools.count(1):
+        if not os.path.exists(target):
+            break
+        target = f"{run_dir}.{stamp}-{n}"
+    os.rename(run_dir, target)
+    log.info("this run starts afresh in %s; the earlier run there was moved to %s", run_dir, target)

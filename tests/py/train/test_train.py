@@ -93,3 +93,17 @@ def test_any_module_with_a_plain_list_of_batches_and_its_own_optimizer_sharded(t
         assert len(j["losses"]) == 30 and sum(j["losses"][-5:]) < 0.5 * sum(j["losses"][:5]), j["losses"]
     assert results[0].json()["losses"] == results[1].json()["losses"]  # the job's loss, averaged over ranks
     assert [line["tokens"] for line in _lines(tmp_path, 1)][:2] == [2 * 4 * 8] * 2  # 2 micro-batches of (4, 8)
+
+
+def test_a_fresh_run_into_an_earlier_runs_directory_moves_that_run_aside(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "dtcore.train", "--preset", "tiny", f"--logging.run_dir={run_dir}"]
+    cmd += ["--training.num_iterations=3"]
+    for _ in range(2):
+        (result,), _sessions = run_processes([cmd], [clean_env()], timeout=120)
+        assert result.returncode == 0, describe([result])
+    steps = [line["step"] for line in _lines(run_dir, 0) if line["kind"] == "train"]
+    assert steps == [1, 2, 3], steps  # this run's lines only, never appended to the earlier run's
+    (earlier,) = [p for p in tmp_path.iterdir() if p.name.startswith("run.")]
+    assert [line["step"] for line in _lines(earlier, 0) if line["kind"] == "train"] == [1, 2, 3]
+    assert (earlier / "checkpoints").is_dir()  # nothing of it lost
