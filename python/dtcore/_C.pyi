@@ -92,6 +92,7 @@ class RosterEntry:
     pid: int
     local_rank: int
     device: str
+    device_id: str
     fingerprint: dict[str, str]
 
 class Rendezvous:
@@ -102,7 +103,14 @@ class Rendezvous:
     def close(self) -> None: ...
 
 def rendezvous(
-    spec: WorldSpec, settings: Settings, host: str, device: str, fingerprint: dict[str, str], generation: int = 0
+    spec: WorldSpec,
+    settings: Settings,
+    host: str,
+    device: str,
+    fingerprint: dict[str, str],
+    generation: int = 0,
+    device_id: str = "",
+    store: Any | None = None,  # torch.distributed.Store: rendezvous on it instead of serving one
 ) -> Rendezvous: ...
 
 # comm (csrc/bindings/comm.cpp) ------------------------------------------------------------------
