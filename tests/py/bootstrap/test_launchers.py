@@ -284,8 +284,14 @@ def test_two_nodes_of_one_process_on_one_machine_train():
     assert not leftover_processes(sessions)
 
 
-def test_two_torchrun_nodes_on_one_machine_train():
-    """torchrun --nnodes=2 started twice on one machine, as users try multi-node set-ups."""
+@pytest.mark.parametrize(
+    "per_node,worker",
+    [(1, ("wrap_worker.py", "parity", "25")), (2, ("allreduce_worker.py",))],
+    ids=["1-per-node-trains", "2-per-node-collectives"],
+)
+def test_two_torchrun_nodes_on_one_machine(per_node, worker):
+    """torchrun --nnodes=2 started twice on one machine, as users try multi-node set-ups. With two
+    processes per node, local_main_process_first runs local rank 0 of both nodes first."""
     port = free_port()
     cmds = [
         [
@@ -294,17 +300,17 @@ def test_two_torchrun_nodes_on_one_machine_train():
             "torch.distributed.run",
             "--nnodes=2",
             f"--node_rank={node}",
-            "--nproc_per_node=1",
+            f"--nproc_per_node={per_node}",
             "--master_addr=127.0.0.1",
             f"--master_port={port}",
-            str(WORKERS / "wrap_worker.py"),
-            "parity",
-            "25",
+            str(WORKERS / worker[0]),
+            *worker[1:],
         ]
         for node in range(2)
     ]
     results, sessions = run_processes(cmds, [clean_env(), clean_env()], timeout=120)
     assert all(r.returncode == 0 for r in results), describe(results)
-    assert sorted(r.json()["rank"] for r in results) == [0, 1]
-    assert all(r.json()["bad"] == [] for r in results), describe(results)
+    reports = [j for r in results for j in r.json_lines()]
+    assert sorted(j["rank"] for j in reports) == list(range(2 * per_node))
+    assert all(j["bad"] == [] for j in reports), describe(results)
     assert not leftover_processes(sessions)
