@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "bindings/bindings.h"
+#include "dtcore/bootstrap/accelerate.h"
 #include "dtcore/bootstrap/backend.h"
 #include "dtcore/bootstrap/launcher.h"
 #include "dtcore/bootstrap/rendezvous.h"
@@ -94,6 +95,14 @@ void bind_bootstrap(py::module_& m) {
       },
       py::arg("settings"), py::arg("cuda_devices"), py::arg("torch_version"), py::arg("spec"),
       "'nccl' or 'gloo' for the settings' backend; ConfigError naming its source when it cannot be honoured");
+
+  m.def(
+      "accelerate_started_fewer",
+      [](const WorldSpec& spec, const std::string& config_path, const std::string& config_text) {
+        return accelerate_started_fewer(Env::from_process(), spec, config_path, parse_accelerate_config(config_text));
+      },
+      py::arg("spec"), py::arg("config_path") = "", py::arg("config_text") = "",
+      "'' unless accelerate started this process alone although asked for more; else the warning with its fix");
 
   py::class_<RosterEntry> entry(m, "RosterEntry");
   fields<Access::kRead>(entry, "rank", &RosterEntry::rank, "host", &RosterEntry::host, "pid", &RosterEntry::pid,

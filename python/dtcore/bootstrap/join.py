@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _C
-from . import context, fingerprint
+from . import accelerate, context, fingerprint
 from .context import Context
 
 log = logging.getLogger("dtcore")
@@ -154,6 +154,7 @@ def _join(r: _Request) -> Context:
 
     log_file = _C.configure_logging(spec.rank, spec.world_size, host, settings)
     log.debug("init: %s", spec.describe())
+    accelerate.warn_if_started_fewer(spec)
     if backend == "nccl":
         # The local rank, never the global one (or 0 when the launcher bound one GPU per process).
         device = torch.device("cuda", _C.cuda_device_index(spec, visible))
