@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "bindings/bindings.h"
+#include "dtcore/bootstrap/accelerate.h"
 #include "dtcore/bootstrap/backend.h"
 #include "dtcore/bootstrap/launcher.h"
 #include "dtcore/bootstrap/rendezvous.h"
@@ -95,10 +96,18 @@ void bind_bootstrap(py::module_& m) {
       py::arg("settings"), py::arg("cuda_devices"), py::arg("torch_version"), py::arg("spec"),
       "'nccl' or 'gloo' for the settings' backend; ConfigError naming its source when it cannot be honoured");
 
+  m.def(
+      "accelerate_started_fewer",
+      [](const WorldSpec& spec, const std::string& config_path, const std::string& config_text) {
+        return accelerate_started_fewer(Env::from_process(), spec, config_path, parse_accelerate_config(config_text));
+      },
+      py::arg("spec"), py::arg("config_path") = "", py::arg("config_text") = "",
+      "'' unless accelerate started this process alone although asked for more; else the warning with its fix");
+
   py::class_<RosterEntry> entry(m, "RosterEntry");
   fields<Access::kRead>(entry, "rank", &RosterEntry::rank, "host", &RosterEntry::host, "pid", &RosterEntry::pid,
-                        "local_rank", &RosterEntry::local_rank, "device", &RosterEntry::device, "fingerprint",
-                        &RosterEntry::fingerprint);
+                        "local_rank", &RosterEntry::local_rank, "device", &RosterEntry::device, "device_id",
+                        &RosterEntry::device_id, "fingerprint", &RosterEntry::fingerprint);
 
   py::class_<Rendezvous>(m, "Rendezvous")
       .def_property_readonly("store", &Rendezvous::store)
@@ -109,15 +118,17 @@ void bind_bootstrap(py::module_& m) {
   m.def(
       "rendezvous",
       [](const WorldSpec& spec, const Settings& settings, const std::string& host, const std::string& device,
-         std::map<std::string, std::string> fingerprint, int generation) {
-        auto self = RosterEntry::for_process(spec, host, device, std::move(fingerprint));
+         std::map<std::string, std::string> fingerprint, int generation, const std::string& device_id,
+         c10::intrusive_ptr<c10d::Store> store) {
+        auto self = RosterEntry::for_process(spec, host, device, std::move(fingerprint), device_id);
         auto options = RendezvousOptions::from(settings, generation);
         const Env env = Env::from_process();  // as read_world() without env=: this process's
         py::gil_scoped_release release;
-        return Rendezvous::join(spec, std::move(self), options, env);
+        return Rendezvous::join(spec, std::move(self), options, env, std::move(store));
       },
       py::arg("spec"), py::arg("settings"), py::arg("host"), py::arg("device"), py::arg("fingerprint"),
-      py::arg("generation") = 0, "Blocks until every rank has joined and agreed, or raises RendezvousError");
+      py::arg("generation") = 0, py::arg("device_id") = "", py::arg("store") = py::none(),
+      "Blocks until every rank has joined and agreed, or raises RendezvousError; with `store`, on that store");
 }
 
 }  // namespace dtcore::bindings

@@ -85,6 +85,7 @@ def validate_world(
 ) -> None: ...
 def cuda_device_index(spec: WorldSpec, visible_gpus: int) -> int: ...
 def choose_backend(settings: Settings, cuda_devices: int, torch_version: str, spec: WorldSpec) -> str: ...
+def accelerate_started_fewer(spec: WorldSpec, config_path: str = "", config_text: str = "") -> str: ...
 
 class RosterEntry:
     rank: int
@@ -92,6 +93,7 @@ class RosterEntry:
     pid: int
     local_rank: int
     device: str
+    device_id: str
     fingerprint: dict[str, str]
 
 class Rendezvous:
@@ -102,7 +104,14 @@ class Rendezvous:
     def close(self) -> None: ...
 
 def rendezvous(
-    spec: WorldSpec, settings: Settings, host: str, device: str, fingerprint: dict[str, str], generation: int = 0
+    spec: WorldSpec,
+    settings: Settings,
+    host: str,
+    device: str,
+    fingerprint: dict[str, str],
+    generation: int = 0,
+    device_id: str = "",
+    store: Any | None = None,  # torch.distributed.Store: rendezvous on it instead of serving one
 ) -> Rendezvous: ...
 
 # comm (csrc/bindings/comm.cpp) ------------------------------------------------------------------

@@ -22,7 +22,18 @@ try:
     from .activation import CheckpointSummary, checkpoint_activations
     from .bootstrap import Context, get_context, init, is_initialized, shutdown
     from .checkpoint import load_checkpoint, save_checkpoint
-    from .comm import all_reduce, barrier, broadcast, is_main_process, main_process_first
+    from .comm import (
+        all_gather,
+        all_reduce,
+        barrier,
+        broadcast,
+        gather_object,
+        is_local_main_process,
+        is_main_process,
+        local_main_process_first,
+        main_process_first,
+        reduce_scatter,
+    )
     from .reducer import DistributedDataParallel, DistributedModel, wrap
     from .train import TrainConfig, Trainer
     from .zero import ShardedOptimizer, clip_grad_norm_
@@ -41,8 +52,13 @@ __all__ = [
     "barrier",
     "all_reduce",
     "broadcast",
+    "all_gather",
+    "reduce_scatter",
+    "gather_object",
     "is_main_process",
     "main_process_first",
+    "is_local_main_process",
+    "local_main_process_first",
     "wrap",
     "check",
     "units",

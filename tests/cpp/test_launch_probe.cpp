@@ -111,15 +111,6 @@ TEST(LaunchProbe, SrunTasksAgainstSlurmTaskCount) {
   expect_item(out, "launch.world_size", Status::Fail, {"SLURM_NTASKS=6", "8 tasks", "--ntasks"});
 }
 
-TEST(LaunchProbe, AccelerateConfigParsesTopLevelKeys) {
-  auto c = parse_accelerate_config(
-      "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_processes: 16\n"
-      "num_machines: 1\nmain_process_port: '29501'\ndeepspeed_config:\n  zero_stage: 2\n");
-  EXPECT_EQ(c["num_processes"], "16");
-  EXPECT_EQ(c["main_process_port"], "29501");
-  EXPECT_EQ(c.count("zero_stage"), 0u);  // nested keys are not top-level
-}
-
 TEST(LaunchProbe, AccelerateConfigAskingForMoreProcessesThanGpusFails) {
   LaunchExpectations e = expect("nccl", 8);
   e.accelerate_config_path = "default_config.yaml";
@@ -145,4 +136,13 @@ TEST(LaunchProbe, AccelerateConfigOverriddenByTheLaunchCommandWarns) {
   judge_launch(Env(v), e, out);
   expect_item(out, "launch.launcher", Status::Pass, {"accelerate"});
   expect_item(out, "launch.accelerate", Status::Warn, {"num_processes=2", "this job has 4"});
+}
+
+TEST(LaunchProbe, AccelerateLaunchThatStartedOneOfSeveralWarns) {
+  // `accelerate launch --cpu --num_processes 2`: one process, MASTER_ADDR/MASTER_PORT set.
+  Vars v{{"ACCELERATE_USE_CPU", "True"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
+  Items out;
+  judge_launch(Env(v), expect(), out);
+  expect_item(out, "launch.accelerate", Status::Warn,
+              {"accelerate started this process alone", "MASTER_PORT=29500", "accelerate launch --multi_gpu"});
 }

@@ -222,6 +222,41 @@ TEST(Precedence, ArgumentsAloneMakeAWorld) {
   EXPECT_EQ(s.world_size.value, 2);
 }
 
+TEST(Precedence, ArgumentsCompleteAWorldTheLauncherLeftHalfDone) {
+  // WORLD_SIZE without RANK: init(rank=) gives the rest, DTCORE_RANK too.
+  WorldOverrides o;
+  o.rank = 1;
+  o.world_size = 2;
+  WorldSpec s = read_world(env({{"WORLD_SIZE", "4"}}), o);
+  EXPECT_EQ(s.rank.value, 1);
+  EXPECT_EQ(s.rank.source, "init(rank=)");
+  EXPECT_EQ(s.world_size.value, 2);
+  EXPECT_EQ(s.world_size.source, "init(world_size=)");
+  WorldOverrides rank_only;
+  rank_only.rank = 3;
+  s = read_world(env({{"WORLD_SIZE", "4"}}), rank_only);
+  EXPECT_EQ(s.rank.value, 3);
+  EXPECT_EQ(s.world_size.value, 4);
+  EXPECT_EQ(s.world_size.source, "WORLD_SIZE");
+  EXPECT_EQ(read_world(env({{"WORLD_SIZE", "4"}, {"DTCORE_RANK", "2"}})).rank.value, 2);
+  // torchrun's LOCAL_WORLD_SIZE, srun's SLURM_NTASKS, mpirun's world size: each completed by an argument.
+  auto torchrun = torchrun_vars();
+  torchrun.erase("LOCAL_WORLD_SIZE");
+  WorldOverrides local;
+  local.local_world_size = 8;
+  EXPECT_EQ(read_world(env(torchrun), local).local_world_size.source, "init(local_world_size=)");
+  auto slurm = slurm_vars();
+  slurm.erase("SLURM_NTASKS");
+  WorldOverrides world;
+  world.world_size = 2;
+  EXPECT_EQ(read_world(env(slurm), world).world_size.value, 2);
+  EXPECT_EQ(read_world(env({{"OMPI_COMM_WORLD_RANK", "1"}}), world).world_size.value, 2);
+  // Still an error when nothing gives it, naming the argument too.
+  expect_contains(read_error({{"WORLD_SIZE", "4"}}), {"RANK is not set", "init(rank=)", "Fix:"});
+  expect_contains(read_error({{"OMPI_COMM_WORLD_RANK", "1"}}),
+                  {"OMPI_COMM_WORLD_SIZE is not set", "init(world_size=)"});
+}
+
 TEST(Errors, NonIntegerValuesNameVariableValueAndFix) {
   auto vars = torchrun_vars();
   vars["RANK"] = "one";

@@ -9,6 +9,9 @@
 #include <future>
 #include <thread>
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
 #include "dtcore/bootstrap/launcher.h"
 #include "dtcore/bootstrap/rendezvous.h"
 #include "dtcore/common/error.h"
@@ -183,13 +186,50 @@ TEST(Rendezvous, TwoProcessesClaimingOneRank) {
   EXPECT_EQ(named, 3) << errors[0] << "\n" << errors[1] << "\n" << errors[2];
 }
 
-TEST(Rendezvous, SharedLocalRankOnOneHost) {
-  int port = free_port();
+TEST(Rendezvous, OneGpuHeldByTwoRanksOnOneHost) {
   RosterEntry a = entry(0), b = entry(1);
   b.host = a.host;
   b.local_rank = a.local_rank;
-  auto errors = join_all({0, 1}, 2, port, 5s, {a, b});
-  for (const auto& e : errors) EXPECT_NE(e.find("same local rank"), std::string::npos) << e;
+  // On CPU, one host and one local rank share nothing: two launcher "nodes" on one machine.
+  EXPECT_EQ(join_all({0, 1}, 2, free_port(), 5s, {a, b}), std::vector<std::string>(2));
+  a.device = b.device = "cuda:0";
+  a.device_id = b.device_id = "GPU-1234";
+  auto errors = join_all({0, 1}, 2, free_port(), 5s, {a, b});
+  for (const auto& e : errors) EXPECT_NE(e.find("would share device GPU-1234"), std::string::npos) << e;
+}
+
+TEST(Rendezvous, OnAStoreThatHoldsTheMasterPort) {
+  // What torch.distributed.init_process_group leaves behind: rank 0 serves a TCPStore at the
+  // master port, every rank holds a client under a prefix. The rendezvous runs on those.
+  int port = free_port();
+  c10d::TCPStoreOptions server_options;
+  server_options.port = static_cast<std::uint16_t>(port);
+  server_options.isServer = true;
+  server_options.numWorkers = 2;
+  server_options.waitWorkers = false;
+  auto server = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", server_options);
+  std::vector<std::future<std::string>> futures;
+  for (int rank : {0, 1}) {
+    futures.push_back(std::async(std::launch::async, [=]() -> std::string {
+      try {
+        c10d::TCPStoreOptions o;
+        o.port = static_cast<std::uint16_t>(port);
+        auto torch_store =
+            c10::make_intrusive<c10d::PrefixStore>("default_pg", c10::make_intrusive<c10d::TCPStore>("127.0.0.1", o));
+        auto r = Rendezvous::join(spec_for(rank, 2, port), entry(rank), options(10s), Env::from_process(), torch_store);
+        if (r->roster().size() != 2u) return "incomplete roster";
+        if (r->port() != port) return "port " + std::to_string(r->port());
+        if (r->store_owner().find("torch.distributed's store at 127.0.0.1:") != 0) return r->store_owner();
+        if (torch_store->getTimeout() == 10s) return "the caller's store had its timeout changed";
+        r->store()->add("test/done", 1);
+        return "";
+      } catch (const std::exception& ex) {
+        return ex.what();
+      }
+    }));
+  }
+  for (auto& f : futures) EXPECT_EQ(f.get(), "");
+  EXPECT_TRUE(server->check({"default_pg/dtcore/attempt_0/generation_0/roster/all"}));  // on the caller's store
 }
 
 TEST(Roster, EncodeDecodeAndRankFormatting) {

@@ -121,15 +121,44 @@ TEST(CompareFingerprints, AFieldOneRankLacksIsShownAsNone) {
   expect_contains(m, {"nccl differs", "'<none>' on rank 1 (host b)", "'2.21.5' on rank 0 (host a)"});
 }
 
-TEST(SharedDevices, DistinctLocalRanksPerHostAreFine) {
-  EXPECT_EQ(find_shared_devices({entry(0, "a", 0, {}), entry(1, "a", 1, {}), entry(2, "b", 0, {})}), "");
+// A GPU rank's entry: device cuda:<index>, identified by the GPU's UUID.
+RosterEntry gpu(int rank, const std::string& host, int local_rank, int index, const std::string& uuid) {
+  RosterEntry e = entry(rank, host, local_rank, {});
+  e.device = "cuda:" + std::to_string(index);
+  e.device_id = uuid;
+  return e;
+}
+
+TEST(SharedDevices, DistinctGpusPerHostAreFine) {
+  EXPECT_EQ(find_shared_devices({gpu(0, "a", 0, 0, "GPU-0"), gpu(1, "a", 1, 1, "GPU-1"), gpu(2, "b", 0, 0, "GPU-9")}),
+            "");
   EXPECT_EQ(find_shared_devices({}), "");
 }
 
-TEST(SharedDevices, RanksWithOneLocalRankOnOneHostAreNamed) {
-  std::string m = find_shared_devices(
-      {entry(0, "a", 0, {}), entry(1, "a", 0, {}), entry(2, "b", 0, {}), entry(3, "b", 1, {}), entry(4, "b", 1, {})});
-  expect_contains(m, {"would share a device", "ranks 0-1 on host a all have local rank 0",
-                      "ranks 3-4 on host b all have local rank 1", "LOCAL_RANK", "Fix:"});
+TEST(SharedDevices, CpuRanksWithOneLocalRankOnOneHostShareNothing) {
+  // Two launcher "nodes" on one machine: both count local ranks from 0, on CPU that is fine.
+  EXPECT_EQ(
+      find_shared_devices({entry(0, "a", 0, {}), entry(1, "a", 0, {}), entry(2, "a", 1, {}), entry(3, "a", 1, {})}),
+      "");
+}
+
+TEST(SharedDevices, OneIndexUnderDifferentVisibleDevicesIsTwoGpus) {
+  // CUDA_VISIBLE_DEVICES=0 and =1: each process sees its GPU as cuda:0.
+  EXPECT_EQ(find_shared_devices({gpu(0, "a", 0, 0, "GPU-0"), gpu(1, "a", 0, 0, "GPU-1")}), "");
+}
+
+TEST(SharedDevices, RanksHoldingOneGpuOnOneHostAreNamed) {
+  std::string m =
+      find_shared_devices({gpu(0, "a", 0, 0, "GPU-0"), gpu(1, "a", 0, 0, "GPU-0"), gpu(2, "b", 0, 0, "GPU-7"),
+                           gpu(3, "b", 1, 1, "GPU-8"), gpu(4, "b", 1, 1, "GPU-8")});
+  expect_contains(m, {"would share one device", "ranks 0-1 on host a would share device GPU-0",
+                      "rank 0: cuda:0 at local rank 0, rank 1: cuda:0 at local rank 0",
+                      "ranks 3-4 on host b would share device GPU-8", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "Fix:"});
   EXPECT_EQ(m.find("ranks 2"), std::string::npos) << m;
+}
+
+TEST(SharedDevices, TheDeviceIdSurvivesEncodeAndDecode) {
+  RosterEntry d = RosterEntry::decode(gpu(1, "a", 1, 1, "GPU-5e3f").encode());
+  EXPECT_EQ(d.device_id, "GPU-5e3f");
+  EXPECT_EQ(RosterEntry::decode(entry(0, "a", 0, {}).encode()).device_id, "");
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
+#include <vector>
 
 #include "dtcore/bootstrap/hostlist.h"
 #include "dtcore/common/error.h"
@@ -21,6 +22,17 @@ struct Partial {
   std::optional<Sourced<int>> tasks_over_nodes;
   std::optional<Sourced<std::string>> node_list;
   int node_list_hosts = 0;
+
+  // A launcher variable the launcher always sets, found unset: an error unless a DTCORE_* variable
+  // or an init() argument gives the field (explicit arguments complete the world), so it is
+  // checked once those are applied (require_given).
+  struct Required {
+    std::optional<Sourced<int>> Partial::* field;
+    const char* field_name;  // "rank", as in init(rank=)
+    const char* variable;    // "RANK"
+    const char* hint;        // why the environment looks like the launcher
+  };
+  std::vector<Required> required;
 };
 
 // Note [Launcher variables are read by presence]
@@ -126,16 +138,22 @@ std::optional<Sourced<int>> read_int(const Env& env, std::string_view name, Laun
   return parse_int(*text, name, launcher);
 }
 
-[[noreturn]] void throw_not_set(std::string_view name, Launcher launcher, const char* hint) {
-  throw ConfigError(detail::cat(name, " is not set, but the environment looks like ", launcher_name(launcher), " (",
-                                hint, "). Fix: start the job with the launcher's own command (it sets ", name,
-                                "), or set ", name, " yourself."));
+// Reads a variable the launcher always sets into `field`; an unset one is Partial::required.
+void read_required(Partial& p, std::optional<Sourced<int>> Partial::* field, const char* field_name, const Env& env,
+                   const char* name, Launcher launcher, const char* hint) {
+  p.*field = read_int(env, name, launcher);
+  if (!(p.*field)) p.required.push_back({field, field_name, name, hint});
 }
 
-Sourced<int> require_int(const Env& env, const char* name, Launcher launcher, const char* hint) {
-  auto v = read_int(env, name, launcher);
-  if (!v) throw_not_set(name, launcher, hint);
-  return *v;
+// ConfigError for the first launcher variable that is unset and that nothing else gave.
+void require_given(const Partial& p, Launcher launcher) {
+  for (const Partial::Required& r : p.required) {
+    if (p.*(r.field)) continue;
+    throw ConfigError(detail::cat(r.variable, " is not set, but the environment looks like ", launcher_name(launcher),
+                                  " (", r.hint, "). Fix: start the job with the launcher's own command (it sets ",
+                                  r.variable, "), or set ", r.variable, " yourself (or pass init(", r.field_name,
+                                  "=))."));
+  }
 }
 
 std::optional<Sourced<std::string>> read_str(const Env& env, const char* name, Launcher launcher) {
@@ -149,11 +167,11 @@ Partial read_torch_style(const Env& env, Launcher launcher) {
                      : launcher == Launcher::Accelerate ? "ACCELERATE_* variables are set"
                                                         : "RANK or WORLD_SIZE is set";
   Partial p;
-  p.rank = require_int(env, "RANK", launcher, hint);
-  p.world_size = require_int(env, "WORLD_SIZE", launcher, hint);
+  read_required(p, &Partial::rank, "rank", env, "RANK", launcher, hint);
+  read_required(p, &Partial::world_size, "world_size", env, "WORLD_SIZE", launcher, hint);
   if (launcher == Launcher::Torchrun) {
-    p.local_rank = require_int(env, "LOCAL_RANK", launcher, hint);
-    p.local_world_size = require_int(env, "LOCAL_WORLD_SIZE", launcher, hint);
+    read_required(p, &Partial::local_rank, "local_rank", env, "LOCAL_RANK", launcher, hint);
+    read_required(p, &Partial::local_world_size, "local_world_size", env, "LOCAL_WORLD_SIZE", launcher, hint);
   } else {
     p.local_rank = read_int(env, "LOCAL_RANK", launcher);
     p.local_world_size = read_int(env, "LOCAL_WORLD_SIZE", launcher);
@@ -180,10 +198,10 @@ Partial read_slurm(const Env& env) {
   const Launcher l = Launcher::Slurm;
   const char* hint = "SLURM_PROCID is set";
   Partial p;
-  p.rank = require_int(env, "SLURM_PROCID", l, hint);
+  read_required(p, &Partial::rank, "rank", env, "SLURM_PROCID", l, hint);
   p.world_size = read_int(env, "SLURM_NTASKS", l);
   if (!p.world_size) p.world_size = read_int(env, "SLURM_NPROCS", l);  // the older name
-  if (!p.world_size) throw_not_set("SLURM_NTASKS", l, hint);
+  if (!p.world_size) p.required.push_back({&Partial::world_size, "world_size", "SLURM_NTASKS", hint});
   p.local_rank = read_int(env, "SLURM_LOCALID", l);
   p.node_rank = read_int(env, "SLURM_NODEID", l);
   p.num_nodes = read_int(env, "SLURM_NNODES", l);
@@ -228,8 +246,8 @@ Partial read_mpi(const Env& env, Launcher l) {
   const bool ompi = l == Launcher::OpenMPI;
   const char* hint = ompi ? "OMPI_COMM_WORLD_RANK is set" : "PMI_RANK is set";
   Partial p;
-  p.rank = require_int(env, ompi ? "OMPI_COMM_WORLD_RANK" : "PMI_RANK", l, hint);
-  p.world_size = require_int(env, ompi ? "OMPI_COMM_WORLD_SIZE" : "PMI_SIZE", l, hint);
+  read_required(p, &Partial::rank, "rank", env, ompi ? "OMPI_COMM_WORLD_RANK" : "PMI_RANK", l, hint);
+  read_required(p, &Partial::world_size, "world_size", env, ompi ? "OMPI_COMM_WORLD_SIZE" : "PMI_SIZE", l, hint);
   p.local_rank = read_int(env, ompi ? "OMPI_COMM_WORLD_LOCAL_RANK" : "MPI_LOCALRANKID", l);
   p.local_world_size = read_int(env, ompi ? "OMPI_COMM_WORLD_LOCAL_SIZE" : "MPI_LOCALNRANKS", l);
   p.master_addr = read_str(env, "MASTER_ADDR", l);
@@ -348,6 +366,7 @@ WorldSpec read_world(const Env& env, const WorldOverrides& o) {
   apply_argument(p.name, o.name, "init(" #name "=)");
   DTCORE_WORLD_FIELDS(DTCORE_APPLY)
 #undef DTCORE_APPLY
+  require_given(p, spec.launcher);
 
   if (spec.launcher == Launcher::Single && (p.world_size || p.rank)) spec.launcher = Launcher::Env;
 

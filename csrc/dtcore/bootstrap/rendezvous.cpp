@@ -5,6 +5,7 @@
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "dtcore/bootstrap/rendezvous_store.h"
 #include "dtcore/bootstrap/store_socket.h"
@@ -159,6 +160,24 @@ std::vector<RosterEntry> split_roster(const std::string& all) {
   return out;
 }
 
+// A connection of the rendezvous's own to a store the caller owns, so that setting its timeout
+// leaves the caller's alone; the store itself where it cannot be cloned (c10d's HashStore).
+c10::intrusive_ptr<c10d::Store> own_connection(const c10::intrusive_ptr<c10d::Store>& store) {
+  try {
+    return store->clone();
+  } catch (const std::exception&) {
+    return store;
+  }
+}
+
+// The port a TCPStore (under any prefixes) listens on, or `otherwise`.
+int tcp_port(const c10::intrusive_ptr<c10d::Store>& store, int otherwise) {
+  c10::intrusive_ptr<c10d::Store> s = store;
+  if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(s.get())) s = prefixed->getUnderlyingNonPrefixStore();
+  auto* tcp = dynamic_cast<c10d::TCPStore*>(s.get());
+  return tcp != nullptr ? static_cast<int>(tcp->getPort()) : otherwise;
+}
+
 }  // namespace
 
 RendezvousOptions RendezvousOptions::from(const Settings& settings, int generation) {
@@ -170,23 +189,34 @@ RendezvousOptions RendezvousOptions::from(const Settings& settings, int generati
 }
 
 std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry self, const RendezvousOptions& options,
-                                             const Env& env) {
+                                             const Env& env, c10::intrusive_ptr<c10d::Store> existing) {
   const Clock::time_point start = Clock::now();
   Context c{{spec, env, options.log_interval, start, start + options.timeout},
             store::endpoint(spec.master_addr.value, spec.master_port.value)};
   const int rank = spec.rank.value;
   const int world = spec.world_size.value;
-  const std::string server = spec.use_agent_store ? std::string("the torchrun agent") : std::string("rank 0");
+  const std::string server = spec.use_agent_store ? std::string("the torchrun agent")
+                             : existing           ? std::string("torch.distributed's rank 0")
+                                                  : std::string("rank 0");
   std::unique_ptr<Rendezvous> rdzv(new Rendezvous());
 
+  // Rank 0 serves the store, its own or torch.distributed's, unless the torchrun agent does.
   const bool serving = rank == 0 && !spec.use_agent_store;
   // Rank 0's secret file lives until the rendezvous ends: by then every rank has read it.
-  StoreConnection connection = connect_store(c);
+  StoreConnection connection;
+  if (existing) {
+    connection.store = own_connection(existing);
+    connection.port = tcp_port(existing, spec.master_port.value);
+  } else {
+    connection = connect_store(c);
+  }
   c10::intrusive_ptr<c10d::Store> raw = connection.store;
   rdzv->port_ = connection.port;
   rdzv->spec_ = spec;
   if (spec.master_port.value != rdzv->port_) {
-    rdzv->spec_.master_port = Sourced<int>{rdzv->port_, "chosen: a free port (" + spec.master_port.source + ")"};
+    rdzv->spec_.master_port = existing
+                                  ? Sourced<int>{rdzv->port_, "torch.distributed's store"}
+                                  : Sourced<int>{rdzv->port_, "chosen: a free port (" + spec.master_port.source + ")"};
   }
   c.where = store::endpoint(spec.master_addr.value, rdzv->port_);
   rdzv->raw_store_ = raw;
@@ -194,6 +224,7 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry 
   rdzv->prefix_ = detail::cat("dtcore/attempt_", spec.restart_count, "/generation_", options.generation);
   rdzv->store_ = c10::make_intrusive<c10d::PrefixStore>(rdzv->prefix_, raw);
   rdzv->store_owner_ = spec.use_agent_store ? "the torchrun agent at " + c.where
+                       : existing           ? "torch.distributed's store at " + c.where
                                             : detail::cat("rank 0 (host ", spec.master_addr.value, ")");
   c10d::Store& store = *rdzv->store_;
   log::debug("rendezvous: ", serving ? "serving" : "connected to", " the store at ", c.where);
@@ -216,7 +247,7 @@ std::unique_ptr<Rendezvous> Rendezvous::join(const WorldSpec& spec, RosterEntry 
     store.set("roster/" + std::to_string(rank), bytes(self.encode()));
     // Opened before this rank counts as joined: rank 0 (serving) waits for every join, so the
     // server is up now, which it need not be once rank 0 has returned from init().
-    auto spare = raw->clone();
+    auto spare = own_connection(raw);
     spare->setTimeout(options.timeout);  // a clone inherits what is left of the rendezvous timeout
     rdzv->spare_ = c10::make_intrusive<c10d::PrefixStore>(rdzv->prefix_, spare);
     store.add("roster/joined", 1);
@@ -264,7 +295,7 @@ c10::intrusive_ptr<c10d::Store> Rendezvous::new_connection() {
   if (spare_) return std::exchange(spare_, {});
   DTCORE_CHECK(raw_store_, CommError,
                "the rendezvous store is closed (dtcore.shutdown() was called). Fix: call dtcore.init() again.");
-  auto connection = raw_store_->clone();
+  auto connection = own_connection(raw_store_);
   connection->setTimeout(raw_store_->getTimeout());
   return c10::make_intrusive<c10d::PrefixStore>(prefix_, connection);
 }

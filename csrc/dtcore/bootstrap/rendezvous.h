@@ -2,7 +2,9 @@
 //
 // Rank 0 serves dtcore's authenticated store (StoreServer) at master_addr:master_port, at that
 // address only, and every rank connects with the job secret (StoreClient; Note [Job secret]).
-// Under torchrun's agent store, everyone is a client of the agent's c10d TCPStore instead.
+// Under torchrun's agent store, everyone is a client of the agent's c10d TCPStore instead; when
+// the script set up torch.distributed's default group first, everyone uses that group's store
+// (`existing`), which its rank 0 already serves at the master port.
 // Connecting and every handshake are bounded by the timeout: a listener at the port that is not
 // a store ends in a RendezvousError naming host:port. Each rank registers a roster entry; rank 0 waits for all of them,
 // logging every `log_interval` who has joined and who is missing, then checks that the
@@ -43,9 +45,11 @@ struct RendezvousOptions {
 class Rendezvous {
  public:
   // Blocks until every rank has joined and agreed, or throws RendezvousError. `env`: where the
-  // job secret and its directory are looked up (Note [Job secret]).
+  // job secret and its directory are looked up (Note [Job secret]). With `existing` (a store every
+  // rank of the job reaches: torch.distributed's default one), no store is served or dialled:
+  // the rendezvous runs on a connection of its own to that store, which the caller keeps owning.
   static std::unique_ptr<Rendezvous> join(const WorldSpec& spec, RosterEntry self, const RendezvousOptions& options,
-                                          const Env& env);
+                                          const Env& env, c10::intrusive_ptr<c10d::Store> existing = {});
 
   // The store, namespaced to this job attempt; communicators add their own prefixes.
   c10::intrusive_ptr<c10d::Store> store() const { return store_; }
@@ -69,7 +73,7 @@ class Rendezvous {
  private:
   Rendezvous() = default;
 
-  // StoreClient (on rank 0 it holds the server) or the agent's TCPStore.
+  // StoreClient (on rank 0 it holds the server), the agent's TCPStore, or a connection to `existing`.
   c10::intrusive_ptr<c10d::Store> raw_store_;
   c10::intrusive_ptr<c10d::Store> store_;  // raw_store_ under this job attempt's prefix
   c10::intrusive_ptr<c10d::Store> spare_;  // a second connection, opened before joining

@@ -13,13 +13,14 @@
 namespace dtcore {
 
 RosterEntry RosterEntry::for_process(const WorldSpec& spec, std::string host, std::string device,
-                                     std::map<std::string, std::string> fingerprint) {
+                                     std::map<std::string, std::string> fingerprint, std::string device_id) {
   RosterEntry e;
   e.rank = spec.rank.value;
   e.host = std::move(host);
   e.pid = static_cast<long>(getpid());
   e.local_rank = spec.local_rank.value;
   e.device = std::move(device);
+  e.device_id = std::move(device_id);
   e.fingerprint = std::move(fingerprint);
   return e;
 }
@@ -27,7 +28,7 @@ RosterEntry RosterEntry::for_process(const WorldSpec& spec, std::string host, st
 std::string RosterEntry::encode() const {
   std::ostringstream os;
   os << "rank=" << rank << "\nhost=" << host << "\npid=" << pid << "\nlocal_rank=" << local_rank
-     << "\ndevice=" << device << "\n";
+     << "\ndevice=" << device << "\ndevice_id=" << device_id << "\n";
   for (const auto& [k, v] : fingerprint) os << "fp." << k << "=" << v << "\n";
   return os.str();
 }
@@ -64,6 +65,8 @@ RosterEntry RosterEntry::decode(const std::string& text) {
         e.local_rank = whole_number<int>(value);
       else if (key == "device")
         e.device = value;
+      else if (key == "device_id")
+        e.device_id = value;
       else if (key.starts_with("fp."))
         e.fingerprint[key.substr(3)] = value;
     } catch (const std::exception&) {
@@ -138,17 +141,27 @@ std::string compare_fingerprints(const std::vector<RosterEntry>& roster) {
 }
 
 std::string find_shared_devices(const std::vector<RosterEntry>& roster) {
-  std::map<std::pair<std::string, int>, std::vector<int>> by_slot;
-  for (const auto& e : roster) by_slot[{e.host, e.local_rank}].push_back(e.rank);
+  std::map<std::pair<std::string, std::string>, std::vector<const RosterEntry*>> by_device;
+  for (const auto& e : roster) {
+    if (!e.device_id.empty()) by_device[{e.host, e.device_id}].push_back(&e);
+  }
   std::string out;
-  for (const auto& [slot, ranks] : by_slot) {
-    if (ranks.size() < 2) continue;
-    out +=
-        detail::cat("\n  - ranks ", format_ranks(ranks), " on host ", slot.first, " all have local rank ", slot.second);
+  for (const auto& [device, holders] : by_device) {
+    if (holders.size() < 2) continue;
+    std::vector<int> ranks;
+    std::string seen_as;
+    for (const RosterEntry* e : holders) {
+      ranks.push_back(e->rank);
+      seen_as +=
+          detail::cat(seen_as.empty() ? "" : ", ", "rank ", e->rank, ": ", e->device, " at local rank ", e->local_rank);
+    }
+    out += detail::cat("\n  - ranks ", format_ranks(ranks), " on host ", device.first, " would share device ",
+                       device.second, " (", seen_as, ")");
   }
   if (out.empty()) return out;
-  return "several ranks on one host have the same local rank and would share a device:" + out +
-         "\nFix: give each process on a node a distinct LOCAL_RANK (the launcher does this when it starts them).";
+  return "several ranks on one host would share one device:" + out +
+         "\nFix: give each process on a node a distinct LOCAL_RANK (the launcher does this when it starts them), "
+         "and if CUDA_VISIBLE_DEVICES is set per process, a distinct device in it.";
 }
 
 }  // namespace dtcore

@@ -1,7 +1,5 @@
 #include "dtcore/check/launch_probe.h"
 
-#include <sstream>
-
 #include "dtcore/bootstrap/launcher.h"
 #include "dtcore/bootstrap/validate.h"
 #include "dtcore/common/error.h"
@@ -70,7 +68,13 @@ void judge_slurm_allocation(const Env& env, const WorldSpec& s, const LaunchExpe
 
 // An accelerate config file read by the next `accelerate launch`; judged against this machine
 // and, under accelerate, against what the launcher actually started.
-void judge_accelerate_config(const WorldSpec& s, const LaunchExpectations& e, Items& out) {
+void judge_accelerate_config(const Env& env, const WorldSpec& s, const LaunchExpectations& e, Items& out) {
+  std::string fewer = accelerate_started_fewer(env, s, e.accelerate_config_path, e.accelerate_config);
+  if (!fewer.empty()) {
+    auto [message, fix] = split_fix(fewer);
+    out.warn("launch.accelerate", "accelerate launch", "1 process", message, fix);
+    return;
+  }
   if (e.accelerate_config_path.empty()) return;
   const auto& c = e.accelerate_config;
   auto processes = int_of(lookup(c, "num_processes"));
@@ -108,26 +112,6 @@ void judge_accelerate_config(const WorldSpec& s, const LaunchExpectations& e, It
 
 }  // namespace
 
-std::map<std::string, std::string> parse_accelerate_config(const std::string& text) {
-  std::map<std::string, std::string> out;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == ' ' || line[0] == '\t' || line[0] == '#') continue;  // top-level keys only
-    size_t colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    std::string key = line.substr(0, colon);
-    std::string value = line.substr(colon + 1);
-    value.erase(0, value.find_first_not_of(" \t"));
-    value.erase(value.find_last_not_of(" \t\r") + 1);
-    if (value.size() >= 2 && (value.front() == '\'' || value.front() == '"') && value.back() == value.front()) {
-      value = value.substr(1, value.size() - 2);
-    }
-    out[key] = value;
-  }
-  return out;
-}
-
 std::optional<WorldSpec> judge_launch(const Env& env, const LaunchExpectations& e, Items& out) {
   WorldSpec spec;
   try {
@@ -157,7 +141,7 @@ std::optional<WorldSpec> judge_launch(const Env& env, const LaunchExpectations& 
                          " node(s) x ", spec.local_world_size.value, " process(es)"));
   }
   judge_slurm_allocation(env, spec, e, out);
-  judge_accelerate_config(spec, e, out);
+  judge_accelerate_config(env, spec, e, out);
   return spec;
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "dtcore/bootstrap/accelerate.h"
 #include "dtcore/bootstrap/launcher.h"
 #include "dtcore/bootstrap/world_spec.h"
 #include "dtcore/check/item.h"
@@ -17,9 +18,6 @@
 #include "dtcore/common/sourced.h"
 
 namespace dtcore::check {
-
-// The keys of an accelerate config file (YAML) that the judge reads; flat "key: value" lines.
-std::map<std::string, std::string> parse_accelerate_config(const std::string& text);
 
 struct LaunchExpectations {
   std::string backend = "gloo";  // what init() would choose here: "nccl" or "gloo"

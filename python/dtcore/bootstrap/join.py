@@ -9,6 +9,8 @@ The steps, each in C++ unless noted:
   4. rendezvous on a TCPStore: roster, missing-rank reports, fingerprint agreement (fingerprint.py);
   5. create the communicator (Gloo on CPU, dtcore's NCCL communicator on GPU) and the health monitor;
   6. set up torch.distributed's default process group on the same store (Python).
+When the script set up torch.distributed's default group first, steps 4-6 use that group's store
+instead of serving one, and the group stays the script's (shutdown() does not end it).
 
 There are two ways in: init(), for training, and joined_for_check(), the resource checker's, which
 joins with a smaller fingerprint (versions are reported by the checker, not refused) and shuts
@@ -33,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _C
-from . import context, fingerprint
+from . import accelerate, context, fingerprint
 from .context import Context
 
 log = logging.getLogger("dtcore")
@@ -152,6 +154,7 @@ def _join(r: _Request) -> Context:
 
     log_file = _C.configure_logging(spec.rank, spec.world_size, host, settings)
     log.debug("init: %s", spec.describe())
+    accelerate.warn_if_started_fewer(spec)
     if backend == "nccl":
         # The local rank, never the global one (or 0 when the launcher bound one GPU per process).
         device = torch.device("cuda", _C.cuda_device_index(spec, visible))
@@ -161,11 +164,11 @@ def _join(r: _Request) -> Context:
     if r.seed is not None:
         _seed_everything(int(r.seed), spec.rank)
 
-    _check_torch_distributed(spec.rank, spec.world_size, r.torch_distributed)  # fail before waiting on anyone
+    existing = _existing_store(spec, r.torch_distributed)  # fail before waiting on anyone
     generation = _generation
     _generation += 1  # spent even if this attempt fails: a retry must not read its keys
     fp = fingerprint.for_rendezvous(backend, spec, purpose=r.purpose, versions=r.versions)
-    rdzv = _C.rendezvous(spec, settings, host, str(device), fp, generation)
+    rdzv = _C.rendezvous(spec, settings, host, str(device), fp, generation, _device_id(device), existing)
     try:
         comm, health, owns_pg = _connect(rdzv, backend, device, host, settings, r.torch_distributed)
     except BaseException:
@@ -250,20 +253,40 @@ def _seed_everything(seed: int, rank: int) -> None:
         pass
 
 
-def _check_torch_distributed(rank: int, world: int, wanted: bool) -> None:
-    """A default group the script set up itself must describe the same job."""
-    if wanted and dist.is_initialized() and (dist.get_rank() != rank or dist.get_world_size() != world):
+def _existing_store(spec: Any, torch_distributed: bool) -> Any:
+    """torch.distributed's default store when the script set the default group up first, else None.
+
+    Its rank 0 already serves that store at the master port, so dtcore rendezvouses on it instead
+    of serving a second one there (which would find the port taken). The group stays the
+    script's: shutdown() leaves it alone. A group of another shape is refused, unless init() was
+    told to leave torch.distributed alone (torch_distributed=False), when dtcore keeps to its own store.
+    """
+    if not dist.is_initialized():
+        return None
+    if dist.get_rank() == spec.rank and dist.get_world_size() == spec.world_size:
+        log.debug("init: on torch.distributed's default store (the default group was set up first)")
+        return dist.distributed_c10d._get_default_store()
+    if torch_distributed:
         raise _C.ConfigError(
             f"torch.distributed is already initialized as rank {dist.get_rank()} of {dist.get_world_size()}, "
-            f"but dtcore sees rank {rank} of {world}. Fix: call dtcore.init() instead of "
-            "torch.distributed.init_process_group(), or give both the same environment."
+            f"but dtcore sees rank {spec.rank} of {spec.world_size} ({spec.sources['rank']}, "
+            f"{spec.sources['world_size']}). Fix: call dtcore.init() instead of "
+            "torch.distributed.init_process_group(), or give both the same environment (rank= and world_size=)."
         )
+    return None
+
+
+def _device_id(device: torch.device) -> str:
+    """What makes `device` one piece of hardware, for the roster's shared-device check: a GPU's UUID;
+    "" on CPU, which ranks share without harm."""
+    if device.type != "cuda":
+        return ""
+    return f"GPU-{torch.cuda.get_device_properties(device).uuid}"
 
 
 def _torch_process_group(backend: str, store: Any, rank: int, world: int, timeout: float, device: torch.device) -> bool:
     """Sets up torch.distributed's default group on dtcore's store; False if one already exists."""
-    if dist.is_initialized():
-        _check_torch_distributed(rank, world, True)
+    if dist.is_initialized():  # the script's own, of the same shape (_existing_store): not ours to end
         return False
     kwargs: dict[str, Any] = {}
     if backend == "nccl":

@@ -13,6 +13,7 @@ import torch
 
 from .. import _C
 from ..bootstrap import fingerprint
+from ..bootstrap.accelerate import default_config_path
 from ._options import Options
 from ._report import Item, Report
 
@@ -34,10 +35,7 @@ def _nccl_dirs() -> list[str]:
 
 def _accelerate_config(env: Mapping[str, str], path: str | None) -> tuple[str, str]:
     if path is None:
-        home = env.get("HF_HOME") or os.path.join(
-            env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
-        )
-        path = os.path.join(home, "accelerate", "default_config.yaml")
+        path = default_config_path(env)
         if not os.path.isfile(path):
             return "", ""
     try:

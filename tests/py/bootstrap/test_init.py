@@ -111,6 +111,49 @@ def test_torch_distributed_false_leaves_torch_alone(fresh_dtcore):
     assert torch.equal(dtcore.all_reduce(t), torch.arange(4.0))
 
 
+def test_init_joins_a_default_group_the_script_set_up_and_leaves_it(fresh_dtcore):
+    """A world of one on torch's HashStore (which cannot be cloned): dtcore runs on that store."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ctx = dtcore.init(timeout=30)
+        assert not ctx.owns_torch_process_group
+        assert torch.equal(dtcore.all_reduce(torch.arange(3.0)), torch.arange(3.0))
+        dtcore.shutdown()
+        assert dist.is_initialized()  # the script's group outlives dtcore
+        dtcore.init(timeout=30)  # and carries a second join
+    finally:
+        dtcore.shutdown(barrier=False)
+        dist.destroy_process_group()
+
+
+def test_a_default_group_of_another_shape_is_refused_naming_both(fresh_dtcore):
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(
+            dtcore.ConfigError,
+            match=r"already initialized as rank 0 of 1, but dtcore sees rank 1 of 2 "
+            r"\(init\(rank=\), init\(world_size=\)\)\. Fix: call dtcore.init\(\) instead",
+        ):
+            dtcore.init(rank=1, world_size=2, timeout=5)
+        # Told to leave torch.distributed alone, dtcore keeps to a store of its own.
+        dtcore.init(timeout=30, torch_distributed=False, master_port=0)
+        assert dtcore.get_context().rendezvous.store is not None
+    finally:
+        dtcore.shutdown(barrier=False)
+        dist.destroy_process_group()
+
+
+def test_arguments_complete_a_world_the_environment_left_half_done(fresh_dtcore, monkeypatch):
+    """WORLD_SIZE without RANK (a job file that exports one of them): init(rank=, world_size=) wins."""
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    ctx = dtcore.init(rank=0, world_size=1, timeout=30)
+    assert (ctx.rank, ctx.world_size) == (0, 1)
+    assert ctx.sources["rank"] == "init(rank=)"
+    dtcore.shutdown()
+    with pytest.raises(dtcore.ConfigError, match=r"RANK is not set.*or pass init\(rank=\)"):
+        dtcore.init(timeout=30)
+
+
 def test_bad_arguments_name_value_and_fix(fresh_dtcore):
     with pytest.raises(dtcore.ConfigError, match=r"init\(backend='mpi'\) is not a backend.*Fix"):
         dtcore.init(backend="mpi")

@@ -252,3 +252,65 @@ def test_console_shows_rank0_and_every_rank_writes_its_file(tmp_path):
     files = {f.name.rsplit("-", 1)[1]: f for f in tmp_path.glob("dtcore-*-rank*.log")}  # names carry start times
     assert sorted(files) == ["rank0.log", "rank1.log"]
     assert "[rank 1/2 " in files["rank1.log"].read_text()
+
+
+def _routable_address() -> str | None:
+    """An address of this host that is not loopback (a job of several nodes refuses loopback), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # UDP: picks the outgoing address, sends nothing
+        except OSError:
+            return None
+        address = s.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+def test_two_nodes_of_one_process_on_one_machine_train():
+    """NODE_RANK 0 and 1, LOCAL_RANK 0 on both, one host: on CPU they share no device, so they train."""
+    address = _routable_address()
+    if address is None:
+        pytest.skip("this machine has no address other than loopback")
+    port = free_port()
+    envs = [
+        clean_env(
+            **dict(torchrun_style(rank, 2, port), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR=address),
+            NODE_RANK=str(rank),
+        )
+        for rank in range(2)
+    ]
+    results, sessions = run_ranks("wrap_worker.py", envs, args=("parity", "25"), timeout=120)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    assert [r.json()["bad"] for r in results] == [[], []]
+    assert not leftover_processes(sessions)
+
+
+@pytest.mark.parametrize(
+    "per_node,worker",
+    [(1, ("wrap_worker.py", "parity", "25")), (2, ("allreduce_worker.py",))],
+    ids=["1-per-node-trains", "2-per-node-collectives"],
+)
+def test_two_torchrun_nodes_on_one_machine(per_node, worker):
+    """torchrun --nnodes=2 started twice on one machine, as users try multi-node set-ups. With two
+    processes per node, local_main_process_first runs local rank 0 of both nodes first."""
+    port = free_port()
+    cmds = [
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            f"--node_rank={node}",
+            f"--nproc_per_node={per_node}",
+            "--master_addr=127.0.0.1",
+            f"--master_port={port}",
+            str(WORKERS / worker[0]),
+            *worker[1:],
+        ]
+        for node in range(2)
+    ]
+    results, sessions = run_processes(cmds, [clean_env(), clean_env()], timeout=120)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    reports = [j for r in results for j in r.json_lines()]
+    assert sorted(j["rank"] for j in reports) == list(range(2 * per_node))
+    assert all(j["bad"] == [] for j in reports), describe(results)
+    assert not leftover_processes(sessions)

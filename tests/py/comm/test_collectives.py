@@ -43,12 +43,26 @@ def test_flat_reduce_scatter_and_all_gather(fresh_dtcore):
         comm.all_gather(torch.empty(4), torch.arange(3.0))
 
 
+def test_all_gather_stacks_reduce_scatter_splits_dim_0_and_objects_travel_as_json(fresh_dtcore):
+    dtcore.init(timeout=30)
+    x = torch.arange(6.0).reshape(2, 3)
+    assert torch.equal(dtcore.all_gather(x), x.unsqueeze(0))  # (world, 2, 3)
+    assert torch.equal(dtcore.reduce_scatter(x, op="max"), x)
+    with pytest.raises(dtcore.ConfigError, match=r"reduce_scatter: dim 0 of the tensor \(shape \(\)\).*Fix:"):
+        dtcore.reduce_scatter(torch.tensor(1.0))
+    assert dtcore.gather_object({"loss": float("nan"), "n": (1, 2)})[0]["n"] == [1, 2]  # a tuple comes back a list
+    with pytest.raises(dtcore.ConfigError, match=r"gather_object: rank 0 passed a Tensor that JSON cannot.*Fix:"):
+        dtcore.gather_object(torch.ones(1))
+
+
 def test_main_process_first_runs_the_block(fresh_dtcore):
     dtcore.init(timeout=30)
     ran = []
     with dtcore.main_process_first():
         ran.append(True)
-    assert ran == [True]
+    with dtcore.local_main_process_first():
+        ran.append(dtcore.is_local_main_process())
+    assert ran == [True, True]
     dtcore.barrier()
 
 

@@ -1,4 +1,5 @@
-"""One rank: init, all-reduce float32 / bfloat16 / int64 with every op, check, report JSON."""
+"""One rank: init, all-reduce float32 / bfloat16 / int64 with every op, the other collectives and the
+main-process helpers, check, report JSON."""
 
 import json
 import sys
@@ -10,6 +11,36 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import dtcore  # noqa: E402
+
+
+def gathers(ctx) -> list[str]:
+    """all_gather, reduce_scatter, gather_object and the local-main helpers."""
+    n, r = ctx.world_size, ctx.rank
+    bad = []
+    g = dtcore.all_gather(torch.tensor([[r, 10 * r]], dtype=torch.int64).t())  # (2, 1), not contiguous
+    if g.shape != (n, 2, 1) or g[:, 1, 0].tolist() != [10 * q for q in range(n)]:
+        bad.append(f"all_gather {g.tolist()}")
+    # rank r contributes (r + 1) * [[0, 1], [2, 3], ...]: row q of the sum is [2q, 2q + 1] * n(n+1)/2
+    rs = dtcore.reduce_scatter(torch.arange(2.0 * n).reshape(n, 2) * (r + 1))
+    if not torch.equal(rs, torch.tensor([[2.0 * r, 2.0 * r + 1]]) * (n * (n + 1) / 2)):
+        bad.append(f"reduce_scatter {rs.tolist()}")
+    rs = dtcore.reduce_scatter(torch.full((3 * n,), float(r)), op="avg")
+    if not torch.equal(rs, torch.full((3,), (n - 1) / 2)):
+        bad.append(f"reduce_scatter avg {rs.tolist()}")
+    objects = dtcore.gather_object({"rank": r, "loss": 0.5 * r, "tags": ["é"] * r})  # lengths differ by rank
+    if objects != [{"rank": q, "loss": 0.5 * q, "tags": ["é"] * q} for q in range(n)]:
+        bad.append(f"gather_object {objects}")
+    if dtcore.is_local_main_process() != (ctx.local_rank == 0):
+        bad.append("is_local_main_process")
+    with dtcore.local_main_process_first():
+        entered = time.time()
+        time.sleep(0.05 if ctx.local_rank == 0 else 0.0)
+        left = time.time()
+    spans = dtcore.gather_object([ctx.local_rank, entered, left])
+    leaders_left = max(s[2] for s in spans if s[0] == 0)
+    if any(s[1] < leaders_left for s in spans if s[0] != 0):
+        bad.append(f"local_main_process_first: a rank entered before every local main left {spans}")
+    return bad
 
 
 def main() -> None:
@@ -75,6 +106,7 @@ def main() -> None:
     dist.all_reduce(d)
     if d.item() != n * (n - 1) / 2:
         bad.append("dist.all_reduce")
+    bad += gathers(ctx)
     dtcore.barrier()
 
     report = {

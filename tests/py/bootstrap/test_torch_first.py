@@ -1,0 +1,62 @@
+"""Real processes on loopback: a script that sets up torch.distributed itself, before or after
+dtcore.init(), and launch set-ups that put several "nodes" on one machine."""
+
+import pytest
+
+from launch_helpers import (
+    accelerate_style,
+    clean_env,
+    describe,
+    free_port,
+    leftover_processes,
+    openmpi_style,
+    run_ranks,
+    slurm_style,
+    torchrun_style,
+)
+
+pytestmark = pytest.mark.multirank
+
+
+def _plain(rank: int, world: int, port: int) -> dict[str, str]:
+    """RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT only, as a hand-written script or a job file sets them."""
+    return {k: v for k, v in torchrun_style(rank, world, port).items() if not k.startswith("LOCAL_")}
+
+
+def _mpi_for_accelerate(rank: int, world: int, port: int) -> dict[str, str]:
+    """mpirun -x MASTER_ADDR -x MASTER_PORT with accelerate's variables: Accelerator() sets the group up."""
+    return dict(openmpi_style(rank, world, port), MASTER_ADDR="127.0.0.1", ACCELERATE_MIXED_PRECISION="no")
+
+
+def _run(style, mode: str) -> list[dict]:
+    port = free_port()
+    envs = [clean_env(**style(rank, 2, port)) for rank in range(2)]
+    results, sessions = run_ranks("torch_first_worker.py", envs, args=(mode,), timeout=90)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    assert not leftover_processes(sessions)
+    return [r.json() for r in results]
+
+
+@pytest.mark.parametrize(
+    "style,mode,launcher",
+    [(_plain, "env", "env"), (slurm_style, "tcp", "slurm"), (_mpi_for_accelerate, "accelerate", "accelerate")],
+    ids=["plain", "slurm", "accelerate-mpi"],
+)
+def test_init_joins_a_torch_group_set_up_first(style, mode, launcher):
+    """init_process_group first (its rank 0 serves a store at the master port): dtcore.init() joins
+    on that group's store, trains, and leaves the group to the script at shutdown."""
+    for rank, j in enumerate(_run(style, mode)):
+        assert (j["rank"], j["world_size"], j["launcher"]) == (rank, 2, launcher), j
+        assert j["bad"] == [], j
+        assert j["owns"] is False, j  # the script's group, not dtcore's
+        assert j["group_after_shutdown"] is True and j["torch_sum_after_shutdown"] == 2.0, j
+        assert j["sum_after_second_init"] == 2.0 and j["second_rank"] == rank, j
+        assert j.get("accelerator", [rank, 2]) == [rank, 2], j
+
+
+def test_accelerator_after_init_uses_its_group():
+    """dtcore.init() first: it sets the default group up, Accelerator() finds it and keeps it."""
+    for rank, j in enumerate(_run(accelerate_style, "accelerate-after")):
+        assert (j["rank"], j["launcher"], j["accelerator"]) == (rank, "accelerate", [rank, 2]), j
+        assert j["bad"] == [] and j["owns"] is True, j
+        assert j["group_after_shutdown"] is False, j  # dtcore's group, ended with it
