@@ -1,10 +1,11 @@
 """What one rank writes of a checkpoint: the chunks of the logical tensors it holds.
 
-See Note [Checkpoint layout] (manifest.py). A replicated tensor (the model's parameters and
-buffers under DDP and ZeRO-1/2, a plain torch optimizer's state) is held whole by every rank, so
+See Note [Checkpoint layout] (manifest.py). A replicated tensor (the model's parameters under DDP
+and ZeRO-1/2, a plain torch optimizer's state) is held whole and alike by every rank, so
 the ranks split the writing: all replicated tensors, flattened and laid end to end in a fixed
 order, are cut into N equal ranges, and rank r writes the parts of tensors in range r. A sharded
-optimizer's state is written by the rank that owns each piece (zero/state.py: local_state).
+optimizer's state is written by the rank that owns each piece (zero/state.py: local_state). Buffers
+may differ across ranks, so rank 0 writes them whole: a saved value is always one rank's.
 """
 
 from __future__ import annotations
@@ -48,27 +49,32 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
             return model
 
 
-def model_state(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """{"model/<key>": tensor} of the unwrapped model's state_dict, and the aliases among them: a
-    key whose tensor is another's (tied weights) is stored once and named in `aliases`."""
+def model_state(model: torch.nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, str]]:
+    """({"model/<key>": parameter}, {"model/<key>": other state (buffers)}, aliases) of the unwrapped
+    model's state_dict: a key whose tensor is another's (tied weights) is stored once and named in
+    `aliases`. Buffers are apart because ranks may hold different values of them (BatchNorm's
+    statistics between broadcasts, broadcast_buffers=False): they are saved whole, from rank 0."""
+    module = unwrap(model)
+    params = {t.untyped_storage().data_ptr() for t in module.parameters() if t.numel()}
     tensors: dict[str, torch.Tensor] = {}
+    buffers: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     seen: dict[tuple, str] = {}
-    for key, t in unwrap(model).state_dict(keep_vars=False).items():
+    for key, t in module.state_dict(keep_vars=False).items():
         name = f"model/{key}"
         identity = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
         if t.numel() and identity in seen:
             aliases[name] = seen[identity]
             continue
         seen[identity] = name
-        tensors[name] = t
-    return tensors, aliases
+        (tensors if t.untyped_storage().data_ptr() in params else buffers)[name] = t
+    return tensors, buffers, aliases
 
 
 def collect(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, rank: int, world: int, scalar_tensors: list
 ) -> Collected:
-    replicated, aliases = model_state(model)
+    replicated, buffers, aliases = model_state(model)
     sharded: list[tuple[str, int, torch.Tensor, torch.Tensor]] = []  # (name, offset, values, parameter)
     meta = None
     if optimizer is not None:
@@ -84,6 +90,10 @@ def collect(
         if lo < hi:
             out.chunks.append(Chunk(name, lo, hi, t.detach().reshape(-1)[lo:hi]))
         offset += t.numel()
+    for name, t in buffers.items():  # whole, from rank 0: see model_state
+        out.tensors[name] = {"shape": list(t.shape), "dtype": values.dtype_name(t.dtype)}
+        if rank == 0 and t.numel():
+            out.chunks.append(Chunk(name, 0, t.numel(), t.detach().reshape(-1)))
     for name, lo, data, param in sharded:
         out.tensors[name] = {"shape": list(param.shape), "dtype": values.dtype_name(data.dtype)}
         out.chunks.append(Chunk(name, lo, lo + data.numel(), data.detach()))

@@ -28,7 +28,7 @@ import torch
 
 from .. import _C
 from ..bootstrap import context
-from ..comm import agree
+from ..comm import agree, barrier
 from . import collect as collecting
 from . import manifest, values
 
@@ -36,6 +36,7 @@ log = logging.getLogger("dtcore")
 
 _lock = threading.Lock()
 _pending: _Write | None = None  # the asynchronous save in flight, if any
+_KEPT = "Checkpoints in other directories are untouched (a directory of steps gives the newest complete one)."
 
 
 def save_checkpoint(
@@ -68,9 +69,6 @@ def save_checkpoint(
     if not isinstance(step, int) or isinstance(step, bool):
         raise _C.ConfigError(f"save_checkpoint(step={step!r}): step must be an int. Fix: pass the training step.")
 
-    if rank == 0:
-        os.makedirs(directory, exist_ok=True)
-        _remove(os.path.join(directory, manifest.MANIFEST))  # incomplete from here on, never mixed
     token = uuid.uuid4().hex if rank == 0 else ""
     if world > 1:
         # One collective: the same directory and step everywhere, and rank 0's token for the store keys.
@@ -83,6 +81,11 @@ def save_checkpoint(
                 "Fix: pass the same path and step on every rank (a shared file system, the same path)."
             )
         token = seen[0][2]
+    if rank == 0:  # the arguments agree: an existing checkpoint here is incomplete from now on, never mixed
+        os.makedirs(directory, exist_ok=True)
+        _remove(os.path.join(directory, manifest.MANIFEST))
+    if world > 1:
+        barrier()  # no rank writes into the directory before it exists and its old manifest is gone
         os.makedirs(directory, exist_ok=True)
 
     scalar_tensors: list[tuple[str, torch.Tensor]] = []
@@ -209,7 +212,11 @@ class _Write:
         if self.rank == 0:
             self._finish_as_rank0()
         else:
-            done = json.loads(self._get(f"{self.prefix}/done", "rank 0 to complete the manifest"))
+            # Rank 0 waits up to `timeout` for the last report, from when its own file is written, then
+            # always posts the outcome: twice that, and a margin, never gives up on a save that completes.
+            done = json.loads(
+                self._get(f"{self.prefix}/done", "rank 0 to complete the manifest", 2 * self.timeout + 30)
+            )
             self.store.add(f"{self.prefix}/acks", 1)
             if done.get("error"):
                 raise _C.CheckpointError(done["error"])
@@ -254,18 +261,18 @@ class _Write:
             missing = [k.rsplit("/", 1)[1] for k in keys if not self.store.check([k])]
             raise _C.CheckpointError(
                 f"checkpoint {self.directory} is incomplete: rank(s) {', '.join(missing)} did not report their file "
-                f"written within {self.timeout:g} s (the process died, or its disk is that slow). The previous "
-                "complete checkpoint is intact. Fix: look at those ranks' logs; raise timeout= for slow storage."
+                f"written within {self.timeout:g} s (the process died, or its disk is that slow); it has no manifest, "
+                f"so it is never loaded. {_KEPT} Fix: look at those ranks' logs; raise timeout= for slow storage."
             ) from None
 
-    def _get(self, key: str, what: str) -> bytes:
+    def _get(self, key: str, what: str, limit: float) -> bytes:
         try:
-            self.store.wait([key], datetime.timedelta(seconds=self.timeout))
+            self.store.wait([key], datetime.timedelta(seconds=limit))
         except Exception:
             raise _C.CheckpointError(
-                f"checkpoint {self.directory}: rank {self.rank} waited {self.timeout:g} s for {what}, in vain (rank 0 "
-                "died, or another rank did not write its file). The previous complete checkpoint is intact. Fix: "
-                "look at rank 0's log."
+                f"checkpoint {self.directory}: rank {self.rank} waited {limit:g} s for {what}, in vain (rank 0 "
+                f"died, or another rank did not write its file); it has no manifest, so it is never loaded. {_KEPT} "
+                "Fix: look at rank 0's log."
             ) from None
         return self.store.get(key)
 

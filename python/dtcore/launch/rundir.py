@@ -78,14 +78,21 @@ def load(path: str) -> Run:
             info = json.load(f)
     train: dict[int, list[dict]] = {}
     evals: list[dict] = []
+    world = info.get("world_size")
     for file in files:
         match = re.search(r"rank(\d+)\.jsonl$", file)
         if not match:
             continue
         rank = int(match.group(1))
+        if isinstance(world, int) and rank >= world:
+            continue  # a rank of an earlier world size, before a resume on fewer ranks
         lines = _lines(file)
-        train[rank] = sorted((x for x in lines if x.get("kind") == "train"), key=lambda x: x["step"])
-        evals += [x for x in lines if x.get("kind") == "eval"]
+        # After a resume, the steps between the checkpoint and the interruption were run twice: the
+        # later line of a step is the run's.
+        latest = {x["step"]: x for x in lines if x.get("kind") == "train"}
+        train[rank] = [latest[step] for step in sorted(latest)]
+        latest_eval = {x["step"]: x for x in lines if x.get("kind") == "eval"}
+        evals += latest_eval.values()
     return Run(path, info, train, sorted(evals, key=lambda x: (x["step"], x.get("rank", 0))))
 
 

@@ -50,6 +50,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
         numpy.random.set_state((kind, keys.numpy().astype("uint32"), int(pos), int(has_gauss), float(cached)))
 
 
+# A repeat of the first signal within this many seconds is the same request delivered twice (SLURM
+# signals every process of the step, and torch's agent forwards the signal to its ranks as well).
+REPEAT_WINDOW_S = 2.0
+
+
 class Preemption:
     """SIGTERM or SIGUSR1 asks for a stop (the trainer agrees on it with every rank within one
     step, saves and exits with EXIT_PREEMPTED); a second signal exits at once with 128 + signal."""
@@ -72,6 +77,8 @@ class Preemption:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum == signum and time.monotonic() - (self.received_at or 0.0) < REPEAT_WINDOW_S:
+            return  # the same signal twice at once: SLURM signals every process and the agent forwards it too
         if self.signum is not None:
             os.write(2, f"dtcore.train: second signal {signal.Signals(signum).name}: exiting now\n".encode())
             os._exit(128 + signum)

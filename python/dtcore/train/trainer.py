@@ -26,7 +26,7 @@ from ..activation import checkpoint_activations
 from ..bootstrap import get_context, init, is_initialized
 from ..bootstrap.join import _seed_everything
 from ..checkpoint import latest, load_checkpoint, save_checkpoint, wait
-from ..comm import all_reduce, barrier
+from ..comm import agree, all_reduce, barrier
 from ..reducer import DistributedModel, wrap
 from ..zero import ShardedOptimizer, clip_grad_norm_
 from . import memory, metrics
@@ -190,6 +190,7 @@ class Trainer:
         self.autocast_dtype, self.scaler = self._precision(config.training.precision)
         self.step = 0
         self.batches_taken = 0  # for data without state_dict(): skipped again on resume
+        self._rng_to_restore: Any = None  # a resumed rank's RNG states, set once its data is in place
         self.preemption = Preemption()
 
     def _optimizer(self, optimizer: torch.optim.Optimizer | None) -> torch.optim.Optimizer:
@@ -245,6 +246,9 @@ class Trainer:
         progress = metrics.Progress(main, c.logging.progress, c.training.num_iterations, self.step, c.logging.log_every)
         trackers = metrics.Trackers(main, run_dir, c.logging.tensorboard, c.logging.mlflow, c.to_dict())
         batches = self._batches()
+        if self._rng_to_restore is not None:  # replaying the data to its position may draw random numbers
+            set_rng_state(self._rng_to_restore)
+            self._rng_to_restore = None
         window: deque[float] = deque(maxlen=c.logging.straggler_window)
         losses, eval_losses, started = [], [], time.monotonic()
         first_step = self.step
@@ -298,6 +302,7 @@ class Trainer:
             progress.close()
             trackers.close()
             out.close()
+        wait()  # the last asynchronous save, complete (or its error raised), before the run says it is done
         return {"step": self.step, "losses": losses, "eval_losses": eval_losses}
 
     def _train_step(self, batches) -> tuple[float, int]:
@@ -438,6 +443,14 @@ class Trainer:
         if resume == "none":
             return
         path = latest(checkpoints) if resume == "auto" else resume
+        if self.world > 1:  # every rank resumes from the same one, or none does (a file system's caches may lag)
+            seen = agree.gather(path)
+            if any(p != seen[0] for p in seen):
+                odd = next(r for r, p in enumerate(seen) if p != seen[0])
+                raise _C.CheckpointError(
+                    f"--checkpoint.resume={resume}: rank 0 found {seen[0]}, rank {odd} found {seen[odd]}. Fix: keep "
+                    "checkpoints on a file system every node sees alike, at the same path."
+                )
         if path is None:
             log.info("--resume auto: no complete checkpoint in %s, starting fresh", checkpoints)
             return
@@ -458,7 +471,7 @@ class Trainer:
             )
             _seed_everything(self.config.training.seed + self.step, self.rank)
             return
-        set_rng_state(mine["rng"])
+        self._rng_to_restore = mine["rng"]  # after the data is replayed to its position: see fit()
         self.batches_taken = int(mine["batches_taken"])
         if mine["data"] is not None and hasattr(self.train_data, "load_state_dict"):
             self.train_data.load_state_dict(mine["data"])

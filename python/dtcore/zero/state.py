@@ -170,10 +170,12 @@ def apply_pending(opt: ShardedOptimizer) -> None:
     opt._inner.state.clear()
     for piece in opt._pieces:
         entry = saved.get(index[id(piece.param)])
+        if piece.has_master:  # saved, or else the parameter itself: a stale master would undo the load
+            master = entry is not None and MASTER_KEY in entry
+            source = entry[MASTER_KEY].reshape(-1) if master else piece.param.detach().reshape(-1)
+            piece.local.copy_(source.narrow(0, piece.param_offset, piece.numel))
         if entry is None:
             continue
-        if piece.has_master and MASTER_KEY in entry:
-            piece.local.copy_(entry[MASTER_KEY].reshape(-1).narrow(0, piece.param_offset, piece.numel))
         opt._inner.state[piece.local] = _cut(entry, piece.local, piece.param_offset)
     for g, group in enumerate(opt._inner.param_groups):  # an empty placeholder keeps the group's scalars
         local = group["params"][0]

@@ -119,3 +119,22 @@ def test_absent_or_empty_run_dirs_are_refused_with_the_fix(tmp_path, capsys):
         r = call(capsys, module, str(tmp_path))
         assert r.returncode == 1 and "holds no run" in r.stderr and "Fix:" in r.stderr, r.stderr
     assert not (tmp_path / "plots").exists()
+
+
+def test_a_resumed_run_counts_each_step_once_and_ranks_of_an_earlier_world_not_at_all(tmp_path):
+    from dtcore.launch import rundir
+
+    run = tmp_path / "run"
+    write_run(run, steps=12)
+    for rank in (0, 1):  # resumed from step 5: steps 6..11 run again, with other losses
+        path = run / "metrics" / f"rank{rank}.jsonl"
+        text = path.read_text().rsplit("\n", 1)[0] + "\n"  # without the half line
+        again = [{"kind": "train", "step": s, "time": 0, "rank": rank, "host": "h", "loss": 1.0} for s in range(6, 12)]
+        path.write_text(text + "".join(json.dumps(x) + "\n" for x in again))
+    (run / "metrics" / "rank2.jsonl").write_text(json.dumps({"kind": "train", "step": 3, "loss": 9.0}) + "\n")
+    loaded = rundir.load(str(run))
+    assert sorted(loaded.train) == [0, 1]  # world_size 2 in run.json: rank 2's file is an earlier run's
+    for rank in (0, 1):
+        steps = [x["step"] for x in loaded.train[rank]]
+        assert steps == list(range(12)), steps
+        assert [x["loss"] for x in loaded.train[rank][6:]] == [1.0] * 6  # the later line of each step

@@ -30,6 +30,7 @@ import dtcore
 def build(zero: int, bf16: bool, seed: int):
     torch.manual_seed(seed)
     model = TinyLM()
+    model.register_buffer("seen", torch.zeros(1000))  # a buffer that ranks may hold differently
     if bf16:
         model = model.to(torch.bfloat16)
     model = dtcore.wrap(model, zero=zero, bucket_mb=0.01, first_bucket_mb=0.005)  # several buckets
@@ -82,6 +83,7 @@ def main() -> None:
         zero, bf16 = int(sys.argv[3]), "bf16" in sys.argv[4:]
         model, opt = build(zero, bf16, seed=1)
         train(model, opt, 5, rank)
+        model.module.seen.fill_(rank)  # as BatchNorm's statistics between broadcasts: the saved one is rank 0's
         sched = {"last_epoch": 5, "base_lrs": [3e-3, 3e-3]}
         dtcore.save_checkpoint(
             os.path.join(directory, "step_5"),
