@@ -3,13 +3,14 @@
 #   apt:  a C++20 compiler, spdlog and fmt headers (logging), GoogleTest (C++ tests)
 #   pip:  torch (CPU build, pinned), NumPy (torch warns "Failed to initialize NumPy" without it, and
 #         the tests turn warnings into errors), transformers (the tests build Hugging Face models
-#         from configs, no weights), the build backend, pytest, and the formatters CI checks with
+#         from configs, no weights), accelerate (the tests run dtcore under a real Accelerator), the
+#         build backend, pytest, and the formatters CI checks with
 #         (clang-format, ruff)
 set -euo pipefail
 
 APT_PACKAGES=(g++ libspdlog-dev libgtest-dev)
-PIP_PACKAGES=(torch==2.13.0 numpy==2.4.6 transformers==5.23.0 scikit-build-core==1.1.2 cmake==4.4.4 ninja==1.13.2
-              pytest==9.0.3 clang-format==21.1.8 ruff==0.17.6)
+PIP_PACKAGES=(torch==2.13.0 numpy==2.4.6 transformers==5.23.0 accelerate==1.15.0 scikit-build-core==1.1.2
+              cmake==4.4.4 ninja==1.13.2 pytest==9.0.3 clang-format==21.1.8 ruff==0.17.6)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
