@@ -89,6 +89,27 @@ def test_torch_ddp_around_a_model_holding_a_dtcore_model_fails_at_the_first_forw
             outer(torch.ones(2, 3))
 
 
+def test_a_module_torch_ddp_already_reduces_is_refused_at_wrap(fresh_dtcore):
+    dtcore.init(timeout=30)
+    net = mlp()
+    ddp = TorchDDP(net)  # noqa: F841  (alive: its reducer's hooks stay on net's parameters)
+    with pytest.raises(dtcore.ConfigError) as e:
+        dtcore.wrap(net)  # the plain module, not the torch wrapper: only its parameters tell
+    assert "parameter '0.weight' already carries another reducer's gradient hook (torch.nn.parallel." in str(e.value)
+    assert "Fix: use one data-parallel wrapper" in str(e.value)
+
+
+def test_torch_ddp_built_later_over_the_wrapped_module_fails_at_the_next_backward(fresh_dtcore):
+    dtcore.init(timeout=30)
+    net = mlp()
+    model = dtcore.wrap(net)
+    ddp = TorchDDP(net)  # over the module dtcore wrapped, not over the wrapper
+    with pytest.raises(dtcore.ConfigError, match="got another reducer's gradient hook after dtcore wrapped it"):
+        ddp(torch.ones(2, 3)).sum().backward()
+    with pytest.raises(dtcore.ConfigError, match="got another reducer's gradient hook"):
+        model(torch.ones(2, 3)).sum().backward()  # through dtcore's wrapper too, while torch's hooks are there
+
+
 def test_fsdp_and_fully_shard_models_are_refused(fresh_dtcore):
     dtcore.init(timeout=30)
     from torch.distributed.device_mesh import init_device_mesh
