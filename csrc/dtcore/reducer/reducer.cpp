@@ -47,9 +47,18 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   }
   build_buckets(reverse_registration_order(specs_.size()));
 
+  // See Note [One reducer per parameter]: checked for every parameter before any hook is added.
+  for (Slot& s : slots_) {
+    s.accumulator = torch::autograd::impl::grad_accumulator(s.param);
+    DTCORE_CHECK(s.accumulator->post_hooks().empty(), ConfigError, "parameter '", s.name,
+                 "' already carries another reducer's gradient hook (torch.nn.parallel.DistributedDataParallel or "
+                 "FSDP built over this module, or over one sharing its parameters): with dtcore's too, two gradient "
+                 "reducers would write its .grad during backward and every step would use wrong gradients. Fix: use "
+                 "one data-parallel wrapper: drop the torch one (and every reference to it) and wrap the plain "
+                 "module with dtcore alone.");
+  }
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
-    s.accumulator = torch::autograd::impl::grad_accumulator(s.param);
     s.hook_key = s.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
         [this, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
           try {
@@ -322,6 +331,14 @@ void Reducer::mark_ready_locked(size_t index) {
 
 void Reducer::on_grad_ready(size_t index) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (slots_[index].accumulator->post_hooks().size() > 1) {  // See Note [One reducer per parameter]
+    reset_locked();
+    DTCORE_CHECK(false, ConfigError, "parameter '", slots_[index].name,
+                 "' got another reducer's gradient hook after dtcore wrapped it (torch.nn.parallel."
+                 "DistributedDataParallel or FSDP built over the module dtcore wrapped): two gradient reducers write "
+                 "its .grad during backward, so this step's gradients are wrong. Fix: use one data-parallel wrapper: "
+                 "train through the dtcore model alone and drop the torch one.");
+  }
   if (at::GradMode::is_enabled()) {  // backward(create_graph=True): .grad is being replaced out of place
     reset_locked();
     DTCORE_CHECK(false, ConfigError,

@@ -32,6 +32,12 @@
 // Inside no_sync() zero=2 leaves .grad to autograd (full, local); the next synced backward
 // reduces the sum.
 //
+// Note [One reducer per parameter]: each parameter's AccumulateGrad node carries dtcore's post-hook
+// and no other. torch DDP's and FSDP's reducers hook the same node, and two reducers writing one
+// .grad give wrong gradients, so a hook already there is a ConfigError at construction, and one
+// added later (torch DDP built over the module dtcore wrapped) at the next backward, before the
+// step. The Python side names a dtcore wrapper first (python/dtcore/reducer/stacking.py).
+//
 // Ownership: holds the parameters, the bucket buffers and the communicator; removes its hooks
 // on destruction. Thread safety: hooks may run on autograd worker threads; all state is guarded
 // by one mutex. One backward at a time per Reducer.

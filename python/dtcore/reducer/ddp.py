@@ -104,9 +104,3 @@ class DistributedDataParallel(DistributedModel):
             broadcast_buffers=True if broadcast_buffers is None else broadcast_buffers,
             **options,
         )
-
-    def register_comm_hook(self, state: Any, hook: Any) -> None:
-        raise _C.ConfigError(
-            "DistributedDataParallel.register_comm_hook is not supported: dtcore's reducer averages buckets with "
-            "its own communicator. Fix: for bf16/fp16 compression use dtcore.wrap(model, comm_dtype=torch.bfloat16)."
-        )

@@ -17,10 +17,11 @@ from typing import Any
 import torch
 
 from .. import _C
-from ..bootstrap.context import get_context
+from ..bootstrap.context import get_context, is_initialized
 from ..comm import agree
 from ..comm.collectives import broadcast
-from . import zero_guard
+from . import stacking, zero_guard
+from .torch_face import TorchDDPFace
 
 _DEFAULTS = _C.ReducerOptions()
 
@@ -61,7 +62,7 @@ def _tensors_in(value: Any) -> list[torch.Tensor]:
     return []
 
 
-class DistributedModel(torch.nn.Module):
+class DistributedModel(TorchDDPFace):
     """Wraps `module`; `forward` passes through, `.module` is the original. See dtcore.wrap.
 
     bucket_mb / first_bucket_mb: bucket caps in MiB (2^20 bytes, as torch DDP's bucket_cap_mb); the
@@ -70,6 +71,10 @@ class DistributedModel(torch.nn.Module):
     no gradient in some steps. broadcast_buffers: broadcast rank 0's buffers before each forward.
     zero: 0 keeps whole gradients on every rank; 1 shards the optimizer state and 2 the gradients
     too (after backward every .grad is None): step with dtcore.ShardedOptimizer (ZeRO-1/2).
+
+    It is a torch.nn.parallel.DistributedDataParallel to `isinstance`, so that tools unwrap it
+    (torch_face.py). copy.deepcopy and torch.save/torch.load give a working copy with a reducer of
+    its own on the current dtcore context.
     """
 
     def __init__(
@@ -83,8 +88,9 @@ class DistributedModel(torch.nn.Module):
         broadcast_buffers: bool = True,
         zero: int = _DEFAULTS.zero,
     ) -> None:
-        super().__init__()
+        torch.nn.Module.__init__(self)  # not torch DDP's __init__: its reducer would stack on dtcore's
         ctx = get_context()
+        stacking.check_wrappable(module)  # before any collective: every rank refuses alike
         self.module = module
         agree.check_same(
             _signature(module),
@@ -94,29 +100,92 @@ class DistributedModel(torch.nn.Module):
         )
         if ctx.world_size > 1:
             _broadcast_tensors([p.detach() for p in module.parameters()] + list(module.buffers()))
-        named = [(n, p) for n, p in module.named_parameters()]  # tied parameters appear once
-        options = _C.ReducerOptions(bucket_mb, first_bucket_mb, find_unused_parameters, comm_dtype, zero)
-        self._reducer = _C.Reducer([p for _, p in named], [n for n, _ in named], ctx.communicator, options)
+        # Plain values, so that a copy or an unpickled model builds its own reducer from them.
+        self._options = dict(
+            bucket_mb=bucket_mb,
+            first_bucket_mb=first_bucket_mb,
+            find_unused_parameters=find_unused_parameters,
+            comm_dtype=comm_dtype,
+            zero=zero,
+        )
+        # torch DDP's attributes of the same names and meaning, which tools read or set (accelerate's
+        # trigger_sync_in_backward sets both flags). See Note [torch DDP's members].
+        self.require_backward_grad_sync = True  # False inside no_sync()
+        self.require_forward_param_sync = True  # whether the last forward was a synced one
+        self.forward_sync_buffers = broadcast_buffers  # also as torch DDP's broadcast_buffers property
+        self.find_unused_parameters = find_unused_parameters
+        self.gradient_as_bucket_view = True
+        self.static_graph = False
+        self.dim = 0
+        self.device = ctx.device
+        self.device_type = ctx.device.type
+        self.device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        self.output_device = self.device_ids[0] if self.device_ids else None
+        self.is_multi_device_module = False
+        self._attach()
+
+    def _attach(self) -> None:
+        """Builds this model's reducer on the current context (at wrap, or in a copy at first use)."""
+        ctx = get_context()
+        named = [(n, p) for n, p in self.module.named_parameters()]  # tied parameters appear once
+        options = _C.ReducerOptions(**self._options)
+        self._live_reducer = _C.Reducer([p for _, p in named], [n for n, _ in named], ctx.communicator, options)
         self._trainable = [p for _, p in named if p.requires_grad]  # the reducer's indices (bucket_layout)
-        if zero == 2:
-            zero_guard.guard(module)
-        self._find_unused = find_unused_parameters
+        stacking.claim(self, [p for _, p in named])
+        if self._options["zero"] == 2:
+            zero_guard.guard(self.module)
         # Collected once, as DDP does (BatchNorm updates its buffers in place): not per forward.
-        self._synced_buffers = list(module.buffers()) if broadcast_buffers and ctx.world_size > 1 else []
-        self._sync = True  # False inside no_sync()
+        self._synced_buffers = list(self.module.buffers()) if ctx.world_size > 1 else []
+
+    @property
+    def _reducer(self) -> Any:
+        if self._live_reducer is None:  # an unpickled copy: its reducer is built on first use
+            if not is_initialized():
+                raise _C.ConfigError(
+                    f"this {type(self).__name__} of {type(self.module).__name__} was unpickled in a process "
+                    "without a dtcore context, so it has no reducer to average its gradients. Fix: call "
+                    "dtcore.init() before using it (it then reduces over that job), or use its .module alone."
+                )
+            self._attach()
+        return self._live_reducer
+
+    def __getstate__(self) -> dict[str, Any]:
+        """As torch DDP's: the reducer stays behind; a copy or an unpickled model builds its own."""
+        state = self.__dict__.copy()
+        for name in ("_live_reducer", "_trainable", "_synced_buffers"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        torch.nn.Module.__setstate__(self, state)
+        self._live_reducer = None
+        if is_initialized():
+            self._attach()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        stacking.refuse_outer_ddp(self)
         # Only a forward with grad enabled prepares a reduction, and only a synced one talks to the
         # other ranks: a rank evaluating alone under torch.no_grad() issues no collective.
-        synced = torch.is_grad_enabled() and self._sync
+        sync = self.require_backward_grad_sync
+        synced = torch.is_grad_enabled() and sync
+        self.require_forward_param_sync = synced
+        reducer = self._reducer
         if torch.is_grad_enabled():
-            self._reducer.prepare_for_backward(self._sync)
-        if synced and self._synced_buffers:
+            reducer.prepare_for_backward(sync)
+        if synced and self.forward_sync_buffers and self._synced_buffers:
             _broadcast_tensors(self._synced_buffers)  # e.g. BatchNorm running statistics, as DDP does
         out = self.module(*args, **kwargs)
-        if synced and self._find_unused:
-            self._reducer.find_unused(_tensors_in(out))
+        if synced and self.find_unused_parameters:
+            reducer.find_unused(_tensors_in(out))
         return out
+
+    def _arm_sync_backward(self, outputs: Any) -> None:
+        """torch DDP's reducer.prepare_for_backward(outputs): the next backward reduces, whatever the
+        forward before it was (accelerate's trigger_sync_in_backward, after forwards under no_sync)."""
+        self._reducer.prepare_for_backward(True)
+        tensors = _tensors_in(outputs)
+        if self.find_unused_parameters and tensors:
+            self._reducer.find_unused(tensors)
 
     @property
     def zero(self) -> int:
@@ -132,11 +201,11 @@ class DistributedModel(torch.nn.Module):
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Forward and backward passes inside accumulate locally; the next synced one reduces the sum."""
-        previous, self._sync = self._sync, False
+        previous, self.require_backward_grad_sync = self.require_backward_grad_sync, False
         try:
             yield
         finally:
-            self._sync = previous
+            self.require_backward_grad_sync = previous
 
     @property
     def bucket_params(self) -> list[list[int]]:
