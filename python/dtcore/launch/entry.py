@@ -21,6 +21,14 @@ import time
 import traceback
 from collections.abc import Sequence
 
+from ..exit_codes import EXIT_PREEMPTED
+
+
+def preempted_marker() -> str:
+    """Beside this worker's error file: it exited with EXIT_PREEMPTED (its checkpoint is saved)."""
+    return os.environ["TORCHELASTIC_ERROR_FILE"] + ".preempted"
+
+
 USAGE = "usage: python -m dtcore.launch.entry (-m MODULE | SCRIPT) [ARGS...]"
 
 
@@ -79,7 +87,9 @@ def run(argv: Sequence[str]) -> None:
             sys.argv = [script, *argv[1:]]
             sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` sets it
             runpy.run_path(script, run_name="__main__")
-    except SystemExit:
+    except SystemExit as e:
+        if e.code == EXIT_PREEMPTED and os.environ.get("TORCHELASTIC_ERROR_FILE"):
+            open(preempted_marker(), "w").close()  # the launcher tells it from a kill: see preempted_marker()
         raise  # sys.exit(code) is the program's own answer, not an uncaught exception
     except BaseException as e:
         record(e)

@@ -20,6 +20,7 @@ import sys
 import time
 
 from .. import _C
+from ..exit_codes import EXIT_PREEMPTED
 from . import rendezvous
 from .failure import RankFailure, first_first, rank_failures, report
 from .rendezvous import BACKEND, register
@@ -170,6 +171,9 @@ class Job:
         try:
             elastic_launch(config, sys.executable)("-u", "-m", "dtcore.launch.entry", *self.program)
         except ChildFailedError as e:
+            if all(f.exitcode == EXIT_PREEMPTED for f in e.failures.values()):
+                say(f"every failed rank of node {a.node_rank} saved a checkpoint and exited after a preemption signal")
+                return EXIT_PREEMPTED
             self._failed(rank_failures(e.failures, self.stderr_file, a.node_rank))
             return 1
         except _C.DtcoreError as e:
@@ -179,7 +183,12 @@ class Job:
             if self.remote_failure:
                 self._failed([])
                 return 1
-            say(f"stopped by {signal.Signals(e.sigval).name}; the ranks of this node were stopped")
+            name = signal.Signals(e.sigval).name
+            saved = glob.glob(os.path.join(glob.escape(self.rank_dir), "*", "attempt_*", "*", "*.preempted"))
+            if len(saved) == self.nproc:
+                say(f"stopped by {name}: every rank of node {a.node_rank} saved a checkpoint and exited; resume it")
+                return EXIT_PREEMPTED
+            say(f"stopped by {name}; the ranks of this node were stopped")
             return 128 + int(e.sigval)
         finally:
             if rendezvous.handler is not None:

@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
+from ..exit_codes import EXIT_PREEMPTED  # noqa: F401  (re-exported by dtcore.train)
+
 log = logging.getLogger("dtcore.train")
 
-EXIT_PREEMPTED = 75  # a checkpoint was saved after SIGTERM/SIGUSR1: requeue and --resume auto (EX_TEMPFAIL)
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 

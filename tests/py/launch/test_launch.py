@@ -195,3 +195,44 @@ def test_bad_usage_exits_2_with_the_fix(tmp_path, monkeypatch, capsys, args, mes
         launch_main([*args, WORKER, "allreduce"])
     assert exit.value.code == 2 and message in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "logs")
+
+
+def test_a_preempted_training_run_ends_the_launcher_with_the_preempted_status(tmp_path):
+    """SIGTERM to the launcher: every rank of dtcore.train saves and exits 75, and so does the launcher,
+    so that a requeue script tells "saved, resume me" from "killed"."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "dtcore.launch", "--log-dir", str(tmp_path / "logs"), "--nproc-per-node", "2"]
+    cmd += [
+        "-m",
+        "dtcore.train",
+        "--preset",
+        "tiny",
+        "--training.num_iterations=100000",
+        f"--logging.run_dir={run_dir}",
+    ]
+    p = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        metrics = run_dir / "metrics" / "rank1.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (not metrics.exists() or metrics.read_text().count("\n") < 3):
+            time.sleep(0.2)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=90)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    import dtcore
+    from dtcore.exit_codes import EXIT_PREEMPTED
+
+    assert p.returncode == EXIT_PREEMPTED, err[-3000:]
+    assert dtcore.checkpoint.latest(run_dir / "checkpoints") is not None
+    assert leftover_processes([p.pid]) == []
