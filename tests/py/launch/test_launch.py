@@ -138,29 +138,33 @@ def test_a_node_whose_node_0_never_comes_says_so_and_how_to_start_it(tmp_path):
     assert "Traceback" not in r.stderr and "frame #" not in r.stderr  # no C++ retry backtraces from torch
 
 
-def test_sigusr1_to_the_launcher_reaches_every_rank(tmp_path):
-    cmd = [sys.executable, "-m", "dtcore.launch", "--log-dir", str(tmp_path / "logs"), "--nproc-per-node", "2"]
+def signalled(cmd: list[str], cwd: Path, ready, signum: int) -> tuple[subprocess.Popen, str, str]:
+    """Starts the launcher, waits until ready(process) returns, sends it `signum`; (process, out, err)."""
     p = subprocess.Popen(
-        [*cmd, WORKER, "usr1"],
-        cwd=tmp_path,
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+        cmd, cwd=cwd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
     try:
-        waiting = 0
-        for line in p.stdout:  # both ranks have their handler: SLURM's warning signal now goes to the launcher
-            waiting += "waits for SIGUSR1" in line
-            if waiting == 2:
-                break
-        p.send_signal(signal.SIGUSR1)
-        out, err = p.communicate(timeout=60)
+        ready(p)
+        p.send_signal(signum)
+        out, err = p.communicate(timeout=90)
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+    return p, out, err
+
+
+def test_sigusr1_to_the_launcher_reaches_every_rank(tmp_path):
+    cmd = [sys.executable, "-m", "dtcore.launch", "--log-dir", str(tmp_path / "logs"), "--nproc-per-node", "2"]
+
+    def ready(p):
+        waiting = 0
+        for line in p.stdout:  # both ranks have their handler: SLURM's warning signal now goes to the launcher
+            waiting += "waits for SIGUSR1" in line
+            if waiting == 2:
+                return
+
+    p, out, err = signalled([*cmd, WORKER, "usr1"], tmp_path, ready, signal.SIGUSR1)
     assert p.returncode == 128 + signal.SIGUSR1, err
     assert "rank 0 got SIGUSR1: saving" in out and "rank 1 got SIGUSR1: saving" in out, out
     assert "stopped by SIGUSR1" in err
@@ -210,26 +214,14 @@ def test_a_preempted_training_run_ends_the_launcher_with_the_preempted_status(tm
         "--training.num_iterations=100000",
         f"--logging.run_dir={run_dir}",
     ]
-    p = subprocess.Popen(
-        cmd,
-        cwd=tmp_path,
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
+
+    def ready(p):
         metrics = run_dir / "metrics" / "rank1.jsonl"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and (not metrics.exists() or metrics.read_text().count("\n") < 3):
             time.sleep(0.2)
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=90)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+
+    p, out, err = signalled(cmd, tmp_path, ready, signal.SIGTERM)
     import dtcore
     from dtcore.exit_codes import EXIT_PREEMPTED
 
