@@ -59,6 +59,14 @@ void bind_common(py::module_& m) {
   py::register_exception<RendezvousError>(m, "RendezvousError", base.ptr());
   py::register_exception<CommError>(m, "CommError", base.ptr());
   py::register_exception<CheckpointError>(m, "CheckpointError", base.ptr());
+  // The docstrings docs/api.md shows (the kinds of csrc/dtcore/common/error.h).
+  base.doc() = "The base of every error dtcore raises; the message names what, where, and the fix.";
+  m.attr("ConfigError").doc() =
+      "A bad launcher environment, DTCORE_* variable or argument, raised before anything starts; also a ValueError.";
+  m.attr("RendezvousError").doc() =
+      "The ranks could not meet: timeout with missing ranks, port taken, store unreachable, version mismatch.";
+  m.attr("CommError").doc() = "A collective failed or timed out, or a peer rank died.";
+  m.attr("CheckpointError").doc() = "A checkpoint could not be written, read or verified.";
 
   m.def(
       "knobs",

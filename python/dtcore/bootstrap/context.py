@@ -122,6 +122,7 @@ def get_context() -> Context:
 
 
 def is_initialized() -> bool:
+    """True between `dtcore.init()` and `dtcore.shutdown()` in this process."""
     return _current is not None
 
 

@@ -159,6 +159,7 @@ class TrainConfig:
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
+        """Every field as {section: {field: value}} (what run.json records)."""
         return dataclasses.asdict(self)
 
 
