@@ -13,15 +13,14 @@ import dtcore
 from launch_helpers import WORKERS, clean_env, describe, free_port, leftover_processes, run_ranks, torchrun_style
 
 sys.path.insert(0, str(WORKERS))
-from checkpoint_worker import differences
-from zero_worker import TinyLM
+from checkpoint_worker import differences, tiny_model
 
 TRIALS = 20
 
 
 def _loaded_state(path):
     """The checkpoint's model and optimizer state, loaded here (one process) into a plain AdamW."""
-    model = TinyLM()
+    model = tiny_model()
     groups = [
         {"params": [p for p in model.parameters() if p.dim() > 1]},
         {"params": [p for p in model.parameters() if p.dim() <= 1]},

@@ -27,10 +27,15 @@ from zero_worker import TinyLM, batches, loss_of
 import dtcore
 
 
-def build(zero: int, bf16: bool, seed: int):
-    torch.manual_seed(seed)
+def tiny_model() -> TinyLM:
     model = TinyLM()
     model.register_buffer("seen", torch.zeros(1000))  # a buffer that ranks may hold differently
+    return model
+
+
+def build(zero: int, bf16: bool, seed: int):
+    torch.manual_seed(seed)
+    model = tiny_model()
     if bf16:
         model = model.to(torch.bfloat16)
     model = dtcore.wrap(model, zero=zero, bucket_mb=0.01, first_bucket_mb=0.005)  # several buckets
