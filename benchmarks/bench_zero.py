@@ -14,7 +14,9 @@ stage 1 8 Psi + 8 Psi / N, stage 2 4 Psi + 12 Psi / N. torch DDP runs with
 gradient_as_bucket_view=True, its most frugal setting.
 
 time: one job; every rank holds all variants (same initial weights) and runs them alternately,
-step by step (forward + backward + optimizer step, after a barrier); medians over --steps.
+step by step (forward + backward + optimizer step, after a barrier); medians over --steps. Also
+the bytes rank 0 writes per step (/proc/self/io's wchar: Gloo's socket writes, plus the store's
+small heartbeats), measured, next to DDP's.
 """
 
 from __future__ import annotations
@@ -97,17 +99,26 @@ def time_worker(args) -> None:
     base = GPT(config)
     runs = {v: build(v, copy.deepcopy(base), foreach=None) for v in VARIANTS}
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    sent: dict[str, list[int]] = {v: [] for v in VARIANTS}
     for i in range(args.warmup + args.steps):
         x, y = data.batch(args.batch, torch.device("cpu"))
         for v, (model, opt) in runs.items():
             dtcore.barrier()
-            start = time.perf_counter()
+            start, written = time.perf_counter(), _bytes_written()
             step(model, opt, x, y)
             if i >= args.warmup:
                 times[v].append(time.perf_counter() - start)
+                sent[v].append(_bytes_written() - written)
     if ctx.rank == 0:
-        print(json.dumps({v: statistics.median(t) for v, t in times.items()} | {"params": num_parameters(base)}))
+        report = {v: statistics.median(t) for v, t in times.items()} | {"params": num_parameters(base)}
+        print(json.dumps(report | {f"{v} sent": statistics.median(b) for v, b in sent.items()}))
     dtcore.shutdown()
+
+
+def _bytes_written() -> int:
+    """Bytes this process has written through write()-family calls (Gloo's sockets): /proc/self/io's wchar."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("wchar"))
 
 
 def launch(args, extra: list[str]) -> dict:
@@ -145,11 +156,12 @@ def main() -> None:
         f"{n} ranks (Gloo, 1 thread each), GPT preset {args.preset} ({r['params'] / 1e6:.1f}M parameters, fp32), "
         f"batch {args.batch}x{SHAPES[args.preset].block_size} per rank, median of {args.steps} steps, alternating"
     )
-    print("| variant | step (ms) | ratio to ZeroRedundancyOptimizer |")
-    print("| --- | --- | --- |")
-    zro = r["ddp + ZeroRedundancyOptimizer"]
+    print("| variant | step (ms) | ratio to ZeroRedundancyOptimizer | sent per step, rank 0 (MiB) | ratio to DDP |")
+    print("| --- | --- | --- | --- | --- |")
+    zro, ddp_sent = r["ddp + ZeroRedundancyOptimizer"], r["ddp sent"]
     for v in VARIANTS:
-        print(f"| {v} | {1000 * r[v]:.0f} | {r[v] / zro:.3f} |")
+        mib = r[f"{v} sent"] / 2**20
+        print(f"| {v} | {1000 * r[v]:.0f} | {r[v] / zro:.3f} | {mib:.1f} | {r[f'{v} sent'] / ddp_sent:.3f} |")
 
 
 if __name__ == "__main__":
