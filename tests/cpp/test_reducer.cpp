@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "dtcore/common/error.h"
@@ -358,6 +359,54 @@ TEST(ReducerZero, Zero2ReducesWhatNoSyncAccumulated) {
   f.step();
   for (const auto& p : f.params) EXPECT_FALSE(p.grad().defined());
   expect_grad_shards(*f.reducer, reference_grads(f.params, f.x, 2));
+}
+
+// Reduce-scatters finish only when waited for; records, at each start, how many earlier ones are unfinished.
+class WaitedCommunicator : public OneRankCommunicator {
+ public:
+  std::vector<int> unfinished_at_start;
+
+ protected:
+  std::shared_ptr<Work> start(const Collective& c) override {
+    auto done = OneRankCommunicator::start(c);
+    if (c.kind != CollectiveKind::ReduceScatter) return done;
+    int unfinished = 0;
+    for (const auto& w : issued_) unfinished += !w->is_completed();
+    unfinished_at_start.push_back(unfinished);
+    issued_.push_back(std::make_shared<OnWait>(timeout()));
+    return issued_.back();
+  }
+
+ private:
+  struct OnWait : Work {
+    using Work::Work;
+    bool waited = false;
+    void wait(std::chrono::milliseconds) override { waited = true; }
+    bool is_completed() override { return waited; }
+  };
+  std::vector<std::shared_ptr<OnWait>> issued_;
+};
+
+TEST(ReducerZero, Zero2HoldsAtMostTwoBucketsDuringBackward) {  // Note [Buckets in flight]
+  Reducer::Options o;
+  o.zero = 2;
+  o.first_bucket_mb = o.bucket_mb = 16.0 / (1 << 20);  // 16 bytes: a bucket per parameter
+  auto params = make_params();
+  auto comm = std::make_shared<WaitedCommunicator>();
+  Reducer r(params, kNames, comm, o);
+  at::Tensor x = at::randn({5, 3});
+  for (int i = 0; i < 3; ++i) {
+    r.prepare_for_backward(true);
+    loss_of(params, x).backward();
+    r.zero_grad();
+  }
+  ASSERT_EQ(r.buckets().size(), 3u);
+  ASSERT_EQ(comm->unfinished_at_start.size(), 6u);  // two sharded backward passes of 3 buckets
+  // The third bucket's buffer is allocated only once the first's reduce-scatter is done.
+  EXPECT_EQ(*std::max_element(comm->unfinished_at_start.begin(), comm->unfinished_at_start.end()), 1);
+  r.prepare_for_backward(true);
+  loss_of(params, x).backward();
+  expect_grad_shards(r, reference_grads(params, x, 1));
 }
 
 TEST(ReducerZero, PadsBucketsToEqualShards) {

@@ -14,6 +14,11 @@
 
 namespace dtcore {
 
+namespace {
+constexpr size_t kShardedInFlight = 1;  // See Note [Buckets in flight]
+constexpr size_t kDrainFinished = static_cast<size_t>(-1);
+}  // namespace
+
 Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, std::shared_ptr<Communicator> comm,
                  Options options)
     : comm_(std::move(comm)),
@@ -111,6 +116,7 @@ void Reducer::shard_gradients_locked() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     BucketState& state = buckets_[b];
     state.grad_shard = state.buffer.narrow(0, shards_[b].begin, shards_[b].shard_numel).clone();
+    state.shard_is_zero = false;
     state.buffer = at::Tensor();  // from now on allocated only while the bucket is in flight
   }
   for (Slot& s : slots_) {
@@ -154,7 +160,10 @@ void Reducer::zero_grad() {
                "zero_grad() was called while a backward pass is reducing gradients on rank ", comm_->rank(),
                ". Fix: call it before the forward or after the backward, as with any optimizer.");
   if (sharded_grads_) {
-    for (BucketState& b : buckets_) b.grad_shard.zero_();
+    for (BucketState& b : buckets_) {
+      b.grad_shard.zero_();
+      b.shard_is_zero = true;
+    }
     for (Slot& s : slots_) s.param.mutable_grad() = at::Tensor();  // local no_sync() sums are dropped too
     return;
   }
@@ -248,6 +257,7 @@ void Reducer::reset_locked() {
   backward_started_ = false;
   unused_.clear();
   next_bucket_ = 0;
+  drained_ = 0;
   ready_order_.clear();
 }
 
@@ -262,8 +272,13 @@ void Reducer::launch_ready_locked() {
     }
     // Overlaps with the rest of backward; the label names it in the flight recorder.
     if (sharded_grads_) {
-      b.received = at::empty({shards_[index].shard_numel}, payload.options());
+      // Straight into the shard when it holds zeros (after zero_grad()); else into a buffer that
+      // is added to it, as .grad accumulates.
+      if (b.sent.defined()) b.buffer = at::Tensor();  // the cast is what is sent
+      const bool direct = b.shard_is_zero && payload.scalar_type() == b.grad_shard.scalar_type();
+      b.received = direct ? b.grad_shard : at::empty({shards_[index].shard_numel}, payload.options());
       b.work = comm_->reduce_scatter(b.received, payload, ReduceOp::Avg, b.label);
+      drain_locked(kDrainFinished);
     } else {
       b.work = comm_->all_reduce(payload, ReduceOp::Avg, b.label);
     }
@@ -293,9 +308,33 @@ void Reducer::adopt_grad_locked(Slot& s) {
   s.param.mutable_grad() = s.view;
 }
 
+void Reducer::drain_locked(size_t keep) {
+  while (drained_ < next_bucket_) {
+    BucketState& b = buckets_[drained_];
+    if (next_bucket_ - drained_ <= keep && !b.work->is_completed()) return;
+    try {
+      b.work->wait();
+    } catch (...) {
+      reset_locked();  // this backward ends with the error; the next starts clean
+      throw;
+    }
+    if (b.received.is_same(b.grad_shard)) {
+      b.shard_is_zero = false;
+    } else {
+      b.grad_shard.add_(b.received);  // accumulates, as .grad does, until zero_grad()
+    }
+    b.work.reset();
+    b.received = at::Tensor();
+    b.sent = at::Tensor();
+    b.buffer = at::Tensor();
+    ++drained_;
+  }
+}
+
 void Reducer::stage_grad_locked(Slot& s) {
   BucketState& b = buckets_[s.bucket];
   if (!b.buffer.defined()) {  // the bucket's first gradient in this backward
+    drain_locked(kShardedInFlight);
     const Bucket& plan = plan_[s.bucket];
     b.buffer = at::empty({shards_[s.bucket].padded_numel}, at::TensorOptions().dtype(plan.dtype).device(plan.device));
     b.buffer.narrow(0, plan.numel, b.buffer.numel() - plan.numel).zero_();  // the padding
@@ -367,7 +406,9 @@ void Reducer::finalize() {
   for (BucketState* b : launched) {
     try {
       if (b->work) b->work->wait();
-      if (b->received.defined()) {
+      if (b->received.defined() && b->received.is_same(b->grad_shard)) {
+        b->shard_is_zero = false;
+      } else if (b->received.defined()) {
         b->grad_shard.add_(b->received);  // accumulates, as .grad does, until zero_grad()
       } else if (b->sent.defined()) {
         b->buffer.copy_(b->sent);  // back into the parameters' dtype

@@ -32,6 +32,15 @@
 // Inside no_sync() zero=2 leaves .grad to autograd (full, local); the next synced backward
 // reduces the sum.
 //
+// Note [Buckets in flight]: a zero=2 bucket buffer exists from the bucket's first gradient until
+// its reduce-scatter has finished and been added into the shard; then it is freed, not at the end
+// of backward. Before a new bucket buffer is allocated, the oldest launched bucket is waited for
+// while more than kShardedInFlight are launched and unfinished (finished ones are drained at every
+// launch without waiting). So during backward a rank holds at most kShardedInFlight + 1 bucket
+// buffers (the ones in flight and the one filling), not the whole gradient: that is the "buckets
+// in flight" term of stage 2's memory, 4 Psi + 12 Psi / N + (kShardedInFlight + 1) x bucket_mb.
+// The wait costs overlap only when the network is slower than the compute of one bucket.
+//
 // Note [One reducer per parameter]: each parameter's AccumulateGrad node carries dtcore's post-hook
 // and no other. torch DDP's and FSDP's reducers hook the same node, and two reducers writing one
 // .grad give wrong gradients, so a hook already there is a ConfigError at construction, and one
@@ -142,9 +151,10 @@ class Reducer {
     std::string label;   // "bucket 3/8", its name in the flight recorder; made with the plan
     size_t pending = 0;  // gradients not yet ready in the current backward
     std::shared_ptr<Work> work;
-    at::Tensor sent;        // with comm_dtype: the buffer cast for the collective, copied back at the end
-    at::Tensor grad_shard;  // zero=2 once sharded: this rank's reduced gradient, kept across steps
-    at::Tensor received;    // zero=2: the reduce-scatter's output, added into grad_shard at the end
+    at::Tensor sent;             // with comm_dtype: the buffer cast for the collective, copied back at the end
+    at::Tensor grad_shard;       // zero=2 once sharded: this rank's reduced gradient, kept across steps
+    bool shard_is_zero = false;  // grad_shard holds zeros (zero_grad()): the reduce-scatter writes it directly
+    at::Tensor received;         // zero=2, accumulating: the reduce-scatter's output, added into grad_shard
   };
 
   void on_grad_ready(size_t slot);                          // autograd post-hook, on an engine thread
@@ -154,6 +164,7 @@ class Reducer {
   void launch_ready_locked();       // starts buckets next_bucket_, ... while they are complete
   void adopt_grad_locked(Slot& s);  // makes s.param.grad the bucket view again, keeping its value
   void stage_grad_locked(Slot& s);  // zero=2: s.param.grad into its in-flight bucket, then released
+  void drain_locked(size_t keep);   // zero=2: finished buckets into their shards; see Note [Buckets in flight]
   void shard_gradients_locked();    // zero=2, once the plan is final: keep only this rank's shards
   void mark_ready_locked(size_t slot);
   void build_buckets(const std::vector<size_t>& order);  // plans, allocates, points grads at views
@@ -175,6 +186,7 @@ class Reducer {
   bool backward_started_ = false;    // a hook of the armed backward has run
   std::vector<size_t> unused_;       // found by find_unused(), marked ready by the first hook
   size_t next_bucket_ = 0;           // the next bucket to launch, in plan order
+  size_t drained_ = 0;               // zero=2: buckets before this one are in their shards, buffers freed
   std::vector<size_t> ready_order_;  // slots in the order they became ready (until the rebuild)
   bool plan_final_ = false;          // the one rebuild was tried: buckets stay as they are
   bool sharded_grads_ = false;       // zero=2 after shard_gradients_locked()
