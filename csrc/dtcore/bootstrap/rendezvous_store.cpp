@@ -28,8 +28,20 @@ using std::chrono::milliseconds;
 // A dtcore store greets as soon as it accepts; a listener silent this long is something else.
 constexpr milliseconds kGreetingWait{10'000};
 
+// Note [Store address]: dtcore's store listens only where the job needs it (Note [Job secret]):
+// at the master address, or at loopback when the launcher says the job has one node. Every rank
+// of a one-node job runs on rank 0's host, so none needs another interface, and no other host
+// can even reach the port. "Says": a node count or a local world size from the launcher (or
+// DTCORE_*, or init()); a bare RANK/WORLD_SIZE job may span hosts, so it keeps the master
+// address. Both ends use store_host(), so they always meet.
+std::string store_host(const WorldSpec& spec) {
+  const bool one_node = spec.num_nodes.value <= 1 && !spec.local_world_size.source.starts_with("default:");
+  return one_node && !spec.use_agent_store ? "127.0.0.1" : spec.master_addr.value;
+}
+
 struct Context : StoreDial {
-  std::string where;  // "host:port" of the master address, for messages
+  std::string host;   // where the store listens and every rank dials: store_host()
+  std::string where;  // "host:port" of it, for messages
 };
 
 bool is_loopback(const store::Address& a) {
@@ -39,7 +51,7 @@ bool is_loopback(const store::Address& a) {
   return IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(&a.storage)->sin6_addr);
 }
 
-// The store listens only at the master address (Note [Job secret]); on a job of several nodes
+// A job of several nodes serves the store at the master address (Note [Store address]); there
 // that address must not be a loopback one, or no other node could ever reach it.
 void refuse_loopback_for_many_nodes(const Context& c) {
   if (c.spec.num_nodes.value <= 1) return;
@@ -74,7 +86,7 @@ c10::intrusive_ptr<StoreClient> connect_client(const Context& c, const std::stri
   Backoff backoff = store_backoff();
   for (int refused = 0;; backoff.pause()) {
     try {
-      return c10::make_intrusive<StoreClient>(c.spec.master_addr.value, port, secret.value, c.left_ms());
+      return c10::make_intrusive<StoreClient>(c.host, port, secret.value, c.left_ms());
     } catch (const c10::DistNetworkError&) {
       // The server greeted and then went away: rank 0 is restarting or gone.
       if (Clock::now() >= c.deadline) nothing_accepts(c, server);
@@ -92,7 +104,7 @@ c10::intrusive_ptr<StoreClient> connect_client(const Context& c, const std::stri
 c10::intrusive_ptr<StoreClient> serve(const Context& c, SecretFile& secret_file) {
   refuse_loopback_for_many_nodes(c);
   JobSecret secret = server_secret(c.spec, c.env);
-  auto server = std::make_shared<StoreServer>(c.spec.master_addr.value, c.spec.master_port.value, secret.value);
+  auto server = std::make_shared<StoreServer>(c.host, c.spec.master_port.value, secret.value);
   secret_file = publish_secret(secret);  // once the port is ours: the file is named by it
   secret.from_file = false;              // rank 0 has it from memory
   auto client = connect_client(c, "rank 0", server->port(), secret);
@@ -106,7 +118,7 @@ c10::intrusive_ptr<StoreClient> serve(const Context& c, SecretFile& secret_file)
 void wait_for_listener(const Context& c, const std::string& server, bool greeting) {
   auto next_log = Clock::now() + c.log_interval;
   Backoff backoff = store_backoff();
-  const std::string& host = c.spec.master_addr.value;
+  const std::string& host = c.host;
   const int port = c.spec.master_port.value;
   for (;;) {
     Clock::time_point now = Clock::now();
@@ -180,7 +192,8 @@ c10::intrusive_ptr<c10d::Store> join_agent_store(const Context& c, const std::st
 Backoff store_backoff() { return Backoff(milliseconds(5), milliseconds(200), Backoff::Interrupt::kCheck); }
 
 StoreConnection connect_store(const StoreDial& dial) {
-  Context c{dial, store::endpoint(dial.spec.master_addr.value, dial.spec.master_port.value)};
+  const std::string host = store_host(dial.spec);
+  Context c{dial, host, store::endpoint(host, dial.spec.master_port.value)};
   const std::string server = dial.spec.use_agent_store ? "the torchrun agent" : "rank 0";
   StoreConnection out;
   if (dial.spec.use_agent_store) {

@@ -79,10 +79,13 @@ def test_a_silent_foreign_listener_on_the_master_port_ends_rank1_naming_host_por
 
 
 @contextlib.contextmanager
-def live_job(folder: Path, world: int = 2, **extra: str):
-    """A job of `world` ranks between init() and its end; yields (port, rank 0's pid)."""
+def live_job(folder: Path, world: int = 2, drop: tuple[str, ...] = (), **extra: str):
+    """A job of `world` ranks between init() and its end; yields (port, rank 0's pid).
+
+    torchrun's variables, with `extra` set over them and `drop` left out."""
     port = free_port()
-    envs = [clean_env(**torchrun_style(rank, world, port), **extra) for rank in range(world)]
+    styles = [{k: v for k, v in torchrun_style(rank, world, port).items() if k not in drop} for rank in range(world)]
+    envs = [clean_env(**{**style, **extra}) for style in styles]
     out: dict = {}
 
     def run() -> None:
@@ -227,6 +230,9 @@ def _other_addresses() -> list[tuple[int, str]]:
     with contextlib.suppress(OSError):
         for info in socket.getaddrinfo(socket.gethostname(), None, proto=socket.IPPROTO_TCP):
             candidates.append((info[0], info[4][0]))
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("10.255.255.255", 1))  # no packet is sent: this asks which interface the route takes
+        candidates.append((socket.AF_INET, s.getsockname()[0]))
     for family, address in candidates:
         if address.startswith("127.") or (family, address) in found:
             continue
@@ -236,14 +242,39 @@ def _other_addresses() -> list[tuple[int, str]]:
     return found
 
 
+def _reachable(family: int, address: str, port: int) -> bool:
+    with socket.socket(family) as s:
+        s.settimeout(5)
+        try:
+            s.connect((address, port))
+        except ConnectionRefusedError:
+            return False
+        return s.recv(4, socket.MSG_WAITALL) == GREETING
+
+
 def test_e_a_job_on_127_0_0_1_is_not_reachable_at_other_addresses(tmp_path):
     others = _other_addresses()
     if not others:
         pytest.skip("this machine has no address besides 127.0.0.1 to test from")
     with live_job(tmp_path) as (port, _):
         for family, address in others:
-            with socket.socket(family) as s, pytest.raises(ConnectionRefusedError):
-                s.settimeout(5)
-                s.connect((address, port))
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-            assert s.recv(4, socket.MSG_WAITALL) == GREETING
+            assert not _reachable(family, address, port)
+        assert _reachable(socket.AF_INET, "127.0.0.1", port)
+
+
+def test_e_a_one_node_job_serves_at_loopback_whatever_master_addr_says(tmp_path):
+    others = [(f, a) for f, a in _other_addresses() if f == socket.AF_INET]
+    if not others:
+        pytest.skip("this machine has no IPv4 address besides 127.0.0.1 to test from")
+    family, address = others[0]
+    one, bare = tmp_path / "one", tmp_path / "bare"
+    one.mkdir()
+    bare.mkdir()
+    # LOCAL_WORLD_SIZE == WORLD_SIZE: one node, so the store stays on loopback (Note [Store address]).
+    with live_job(one, MASTER_ADDR=address) as (port, _):
+        assert not _reachable(family, address, port)
+        assert _reachable(socket.AF_INET, "127.0.0.1", port)
+    # Bare RANK/WORLD_SIZE: the ranks may be on several hosts, so the store serves at MASTER_ADDR.
+    with live_job(bare, drop=("LOCAL_RANK", "LOCAL_WORLD_SIZE"), MASTER_ADDR=address) as (port, _):
+        assert _reachable(family, address, port)
+        assert not _reachable(socket.AF_INET, "127.0.0.1", port)
