@@ -303,6 +303,11 @@ class Trainer:
             trackers.close()
             out.close()
         wait()  # the last asynchronous save, complete (or its error raised), before the run says it is done
+        if c.logging.plot:
+            if self.world > 1:
+                barrier()  # every rank's metrics file is complete before rank 0 reads them
+            if main:
+                _plot(run_dir)
         return {"step": self.step, "losses": losses, "eval_losses": eval_losses}
 
     def _train_step(self, batches) -> tuple[float, int]:
@@ -494,6 +499,19 @@ class Trainer:
                 "another rank was signalled: checkpoint of step %d saved; exiting with %d", self.step, EXIT_PREEMPTED
             )
         raise Preempted(EXIT_PREEMPTED)
+
+
+def _plot(run_dir: str) -> None:
+    """logging.plot: the PNGs of python -m dtcore.plot, written by rank 0 at the end of the run."""
+    try:
+        import matplotlib  # noqa: F401  (optional: the plots are the only thing that needs it)
+    except ImportError:
+        log.warning("matplotlib is not installed: no plots of this run. Fix: pip install matplotlib")
+        return
+    from . import plot, rundir
+
+    written, _ = plot.plot(rundir.load(run_dir))
+    log.info("plots of this run: %s", ", ".join(written))
 
 
 def _set_aside_earlier_run(run_dir: str) -> None:

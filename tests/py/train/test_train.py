@@ -57,6 +57,8 @@ def test_torchrun_trains_the_tiny_preset_and_writes_the_run_directory(tmp_path):
     assert "loss" in result.stderr and "tok/s" in result.stderr  # rank 0's progress
     assert os.listdir(run_dir / "checkpoints") == ["step_00000040"]  # at the end
     assert (run_dir / "checkpoints" / "step_00000040" / "manifest.json").exists()
+    plots = sorted(p.name for p in (run_dir / "plots").iterdir())  # logging.plot: written at the end
+    assert plots == ["loss.png", "step_time.png", "throughput.png"] and "plots of this run" in result.stderr
 
 
 @pytest.mark.multirank
