@@ -80,6 +80,8 @@ def test_every_field_has_a_docstring_in_help_and_docs():
             assert f"--{section}.{f.name}=" in text
     for name in cfg.PRESETS:
         assert name in text
+    for code, _ in reference.EXIT_STATUS:
+        assert f"\n  {code} " in text
 
 
 def test_docs_reference_is_generated_from_the_dataclasses():
