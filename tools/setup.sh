@@ -5,12 +5,14 @@
 #         the tests turn warnings into errors), transformers (the tests build Hugging Face models
 #         from configs, no weights), accelerate (the tests run its `accelerate launch` and
 #         Accelerator), the build backend, pytest, the formatters CI checks with (clang-format,
-#         ruff), tqdm (the trainer's progress bar) and matplotlib (python -m dtcore.plot)
+#         ruff), tqdm (the trainer's progress bar), matplotlib (python -m dtcore.plot) and tensorboard
+#         (the trainer's TensorBoard scalars, optional for users, checked by the tests)
 set -euo pipefail
 
 APT_PACKAGES=(g++ libspdlog-dev libgtest-dev)
 PIP_PACKAGES=(torch==2.13.0 numpy==2.4.6 safetensors==0.8.0 transformers==5.23.0 accelerate==1.15.0 scikit-build-core==1.1.2
-              cmake==4.4.4 ninja==1.13.2 pytest==9.0.3 clang-format==21.1.8 ruff==0.17.6 matplotlib==3.11.2 tqdm==4.70.1)
+              cmake==4.4.4 ninja==1.13.2 pytest==9.0.3 clang-format==21.1.8 ruff==0.17.6 matplotlib==3.11.2 tqdm==4.70.1
+              tensorboard==2.21.0)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

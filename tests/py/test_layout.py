@@ -58,7 +58,7 @@ def _is_module(name: str) -> bool:
 
 # Command-line entries at the top of the package (python -m dtcore.monitor, python -m dtcore.plot) that only
 # call into an area: they belong to that area.
-ENTRIES = {"dtcore.monitor": "launch", "dtcore.plot": "launch"}
+ENTRIES = {"dtcore.monitor": "train", "dtcore.plot": "train"}
 
 
 def _area(module: str) -> str:

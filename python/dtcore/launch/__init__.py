@@ -1,2 +1,2 @@
-"""python -m dtcore.launch, python -m dtcore.monitor, python -m dtcore.plot: starting a job on one node or
-many (on torch's elastic agent), watching its metrics, and plotting them. docs/launch.md."""
+"""python -m dtcore.launch: starting a job on one node or many (on torch's elastic agent), with a log per
+node and the root cause of a failure. docs/launch.md."""

@@ -22,6 +22,8 @@ import time
 
 from .. import _C
 
+SUBMIT_TIMEOUT_S = 60.0  # sbatch answers in a second; a controller that does not answer is named, not waited for
+
 
 def from_slurm(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     """Fills --nnodes, --node-rank, --master-addr and --master-port from the SLURM step this runs in."""
@@ -105,4 +107,13 @@ def write(a: argparse.Namespace, program: list[str], name: str, python: str) -> 
             file=sys.stderr,
         )
         return 1
-    return subprocess.run(["sbatch", path], check=False).returncode
+    try:
+        return subprocess.run(["sbatch", path], check=False, timeout=SUBMIT_TIMEOUT_S).returncode
+    except subprocess.TimeoutExpired:
+        print(
+            f"dtcore.launch: --submit: sbatch {path} did not answer within {SUBMIT_TIMEOUT_S:g} s (is the SLURM "
+            f"controller reachable? `sinfo` tells). Fix: once it is, submit the script with `sbatch "
+            f"{shlex.quote(path)}`, and check `squeue --me` first that the slow try did not submit it already.",
+            file=sys.stderr,
+        )
+        return 1

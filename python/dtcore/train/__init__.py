@@ -3,7 +3,9 @@
 config (TrainConfig and its sections, presets, TOML, --key=value), trainer (the loop), data (the
 shipped corpus and token batches), gpt (the built-in model), metrics (run directory, progress,
 MFU, stragglers), memory (expected memory and the out-of-memory diagnosis), resume (random
-generators and preemption signals). docs/train.md is the reference.
+generators and preemption signals); rundir, monitor and plot read a run directory back
+(python -m dtcore.monitor, python -m dtcore.plot, and the plots a run writes at its end).
+docs/train.md is the reference.
 """
 
 from .config import (

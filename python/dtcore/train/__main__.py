@@ -1,9 +1,6 @@
 """`python -m dtcore.train [--preset P] [--config F.toml] [--key=value ...]`: the built-in GPT.
 
-Exit status: 0 trained; 1 the run failed (the error, e.g. a CommError with the health monitor's
-verdict or an out-of-memory diagnosis, is logged without a stack); 2 bad arguments or
-configuration; 75 (EXIT_PREEMPTED) stopped by SIGTERM/SIGUSR1 after saving a checkpoint;
-128 + N a second signal N ended it at once.
+Exit statuses: reference.EXIT_STATUS (shown by --help).
 """
 
 from __future__ import annotations

@@ -131,6 +131,9 @@ class LoggingConfig:
     """Write TensorBoard scalars to RUN_DIR/tensorboard when the tensorboard package is installed."""
     mlflow: bool = True
     """Log to an MLflow run when mlflow is installed and MLFLOW_TRACKING_URI is set."""
+    plot: bool = True
+    """At the end of the run, rank 0 writes PNG plots into RUN_DIR/plots (as python -m dtcore.plot does) when
+    matplotlib is installed."""
 
 
 @dataclasses.dataclass

@@ -11,6 +11,7 @@ Keys of the lines are in `train_line` and `eval_line`; change them only together
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -20,6 +21,8 @@ import time
 from typing import Any
 
 import torch
+
+from .. import _C
 
 log = logging.getLogger("dtcore.train")
 
@@ -154,7 +157,12 @@ class Progress:
 
 
 class Trackers:
-    """TensorBoard scalars and an MLflow run, each only when its package is installed (optional)."""
+    """TensorBoard scalars and an MLflow run, each only when its package is installed (optional).
+
+    One that is installed and asked for but cannot start (an unwritable directory, a tracking URI
+    MLflow refuses or cannot reach) is a ConfigError naming it and the fix, before the first step;
+    one that fails later is dropped with a WARNING: the metrics files keep every value, and a
+    monitoring service that went away never ends a training run."""
 
     def __init__(self, enabled: bool, run_dir: str, tensorboard: bool, mlflow: bool, params: dict) -> None:
         self.tb = self.mlflow = None
@@ -166,27 +174,68 @@ class Trackers:
             except ImportError:
                 log.debug("tensorboard is not installed: no TensorBoard scalars")
             else:
-                self.tb = SummaryWriter(os.path.join(run_dir, "tensorboard"))
-        if mlflow and os.environ.get("MLFLOW_TRACKING_URI"):
+                where = os.path.join(run_dir, "tensorboard")
+                try:
+                    self.tb = SummaryWriter(where)
+                except Exception as e:
+                    raise _C.ConfigError(
+                        f"TensorBoard: cannot write scalars to {where}: {_first_line(e)}. Fix: make {run_dir} "
+                        "writable, or --logging.tensorboard=false."
+                    ) from None
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if mlflow and uri:
             try:
                 import mlflow as mlflow_module
             except ImportError:
                 log.debug("mlflow is not installed: no MLflow run")
             else:
-                self.mlflow = mlflow_module
-                mlflow_module.start_run(run_name=os.path.basename(os.path.abspath(run_dir)))
-                mlflow_module.log_params({f"{s}.{k}": v for s, fields in params.items() for k, v in fields.items()})
+                try:
+                    mlflow_module.start_run(run_name=os.path.basename(os.path.abspath(run_dir)))
+                    self.mlflow = mlflow_module
+                    flat = {f"{s}.{k}": v for s, fields in params.items() for k, v in fields.items()}
+                    mlflow_module.log_params(flat)
+                except Exception as e:
+                    self.close("FAILED")
+                    raise _C.ConfigError(
+                        f"MLflow: cannot log a run at MLFLOW_TRACKING_URI={uri}: {_first_line(e)}. Fix: a tracking "
+                        "URI MLflow accepts and reaches (e.g. http://HOST:5000 of a running `mlflow server`), or "
+                        "--logging.mlflow=false (or MLFLOW_TRACKING_URI unset)."
+                    ) from None
 
     def scalars(self, step: int, values: dict[str, float | None]) -> None:
         values = {k: v for k, v in values.items() if v is not None}
         if self.tb is not None:
-            for key, value in values.items():
-                self.tb.add_scalar(key, value, step)
+            try:
+                for key, value in values.items():
+                    self.tb.add_scalar(key, value, step)
+            except Exception as e:
+                self.tb = self._drop("TensorBoard", e, self.tb.close)
         if self.mlflow is not None:
-            self.mlflow.log_metrics(values, step=step)
+            try:
+                self.mlflow.log_metrics(values, step=step)
+            except Exception as e:
+                self.mlflow = self._drop("MLflow", e, lambda: None)
 
-    def close(self) -> None:
+    @staticmethod
+    def _drop(name: str, error: BaseException, close: Any) -> None:
+        log.warning(
+            "%s failed (%s): no more scalars go there in this run; RUN_DIR/metrics has every value",
+            name,
+            _first_line(error),
+        )
+        with contextlib.suppress(Exception):
+            close()
+
+    def close(self, status: str = "FINISHED") -> None:
+        """`status`: how the MLflow run ends, FINISHED, FAILED or KILLED (preempted)."""
         if self.tb is not None:
             self.tb.close()
         if self.mlflow is not None:
-            self.mlflow.end_run()
+            with contextlib.suppress(Exception):  # the run's metrics are in; its end mark is best effort
+                self.mlflow.end_run(status=status)
+        self.tb = self.mlflow = None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0].rstrip(".") if text else type(error).__name__

@@ -8,8 +8,24 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
+from ..exit_codes import EXIT_PREEMPTED
 from .config import PRESETS, field_docs, hints, sections, type_name
 from .memory import preset_memory
+
+EXIT_STATUS = (
+    ("0", "trained to training.num_iterations"),
+    (
+        "1",
+        "the run failed; the error is logged without a stack (a CommError with the health monitor's verdict, "
+        "or the out-of-memory diagnosis)",
+    ),
+    ("2", "bad arguments or configuration"),
+    (
+        str(EXIT_PREEMPTED),
+        "stopped by SIGTERM/SIGUSR1 after every rank saved a checkpoint: run again with --checkpoint.resume=auto",
+    ),
+    ("128+N", "a second signal N ended it at once"),
+)
 
 
 def help_text() -> str:
@@ -31,6 +47,8 @@ def help_text() -> str:
         for f in dataclasses.fields(cls):
             lines.append(f"  --{section}.{f.name}={getattr(default, f.name)!r}  ({type_name(hints(cls)[f.name])})")
             lines.append(f"      {docs[f.name]}")
+    lines += ["", "exit status:"] + [f"  {code:6s} {meaning}" for code, meaning in EXIT_STATUS]
+    lines += ["", "Guide: docs/train.md (resume, preemption, run directory, out-of-memory diagnosis)."]
     return "\n".join(lines)
 
 

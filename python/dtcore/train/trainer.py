@@ -242,9 +242,9 @@ class Trainer:
             run = {"config": c.to_dict(), "world_size": self.world, "num_iterations": c.training.num_iterations}
             run |= {"started": time.time(), "hosts": hosts, "model_flops_per_token": self.flops_per_token}
             metrics.write_json_atomically(os.path.join(run_dir, "run.json"), run | {"peak_flops_per_device": peak})
+        trackers = self._trackers(main, run_dir)
         out = metrics.MetricsFile(run_dir, self.rank)
         progress = metrics.Progress(main, c.logging.progress, c.training.num_iterations, self.step, c.logging.log_every)
-        trackers = metrics.Trackers(main, run_dir, c.logging.tensorboard, c.logging.mlflow, c.to_dict())
         batches = self._batches()
         if self._rng_to_restore is not None:  # replaying the data to its position may draw random numbers
             set_rng_state(self._rng_to_restore)
@@ -253,6 +253,7 @@ class Trainer:
         losses, eval_losses, started = [], [], time.monotonic()
         first_step = self.step
         self.preemption.install()
+        status = "FAILED"  # how the MLflow run ends
         try:
             self.model.train()
             while self.step < c.training.num_iterations:
@@ -294,16 +295,39 @@ class Trainer:
                     eval_losses.append(eval_loss)
                 if stop > 0:
                     self._save(run_dir, complete=True)
+                    status = "KILLED"
                     self._preempted(main)
                 if (c.checkpoint.every and self.step % c.checkpoint.every == 0) or (last and c.checkpoint.at_end):
                     self._save(run_dir, complete=last)
+            status = "FINISHED"
         finally:
             self.preemption.uninstall()
             progress.close()
-            trackers.close()
+            trackers.close(status)
             out.close()
         wait()  # the last asynchronous save, complete (or its error raised), before the run says it is done
+        if c.logging.plot:
+            if self.world > 1:
+                barrier()  # every rank's metrics file is complete before rank 0 reads them
+            if main:
+                _plot(run_dir)
         return {"step": self.step, "losses": losses, "eval_losses": eval_losses}
+
+    def _trackers(self, main: bool, run_dir: str) -> metrics.Trackers:
+        """Rank 0's TensorBoard and MLflow; one that cannot start is a ConfigError on every rank, before the
+        first step (not rank 0 alone gone and the others waiting in its first all-reduce)."""
+        c, trackers, problem = self.config, None, None
+        try:
+            trackers = metrics.Trackers(main, run_dir, c.logging.tensorboard, c.logging.mlflow, c.to_dict())
+        except _C.ConfigError as e:
+            problem = str(e)
+        if self.world > 1:
+            problem = agree.gather(problem)[0]
+        if problem is not None:
+            if trackers is not None:
+                trackers.close("FAILED")
+            raise _C.ConfigError(problem if main else f"rank 0: {problem}")
+        return trackers
 
     def _train_step(self, batches) -> tuple[float, int]:
         """One optimizer step over `accum` micro-batches; (this rank's mean loss, its tokens)."""
@@ -494,6 +518,19 @@ class Trainer:
                 "another rank was signalled: checkpoint of step %d saved; exiting with %d", self.step, EXIT_PREEMPTED
             )
         raise Preempted(EXIT_PREEMPTED)
+
+
+def _plot(run_dir: str) -> None:
+    """logging.plot: the PNGs of python -m dtcore.plot, written by rank 0 at the end of the run."""
+    try:
+        import matplotlib  # noqa: F401  (optional: the plots are the only thing that needs it)
+    except ImportError:
+        log.warning("matplotlib is not installed: no plots of this run. Fix: pip install matplotlib")
+        return
+    from . import plot, rundir
+
+    written, _ = plot.plot(rundir.load(run_dir))
+    log.info("plots of this run: %s", ", ".join(written))
 
 
 def _set_aside_earlier_run(run_dir: str) -> None:

@@ -118,7 +118,9 @@ def test_a_missing_node_is_named_every_few_seconds_then_at_the_timeout(tmp_path)
     assert len(progress) >= 2 and "1/2 nodes joined (node 0 " in progress[0], r.stderr
     assert "rendezvous timed out after 4 s: 1 of 2 nodes never joined: node 1" in r.stderr
     command = f"--nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port {port} --nproc-per-node 1"
-    assert command in r.stderr  # printed up front for node 1, and again in the error
+    up_front = r.stderr.index("start the other nodes with:\n")  # before the roll call, the node's exact command
+    assert command in r.stderr[up_front : r.stderr.index("missing: node 1")], r.stderr
+    assert command in r.stderr[r.stderr.index("rendezvous timed out") :]  # and again in the error
     assert "missing: node 1" in node_log(tmp_path)
 
 

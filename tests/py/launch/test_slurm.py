@@ -54,6 +54,39 @@ def test_submit_without_sbatch_says_where_to_run_it(tmp_path, monkeypatch, capsy
     assert "sbatch is not on PATH" in capsys.readouterr().err
 
 
+def fake_sbatch(tmp_path: Path, body: str) -> Path:
+    """An `sbatch` executable first on PATH (no SLURM here) that runs `body` after recording its arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text(f'#!/bin/bash\necho "$@" > {tmp_path / "sbatch.args"}\n{body}\n')
+    sbatch.chmod(0o755)
+    return bin_dir
+
+
+def test_submit_runs_sbatch_on_the_written_script_and_returns_its_status(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", f"{fake_sbatch(tmp_path, 'echo Submitted batch job 4242; exit 0')}:{os.environ['PATH']}")
+    assert launch_main(["--slurm", "--submit", "--nnodes", "2", "--nproc-per-node", "4", WORKER, "allreduce"]) == 0
+    assert (tmp_path / "sbatch.args").read_text().split() == ["launch_worker.sbatch"]
+    assert "Submitted batch job 4242" in capfd.readouterr().out  # sbatch's own output, passed through
+    assert "#SBATCH --nodes=2" in (tmp_path / "launch_worker.sbatch").read_text()  # written before it was submitted
+
+
+def test_submit_that_sbatch_refuses_or_does_not_answer_fails_with_the_fix(tmp_path, monkeypatch, capfd):
+    from dtcore.launch import slurm
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", f"{fake_sbatch(tmp_path, 'echo invalid partition >&2; exit 1')}:{os.environ['PATH']}")
+    assert launch_main(["--slurm", "--submit", WORKER, "allreduce"]) == 1
+    assert "invalid partition" in capfd.readouterr().err
+    (tmp_path / "bin" / "sbatch").write_text("#!/bin/bash\nexec sleep 30\n")
+    monkeypatch.setattr(slurm, "SUBMIT_TIMEOUT_S", 0.5)
+    assert launch_main(["--slurm", "--submit", WORKER, "allreduce"]) == 1
+    err = capfd.readouterr().err
+    assert "did not answer within 0.5 s" in err and "sbatch launch_worker.sbatch" in err, err
+
+
 def srun_line(script: str) -> str:
     """The command srun runs on every node (the script's last command, without `srun OPTIONS`)."""
     command = script[script.index("\nsrun ") :].split("\\\n", 1)[1]

@@ -11,7 +11,7 @@ import dtcore
 from dtcore.train import config as cfg
 from dtcore.train import memory, reference
 from dtcore.train.gpt import GPT, GPTConfig, num_parameters
-from dtcore.train.trainer import accumulation_steps
+from dtcore.train.trainer import accumulation_steps, lr_factor
 
 from launch_helpers import ROOT, clean_env
 
@@ -80,6 +80,8 @@ def test_every_field_has_a_docstring_in_help_and_docs():
             assert f"--{section}.{f.name}=" in text
     for name in cfg.PRESETS:
         assert name in text
+    for code, _ in reference.EXIT_STATUS:
+        assert f"\n  {code} " in text
 
 
 def test_docs_reference_is_generated_from_the_dataclasses():
@@ -109,3 +111,12 @@ def test_help_from_the_command_line_and_bad_key_exit_status():
         [sys.executable, "-m", "dtcore.train", "--n_embd=100", "--n_head=3"], env=env, capture_output=True, text=True
     )
     assert heads.returncode == 2 and "model.n_embd=100 is not a multiple of model.n_head=3" in heads.stderr
+
+
+def test_warmup_then_cosine_to_the_floor_or_constant():
+    c = cfg.parse_args(["--num_iterations=100", "--warmup_steps=10", "--min_lr_ratio=0.1"])
+    assert [lr_factor(c, s) for s in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])  # linear from lr / warmup
+    assert lr_factor(c, 10) == pytest.approx(1.0) and lr_factor(c, 55) == pytest.approx(0.55)  # cosine midpoint
+    assert lr_factor(c, 100) == pytest.approx(0.1) and lr_factor(c, 150) == pytest.approx(0.1)  # the floor
+    c.training.schedule = "constant"
+    assert lr_factor(c, 50) == lr_factor(c, 99) == 1.0

@@ -17,7 +17,14 @@ from dtcore.train.resume import EXIT_PREEMPTED
 from launch_helpers import clean_env, free_port, leftover_processes, torchrun_style
 
 # Dropout on, so that the random generators are part of what must be restored.
-BASE = ["--preset", "tiny", "--model.dropout=0.1", "--logging.progress=false", "--eval_every=10"]
+BASE = [
+    "--preset",
+    "tiny",
+    "--model.dropout=0.1",
+    "--logging.progress=false",
+    "--logging.plot=false",
+    "--eval_every=10",
+]
 
 
 def _start(run_dir, *args):

@@ -57,6 +57,26 @@ def test_torchrun_trains_the_tiny_preset_and_writes_the_run_directory(tmp_path):
     assert "loss" in result.stderr and "tok/s" in result.stderr  # rank 0's progress
     assert os.listdir(run_dir / "checkpoints") == ["step_00000040"]  # at the end
     assert (run_dir / "checkpoints" / "step_00000040" / "manifest.json").exists()
+    plots = sorted(p.name for p in (run_dir / "plots").iterdir())  # logging.plot: written at the end
+    assert plots == ["loss.png", "step_time.png", "throughput.png"] and "plots of this run" in result.stderr
+    _check_tensorboard(run_dir, [_lines(run_dir, rank) for rank in (0, 1)])
+
+
+def _check_tensorboard(run_dir, lines):
+    """Rank 0 alone wrote TensorBoard scalars: the job's loss (mean over ranks) each step, the eval loss."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = [p for p in (run_dir / "tensorboard").iterdir() if p.name.startswith("events.out.tfevents")]
+    tb = EventAccumulator(str(events))
+    tb.Reload()
+    assert {"train/loss", "train/tokens_per_s", "eval/loss"} <= set(tb.Tags()["scalars"]), tb.Tags()
+    assert "train/mfu" not in tb.Tags()["scalars"]  # null on CPU: left out, never drawn as 0
+    loss = {e.step: e.value for e in tb.Scalars("train/loss")}
+    by_step = [{x["step"]: x["loss"] for x in rank if x["kind"] == "train"} for rank in lines]
+    assert sorted(loss) == list(range(1, 41))
+    assert all(loss[s] == pytest.approx((by_step[0][s] + by_step[1][s]) / 2, rel=1e-5) for s in loss)
+    evals = {x["step"]: x["eval_loss"] for x in lines[0] if x["kind"] == "eval"}
+    assert {e.step: pytest.approx(e.value, rel=1e-5) for e in tb.Scalars("eval/loss")} == evals
 
 
 @pytest.mark.multirank
@@ -93,6 +113,22 @@ def test_any_module_with_a_plain_list_of_batches_and_its_own_optimizer_sharded(t
         assert len(j["losses"]) == 30 and sum(j["losses"][-5:]) < 0.5 * sum(j["losses"][:5]), j["losses"]
     assert results[0].json()["losses"] == results[1].json()["losses"]  # the job's loss, averaged over ranks
     assert [line["tokens"] for line in _lines(tmp_path, 1)][:2] == [2 * 4 * 8] * 2  # 2 micro-batches of (4, 8)
+
+
+@pytest.mark.multirank
+def test_a_tracker_that_cannot_start_stops_every_rank_before_the_first_step_with_the_fix(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "tensorboard").write_text("a file where TensorBoard's directory goes")
+    port = free_port()
+    cmd = [sys.executable, "-m", "dtcore.train", "--preset", "tiny", f"--logging.run_dir={run_dir}"]
+    results, sessions = run_processes([cmd] * 2, [clean_env(**torchrun_style(r, 2, port)) for r in (0, 1)], timeout=120)
+    assert [r.returncode for r in results] == [2, 2], describe(results)  # a configuration error, on both ranks
+    assert leftover_processes(sessions) == []
+    for rank, r in enumerate(results):
+        assert ("rank 0: " if rank else "") + f"TensorBoard: cannot write scalars to {run_dir}/tensorboard" in r.stderr
+        assert "Fix: make" in r.stderr and "--logging.tensorboard=false" in r.stderr and "Traceback" not in r.stderr
+    assert not (run_dir / "metrics").exists()  # before the first step
 
 
 def test_a_fresh_run_into_an_earlier_runs_directory_moves_that_run_aside(tmp_path):

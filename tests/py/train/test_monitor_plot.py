@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from dtcore.launch.monitor import main as monitor_main
-from dtcore.launch.plot import main as plot_main
+from dtcore.train.monitor import main as monitor_main
+from dtcore.train.plot import main as plot_main
 
 from launch_helpers import clean_env
 
@@ -122,7 +122,7 @@ def test_absent_or_empty_run_dirs_are_refused_with_the_fix(tmp_path, capsys):
 
 
 def test_a_resumed_run_counts_each_step_once_and_ranks_of_an_earlier_world_not_at_all(tmp_path):
-    from dtcore.launch import rundir
+    from dtcore.train import rundir
 
     run = tmp_path / "run"
     write_run(run, steps=12)
