@@ -16,6 +16,9 @@ namespace dtcore::bindings {
 void bind_comm(py::module_& m) {
   m.attr("has_nccl") = built_with_nccl();
   m.def("nccl_version", &nccl_runtime_version, "NCCL's runtime version, or '' without NCCL");
+  m.def("wait_seconds", &wait_seconds,
+        "Seconds the calling thread has spent blocked waiting for collectives (Work.wait, and the "
+        "reducer's waits inside backward), since it started");
 
   py::class_<Work, std::shared_ptr<Work>>(m, "Work")
       .def(

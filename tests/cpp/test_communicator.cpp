@@ -23,7 +23,7 @@ namespace {
 class RecordingWork : public Work {
  public:
   using Work::Work;
-  void wait(std::chrono::milliseconds timeout) override { waited_with = timeout; }
+  void wait_for(std::chrono::milliseconds timeout) override { waited_with = timeout; }
   bool is_completed() override { return true; }
   std::optional<std::chrono::milliseconds> waited_with;
 };

@@ -21,7 +21,7 @@ class DoneWork : public Work {
  public:
   DoneWork(std::chrono::milliseconds timeout, std::function<void(bool)> finished, bool ok)
       : Work(timeout, std::move(finished)), ok_(ok) {}
-  void wait(std::chrono::milliseconds) override { report_finished(ok_); }
+  void wait_for(std::chrono::milliseconds) override { report_finished(ok_); }
   bool is_completed() override { return true; }
 
  private:

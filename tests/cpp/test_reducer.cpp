@@ -23,7 +23,7 @@ namespace {
 class DoneWork : public Work {
  public:
   using Work::Work;
-  void wait(std::chrono::milliseconds) override {}
+  void wait_for(std::chrono::milliseconds) override {}
   bool is_completed() override { return true; }
 };
 
@@ -381,7 +381,7 @@ class WaitedCommunicator : public OneRankCommunicator {
   struct OnWait : Work {
     using Work::Work;
     bool waited = false;
-    void wait(std::chrono::milliseconds) override { waited = true; }
+    void wait_for(std::chrono::milliseconds) override { waited = true; }
     bool is_completed() override { return waited; }
   };
   std::vector<std::shared_ptr<OnWait>> issued_;

@@ -1,5 +1,7 @@
 #include "dtcore/comm/communicator.h"
 
+#include <chrono>
+
 #include <c10/core/ScalarType.h>
 
 #include "dtcore/common/dtype.h"
@@ -8,6 +10,20 @@
 #include "dtcore/common/units.h"
 
 namespace dtcore {
+
+namespace {
+thread_local std::chrono::steady_clock::duration waited{};  // See wait_seconds()
+}  // namespace
+
+double wait_seconds() { return std::chrono::duration<double>(waited).count(); }
+
+void Work::wait(std::chrono::milliseconds timeout) {
+  struct Clocked {  // counted also when wait_for() throws
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    ~Clocked() { waited += std::chrono::steady_clock::now() - start; }
+  } clocked;
+  wait_for(timeout);
+}
 
 ReduceOp parse_reduce_op(std::string_view text) {
   const std::string name = ascii_lower(text);

@@ -77,14 +77,21 @@ struct Collective {
 // with another rank's.
 std::string describe(const Collective& c);
 
+// Seconds the calling thread has spent blocked in Work::wait(), on any communicator, since it
+// started. On the host's clock: with Gloo the whole wait for slower peers; with NCCL only what
+// the host blocks for (the device's own waiting is not seen). The trainer subtracts it from a
+// step's time to tell a rank's own work from waiting on the others (its straggler rule).
+double wait_seconds();
+
 class Work {
  public:
   explicit Work(std::chrono::milliseconds default_timeout, std::function<void(bool ok)> finished = {})
       : default_timeout_(default_timeout), finished_(std::move(finished)) {}
   virtual ~Work() = default;
   // Blocks until the collective is done and its result usable by the caller (on GPU: on the
-  // caller's current stream). Throws CommError on failure, or when `timeout` passes first.
-  virtual void wait(std::chrono::milliseconds timeout) = 0;
+  // caller's current stream). Throws CommError on failure, or when `timeout` passes first. The
+  // time spent blocked is added to this thread's wait_seconds().
+  void wait(std::chrono::milliseconds timeout);
   // The same with the communicator's timeout.
   void wait() { wait(default_timeout_); }
   // True once the collective has finished, successfully or not (wait() then returns or raises
@@ -92,6 +99,8 @@ class Work {
   virtual bool is_completed() = 0;
 
  protected:
+  // wait()'s work, by the engine.
+  virtual void wait_for(std::chrono::milliseconds timeout) = 0;
   // The engine calls this when it learns the collective finished; only the first call counts.
   void report_finished(bool ok) {
     if (finished_ && !reported_.exchange(true)) finished_(ok);

@@ -91,7 +91,7 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
   }
 
   using Work::wait;
-  void wait(std::chrono::milliseconds timeout) override {
+  void wait_for(std::chrono::milliseconds timeout) override {
     const auto deadline = Clock::now() + timeout;
     std::unique_lock<std::mutex> lock(mu_);
     if (done_) return;

@@ -242,7 +242,7 @@ class NcclWork final : public Work {
   bool is_completed() override { return settle() != kPending; }
 
   using Work::wait;
-  void wait(std::chrono::milliseconds timeout) override {
+  void wait_for(std::chrono::milliseconds timeout) override {
     const auto deadline = Clock::now() + timeout;
     Backoff backoff = gpu_backoff();
     for (;;) {

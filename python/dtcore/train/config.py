@@ -124,9 +124,10 @@ class LoggingConfig:
     peak_tflops: float = 0.0
     """The device's peak dense bf16 TFLOP/s for MFU; 0: from dtcore's table (A100, H100, H200, B200)."""
     straggler_window: int = 20
-    """Every this many steps, ranks compare their median step times over the window."""
+    """Every this many steps, ranks compare their median own times (step time less the wait for the others)."""
     straggler_ratio: float = 1.1
-    """A rank whose median step time exceeds the job's median by this factor is logged as a straggler."""
+    """A rank whose median own time (step time less its wait for the other ranks) exceeds the job's median by this
+    factor is logged as a straggler."""
     tensorboard: bool = True
     """Write TensorBoard scalars to RUN_DIR/tensorboard when the tensorboard package is installed."""
     mlflow: bool = True

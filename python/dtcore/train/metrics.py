@@ -82,7 +82,7 @@ class MetricsFile:
 
 
 def train_line(step: int, rank: int, host: str, **values: Any) -> dict[str, Any]:
-    """The train line of Note [Run directory]; `values`: loss, lr, step_time_s, tokens, tokens_per_s,
+    """The train line of Note [Run directory]; `values`: loss, lr, step_time_s, wait_s, tokens, tokens_per_s,
     mfu, mem_allocated_bytes, mem_reserved_bytes."""
     return {"kind": "train", "step": step, "time": time.time(), "rank": rank, "host": host, **values}
 
@@ -92,10 +92,12 @@ def eval_line(step: int, rank: int, eval_loss: float) -> dict[str, Any]:
 
 
 def stragglers(medians: list[float], hosts: list[str], ratio: float) -> list[str]:
-    """'rank r (host): median x s, y x the job median' for each rank slower than ratio x the job's median."""
+    """'rank r (host): median x s, y x the job median' for each rank whose median own time
+    (rundir.own_time()) is above ratio x the job's median."""
     job = statistics.median(medians)
     return [
-        f"rank {r} ({hosts[r]}): median step time {m:.3f} s, {m / job:.2f}x the job's median {job:.3f} s"
+        f"rank {r} ({hosts[r]}): median own time {m:.3f} s a step (its step time less its wait for the other "
+        f"ranks), {m / job:.2f}x the job's median {job:.3f} s"
         for r, m in enumerate(medians)
         if job > 0 and m > ratio * job
     ]

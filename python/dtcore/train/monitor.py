@@ -3,7 +3,8 @@
 Last step of total, loss (mean over ranks at the last step every rank has reached), last eval loss,
 tokens/s and MFU (job-wide, as rank 0 logged them), ETA from the median step time, when the last
 line was written, and the per-rank step-time spread over the last 20 steps with the stragglers
-named (a rank whose median step time is > 1.1x the job's). Refreshes every --interval seconds until
+named (a rank whose median own time, its step time less its wait for the others, is > 1.1x the
+job's). Refreshes every --interval seconds until
 the run reaches its last step or Ctrl-C; --once prints once and exits.
 """
 
@@ -64,8 +65,9 @@ def summary(run: Run) -> str:
         fastest = min(s.rank_median_s, key=s.rank_median_s.get)
         slowest = max(s.rank_median_s, key=s.rank_median_s.get)
         lines.append(
-            f"step time, median of the last {WINDOW} steps: job {s.job_median_s:.3f} s; ranks from "
-            f"{s.rank_median_s[fastest]:.3f} s (rank {fastest}) to {s.rank_median_s[slowest]:.3f} s (rank {slowest})"
+            f"median of the last {WINDOW} steps: step time {s.job_median_s:.3f} s; each rank's own time (less its "
+            f"wait for the others) from {s.rank_median_s[fastest]:.3f} s (rank {fastest}) to "
+            f"{s.rank_median_s[slowest]:.3f} s (rank {slowest})"
         )
         if s.stragglers:
             named = "; ".join(f"rank {x.rank} on {x.host}: {x.median_s:.3f} s ({x.factor:.2f}x)" for x in s.stragglers)

@@ -16,7 +16,7 @@ import statistics
 
 from .. import _C
 
-STRAGGLER_FACTOR = 1.1  # a rank whose median step time exceeds the job's by this factor is named
+STRAGGLER_FACTOR = 1.1  # a rank whose median own time (own_time()) exceeds the job's by this factor is named
 WINDOW = 20  # steps over which step times are compared (the trainer's straggler window)
 
 
@@ -110,9 +110,18 @@ class Straggler:
     factor: float  # its median / the job's median
 
 
+def own_time(step_time_s: float, wait_s: float | None) -> float:
+    """A rank's own time in a step: its step time less the time it was blocked waiting for the
+    other ranks' collectives (wait_s, from dtcore._C.wait_seconds()). Every rank's step time
+    includes waiting for the slowest, so step times alone are equal and name nobody; own times
+    differ by what each rank itself spent. Lines without wait_s (older runs) count it as 0."""
+    return step_time_s - (wait_s or 0.0)
+
+
 @dataclasses.dataclass
 class Spread:
-    """Step times over the last WINDOW steps: the job's median, each rank's, and the ranks > 1.1x the job's."""
+    """Over the last WINDOW steps: the job's median step time, each rank's median own time
+    (own_time()), and the ranks whose own time is > 1.1x the job's median own time."""
 
     job_median_s: float
     rank_median_s: dict[int, float]
@@ -121,18 +130,19 @@ class Spread:
 
 def spread(run: Run, window: int = WINDOW) -> Spread | None:
     """None until some rank has a step time."""
-    per_rank = {}
+    steps, own = [], {}
     for rank, lines in run.train.items():
-        times = [float(x["step_time_s"]) for x in lines[-window:] if x.get("step_time_s") is not None]
-        if times:
-            per_rank[rank] = times
-    if not per_rank:
+        timed = [x for x in lines[-window:] if x.get("step_time_s") is not None]
+        if timed:
+            steps += [float(x["step_time_s"]) for x in timed]
+            own[rank] = [own_time(float(x["step_time_s"]), x.get("wait_s")) for x in timed]
+    if not own:
         return None
-    job = statistics.median(t for times in per_rank.values() for t in times)
-    medians = {rank: statistics.median(times) for rank, times in per_rank.items()}
+    medians = {rank: statistics.median(times) for rank, times in own.items()}
+    job_own = statistics.median(t for times in own.values() for t in times)
     slow = [
-        Straggler(rank, run.host(rank), m, m / job)
+        Straggler(rank, run.host(rank), m, m / job_own)
         for rank, m in sorted(medians.items())
-        if job > 0 and m > STRAGGLER_FACTOR * job
+        if job_own > 0 and m > STRAGGLER_FACTOR * job_own
     ]
-    return Spread(job, medians, slow)
+    return Spread(statistics.median(steps), medians, slow)

@@ -29,7 +29,7 @@ from ..checkpoint import latest, load_checkpoint, save_checkpoint, wait
 from ..comm import agree, all_reduce, barrier
 from ..reducer import DistributedModel, wrap
 from ..zero import ShardedOptimizer, clip_grad_norm_
-from . import memory, metrics
+from . import memory, metrics, rundir
 from .config import TrainConfig
 from .resume import EXIT_PREEMPTED, Preemption, rng_state, set_rng_state
 
@@ -257,11 +257,11 @@ class Trainer:
         try:
             self.model.train()
             while self.step < c.training.num_iterations:
-                t0 = time.perf_counter()
+                t0, waited = time.perf_counter(), _C.wait_seconds()
                 lr = self.scheduler.get_last_lr()[0]  # the rate this step uses
                 loss, tokens = self._train_step(batches)
                 self.step += 1
-                step_time = time.perf_counter() - t0
+                step_time, waited = time.perf_counter() - t0, _C.wait_seconds() - waited
                 # One small all-reduce per step: the job's loss and tokens, and whether any rank was signalled.
                 flags = [loss, float(tokens), float(self.preemption.requested)]
                 summed, job_tokens, stop = all_reduce(torch.tensor(flags, device=self.device), op="sum").tolist()
@@ -269,12 +269,12 @@ class Trainer:
                 rate = job_tokens / step_time
                 mem_alloc, mem_reserved = metrics.memory(self.device)
                 line = metrics.train_line(self.step, self.rank, self.host, loss=loss, lr=lr)
-                line |= {"step_time_s": step_time, "tokens": tokens, "tokens_per_s": rate}
+                line |= {"step_time_s": step_time, "wait_s": waited, "tokens": tokens, "tokens_per_s": rate}
                 line |= {"mfu": None if peak is None else self.flops_per_token * rate / (peak * self.world)}
                 line |= {"mem_allocated_bytes": mem_alloc, "mem_reserved_bytes": mem_reserved}
                 out.write(line)
                 losses.append(job_loss)
-                window.append(step_time)
+                window.append(rundir.own_time(step_time, waited))
                 elapsed = time.monotonic() - started
                 eta = elapsed / (self.step - first_step) * (c.training.num_iterations - self.step)
                 progress.update(line | {"loss": job_loss}, eta)

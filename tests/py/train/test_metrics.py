@@ -5,7 +5,10 @@ from dtcore.train.metrics import stragglers
 
 def test_stragglers_are_ranks_above_the_ratio_of_the_job_median():
     slow = stragglers([0.10, 0.10, 0.12, 0.10], ["a", "b", "c", "d"], 1.1)
-    assert slow == ["rank 2 (c): median step time 0.120 s, 1.20x the job's median 0.100 s"]
+    assert slow == [
+        "rank 2 (c): median own time 0.120 s a step (its step time less its wait for the other ranks), 1.20x the "
+        "job's median 0.100 s"
+    ]
     assert stragglers([0.10, 0.105, 0.10, 0.10], ["a", "b", "c", "d"], 1.1) == []
 
 

@@ -10,10 +10,12 @@ import pytest
 from dtcore.train import DataConfig
 from dtcore.train.data import Tokenizer, load_text
 from dtcore.train.gpt import GPT, GPTConfig, num_parameters
+from dtcore.train.rundir import load, spread
 
 from launch_helpers import clean_env, describe, free_port, leftover_processes, run_processes, run_ranks, torchrun_style
 
-TRAIN_KEYS = {"kind", "step", "time", "rank", "host", "loss", "lr", "step_time_s", "tokens", "tokens_per_s", "mfu"}
+TRAIN_KEYS = {"kind", "step", "time", "rank", "host", "loss", "lr", "step_time_s", "wait_s", "tokens", "tokens_per_s"}
+TRAIN_KEYS |= {"mfu"}
 TRAIN_KEYS |= {"mem_allocated_bytes", "mem_reserved_bytes"}
 
 
@@ -143,3 +145,20 @@ def test_a_fresh_run_into_an_earlier_runs_directory_moves_that_run_aside(tmp_pat
     (earlier,) = [p for p in tmp_path.iterdir() if p.name.startswith("run.")]
     assert [line["step"] for line in _lines(earlier, 0) if line["kind"] == "train"] == [1, 2, 3]
     assert (earlier / "checkpoints").is_dir()  # nothing of it lost
+
+
+@pytest.mark.multirank
+def test_a_rank_slow_before_the_gradient_all_reduce_is_named_by_the_trainer_and_the_monitor(tmp_path):
+    # Rank 1's forward takes 30 ms more: both ranks' step times include that (rank 0 waits for it
+    # at the all-reduce), so only each rank's own time, the step time less its wait, tells them apart.
+    port = free_port()
+    envs = [clean_env(**torchrun_style(rank, 2, port)) for rank in range(2)]
+    results, sessions = run_ranks("train_worker.py", envs, args=("slow", str(tmp_path)), timeout=120)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    assert leftover_processes(sessions) == []
+    assert "straggler at step 10: rank 1 (" in results[0].stderr, results[0].stderr
+    assert "rank 0 (" not in results[0].stderr.split("straggler at step 10:")[1].split("\n")[0]
+    step_times = [[x["step_time_s"] for x in _lines(tmp_path, r)] for r in range(2)]
+    assert abs(sorted(step_times[0])[10] - sorted(step_times[1])[10]) < 0.02  # medians alike: no help alone
+    named = spread(load(str(tmp_path))).stragglers
+    assert [s.rank for s in named] == [1], named

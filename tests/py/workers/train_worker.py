@@ -3,12 +3,14 @@
     train_worker.py oom RUN_DIR   rank 1's forward raises torch.OutOfMemoryError in step 2
     train_worker.py mlp RUN_DIR   a regression MLP returning {"loss": ...}, data a plain list of dicts,
                                   zero=1 with the caller's SGD rebuilt sharded, 2 micro-batches a step
+    train_worker.py slow RUN_DIR  the same MLP, whose forward takes 30 ms longer on rank 1: a straggler
 
 Prints one JSON line: {"rank", "error": class name or null, "message", "losses"}.
 """
 
 import json
 import sys
+import time
 
 import torch
 
@@ -38,13 +40,19 @@ class Regression(torch.nn.Module):
         return {"loss": torch.nn.functional.mse_loss(self.net(x), y)}
 
 
-def mlp(ctx, config):
+class SlowRegression(Regression):
+    def forward(self, x, y):
+        time.sleep(0.03)
+        return super().forward(x, y)
+
+
+def mlp(ctx, config, model=None):
     gen = torch.Generator().manual_seed(ctx.rank)
     xs = torch.randn(64, 4, 8, generator=gen)  # 64 batches of 4
     batches = [{"x": x, "y": x.sum(1, keepdim=True) / 4} for x in xs]  # a linear target
     config.training.device_batch_size, config.training.total_batch_size = 4, 16
     config.parallel.zero, config.training.num_iterations = 1, 30
-    model = Regression()
+    model = model or Regression()
     return dtcore.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9), batches, config)
 
 
@@ -57,6 +65,9 @@ def main() -> int:
     result = {"rank": ctx.rank, "error": None, "message": "", "losses": []}
     if mode == "mlp":
         trainer = mlp(ctx, config)
+    elif mode == "slow":
+        config.logging.straggler_window = 10
+        trainer = mlp(ctx, config, SlowRegression() if ctx.rank == 1 else Regression())
     else:
         tokenizer, train, _ = data.build(config.data, 64, 8, ctx.rank, ctx.world_size, 0)
         shape = GPTConfig(vocab_size=tokenizer.vocab_size)
