@@ -47,6 +47,7 @@ void bind_reducer(py::module_& m) {
       .def("find_unused", &Reducer::find_unused, py::arg("outputs"), py::call_guard<py::gil_scoped_release>())
       .def("prepare_for_backward", &Reducer::prepare_for_backward, py::arg("sync") = true,
            py::call_guard<py::gil_scoped_release>())
+      .def_property("find_unused_parameters", &Reducer::find_unused_parameters, &Reducer::set_find_unused_parameters)
       .def_property_readonly("reductions", &Reducer::reductions)
       .def_property_readonly("zero", &Reducer::zero)
       .def_property_readonly("plan_final", &Reducer::plan_final)

@@ -189,6 +189,7 @@ class BucketShard:
 class Reducer:
     """Averages gradients across ranks during backward (dtcore.wrap builds one)."""
 
+    find_unused_parameters: bool  # settable between backward passes
     reductions: int
     zero: int
     plan_final: bool

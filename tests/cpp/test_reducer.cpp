@@ -144,12 +144,10 @@ TEST(Reducer, EachBucketIsReducedOnceAllItsGradientsAreIn) {
 
 TEST(Reducer, GradientsAreViewsIntoOneBucketBuffer) {
   Fixture f;
-  ASSERT_EQ(f.reducer->buckets().size(), 1u);  // 28 floats: far below the 1 MiB first bucket
-  for (const auto& p : f.params) {
-    ASSERT_TRUE(p.grad().defined());  // views exist from construction on, zero
-    EXPECT_EQ(p.grad().sizes(), p.sizes());
-    EXPECT_EQ(p.grad().abs().sum().item<float>(), 0.0f);
-  }
+  ASSERT_EQ(f.reducer->buckets().size(), 1u);                       // 28 floats: far below the 1 MiB first bucket
+  for (const auto& p : f.params) EXPECT_FALSE(p.grad().defined());  // None until a gradient comes, as torch DDP
+  f.step();
+  for (const auto& p : f.params) EXPECT_EQ(p.grad().sizes(), p.sizes());
   EXPECT_TRUE(f.params[0].grad().is_alias_of(f.params[2].grad()));
   f.step();
   f.step();
@@ -165,6 +163,8 @@ TEST(Reducer, BucketsFollowReverseRegistrationOrderBeforeTheFirstBackward) {
   EXPECT_EQ(r.buckets()[0].params, (std::vector<size_t>{3}));
   EXPECT_EQ(r.buckets()[1].params, (std::vector<size_t>{2, 1}));
   EXPECT_EQ(r.buckets()[2].params, (std::vector<size_t>{0}));
+  r.prepare_for_backward(false);  // no_sync: the gradients go into their buckets, the plan stays
+  (params[0] + params[1] + params[2] + params[3]).sum().backward();
   EXPECT_TRUE(params[2].grad().is_alias_of(params[1].grad()));
   EXPECT_FALSE(params[3].grad().is_alias_of(params[2].grad()));
 }
@@ -177,7 +177,9 @@ TEST(Reducer, AfterTheFirstReductionBucketsFollowTheObservedReadyOrder) {
   EXPECT_EQ(r.buckets()[0].params, (std::vector<size_t>{1, 0}));
   at::Tensor x = at::ones({3});
   for (int pass = 0; pass < 2; ++pass) {
-    for (auto& p : params) p.grad().zero_();
+    for (auto& p : params) {
+      if (p.grad().defined()) p.grad().zero_();
+    }
     r.prepare_for_backward(true);
     ((x * params[1]) * params[0]).sum().backward();
     EXPECT_TRUE(at::allclose(params[0].grad(), at::full({3}, 3.0))) << params[0].grad();
@@ -207,7 +209,9 @@ TEST(Reducer, ReductionsCountsReducedBackwardPasses) {
   Fixture f;
   auto expected = reference_grads(f.params, f.x);
   for (int i = 1; i <= 3; ++i) {
-    for (auto& p : f.params) p.grad().zero_();  // optimizer.zero_grad(set_to_none=False)
+    for (auto& p : f.params) {
+      if (p.grad().defined()) p.grad().zero_();  // optimizer.zero_grad(set_to_none=False)
+    }
     f.step();
     EXPECT_EQ(f.reducer->reductions(), i);
     expect_grads(f.params, expected);
@@ -235,13 +239,16 @@ TEST(Reducer, AParameterWithoutGradientIsNamedByTheNextPrepare) {
   EXPECT_EQ(comm->count(CollectiveKind::AllReduce), 0);  // its bucket never completed
   EXPECT_EQ(r.reductions(), 0);
   std::string m = error_of<ConfigError>([&] { r.prepare_for_backward(true); });
-  expect_contains(m,
-                  {"on rank 0", "parameter 'head.unused' received no gradient", "find_unused_parameters=True", "Fix:"});
-  EXPECT_EQ(m.find("'head.used'"), std::string::npos) << m;
+  expect_contains(
+      m, {"Expected to have finished reduction in the prior iteration", "on rank 0",
+          "Parameter indices which did not receive grad for rank 0: 1.",
+          "Parameters which did not receive grad for rank 0: head.unused.", "find_unused_parameters=True", "Fix:"});
+  EXPECT_EQ(m.find("head.used"), std::string::npos) << m;
   EXPECT_NO_THROW(r.prepare_for_backward(true));  // the error reset it for the next step
 }
 
-TEST(Reducer, FindUnusedParametersReducesAZeroGradientForThem) {
+// See Note [Unused parameters keep None]: with one rank, unused here is unused everywhere.
+TEST(Reducer, FindUnusedParametersLeavesAParameterUnusedEverywhereWithoutGradient) {
   std::vector<at::Tensor> params{at::randn({3}).requires_grad_(), at::randn({3}).requires_grad_()};
   Reducer::Options o;
   o.find_unused_parameters = true;
@@ -254,7 +261,13 @@ TEST(Reducer, FindUnusedParametersReducesAZeroGradientForThem) {
     EXPECT_EQ(r.reductions(), pass);
   }
   EXPECT_TRUE(at::equal(params[0].grad(), at::full({3}, 4.0)));  // two passes accumulated
-  EXPECT_TRUE(at::equal(params[1].grad(), at::zeros({3})));
+  EXPECT_FALSE(params[1].grad().defined());
+  params[1].mutable_grad() = at::ones({3});  // a gradient it had before stays as it is (reduced with it)
+  r.prepare_for_backward(true);
+  at::Tensor loss = (params[0] * 2).sum();
+  r.find_unused({loss});
+  loss.backward();
+  EXPECT_TRUE(at::equal(params[1].grad(), at::ones({3})));
 }
 
 TEST(Reducer, CommDtypeSendsBucketsInThatDtypeAndCopiesBack) {

@@ -101,10 +101,15 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       s.bucket = b;
       s.offset = bucket.offsets[k];
       at::Tensor view = fresh[b].buffer.narrow(0, bucket.offsets[k], bucket.numels[k]).view(s.param.sizes());
-      // Keep the gradient the parameter holds (its old view, or one from before wrapping).
-      if (s.param.grad().defined()) view.copy_(s.param.grad());
+      // Keep the gradient the parameter holds (its old view, or one from before wrapping); None
+      // stays None until a gradient comes (zero=0, see Note [Unused parameters keep None]).
       s.view = view;
-      s.param.mutable_grad() = view;
+      if (s.param.grad().defined()) {
+        view.copy_(s.param.grad());
+        s.param.mutable_grad() = view;
+      } else if (options_.zero > 0) {
+        s.param.mutable_grad() = view;
+      }
     }
   }
   buckets_ = std::move(fresh);
@@ -178,7 +183,7 @@ int64_t Reducer::reductions() const {
 
 void Reducer::prepare_for_backward(bool sync) {
   std::vector<std::shared_ptr<Work>> launched;
-  std::vector<std::string> missing;
+  std::vector<std::pair<size_t, std::string>> missing;  // (index, name)
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!backward_started_) {  // nothing pending: arm for the coming backward
@@ -189,8 +194,9 @@ void Reducer::prepare_for_backward(bool sync) {
     for (auto& b : buckets_) {
       if (b.work) launched.push_back(b.work);
     }
-    for (const Slot& s : slots_) {
-      if (!s.ready) missing.push_back(s.name);
+    if (used_work_) launched.push_back(used_work_);
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (!slots_[i].ready) missing.emplace_back(i, slots_[i].name);
     }
   }
   // Drained before raising, so that no collective still writes into .grad afterwards.
@@ -205,17 +211,46 @@ void Reducer::prepare_for_backward(bool sync) {
     std::lock_guard<std::mutex> lock(mu_);
     reset_locked();
   }
-  std::string names = missing.empty() ? std::string("?") : "'" + missing.front() + "'";
-  if (missing.size() > 1) names += detail::cat(" (and ", missing.size() - 1, " more, e.g. '", missing.back(), "')");
-  DTCORE_CHECK(false, ConfigError, "the previous backward pass on rank ", comm_->rank(),
-               " did not complete its gradient reduction: parameter ", names,
-               " received no gradient (or that backward raised before reaching it). Fix: pass "
-               "find_unused_parameters=True when wrapping if some parameters are unused, or freeze them with "
-               "requires_grad_(False); after a backward that raised, restart the step on every rank.");
+  // torch DDP's key phrases (scripts and tests match them), with the indices and names it gives.
+  std::string indices, names;
+  for (size_t k = 0; k < missing.size(); ++k) {
+    indices += detail::cat(k ? " " : "", missing[k].first);
+    names += detail::cat(k ? ", " : "", missing[k].second);
+  }
+  const std::string cause =
+      options_.find_unused_parameters
+          ? "Since `find_unused_parameters=True` is enabled, this likely means that not all `forward` outputs "
+            "participate in computing loss, or that a backward raised before reaching these parameters. Fix: make "
+            "sure all `forward` function outputs participate in calculating loss"
+          : "Your module has parameters that were not used in producing loss (or that backward raised before "
+            "reaching them). Fix: enable unused parameter detection by passing the keyword argument "
+            "`find_unused_parameters=True` when wrapping, and make sure all `forward` function outputs participate "
+            "in calculating loss; or freeze unused parameters with requires_grad_(False)";
+  DTCORE_CHECK(false, ConfigError,
+               "Expected to have finished reduction in the prior iteration before starting a new one: the previous "
+               "backward pass on rank ",
+               comm_->rank(), " did not complete its gradient reduction. ", cause,
+               "; after a backward that raised, restart the step on every rank. Parameter indices which did not "
+               "receive grad for rank ",
+               comm_->rank(), ": ", indices, ". Parameters which did not receive grad for rank ", comm_->rank(), ": ",
+               names, ".");
+}
+
+void Reducer::set_find_unused_parameters(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DTCORE_CHECK(!backward_started_, ConfigError, "find_unused_parameters was changed on rank ", comm_->rank(),
+               " while a backward pass is reducing gradients. Fix: change it before the forward or after the "
+               "backward.");
+  options_.find_unused_parameters = on;
+}
+
+bool Reducer::find_unused_parameters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return options_.find_unused_parameters;
 }
 
 void Reducer::find_unused(const std::vector<at::Tensor>& outputs) {
-  if (!options_.find_unused_parameters) return;
+  if (!find_unused_parameters()) return;
   // Every node the outputs' graph reaches; a parameter whose accumulator is not among them gets
   // no gradient in the coming backward.
   std::unordered_set<torch::autograd::Node*> seen;
@@ -252,7 +287,8 @@ void Reducer::reset_locked() {
     buckets_[b].received = at::Tensor();
     if (sharded_grads_) buckets_[b].buffer = at::Tensor();  // in flight only
   }
-  for (Slot& s : slots_) s.ready = false;
+  for (Slot& s : slots_) s.ready = s.used = s.grad_was_none = false;
+  used_work_.reset();
   expect_hooks_ = false;
   backward_started_ = false;
   unused_.clear();
@@ -283,6 +319,13 @@ void Reducer::launch_ready_locked() {
       b.work = comm_->all_reduce(payload, ReduceOp::Avg, b.label);
     }
     if (next_bucket_ == buckets_.size()) {
+      if (options_.find_unused_parameters && !sharded_grads_) {  // See Note [Unused parameters keep None]
+        std::vector<float> used(slots_.size());
+        for (size_t i = 0; i < slots_.size(); ++i) used[i] = slots_[i].used ? 1.0f : 0.0f;
+        used_map_ = at::tensor(used, at::kFloat);
+        if (comm_->backend() == "nccl") used_map_ = used_map_.to(plan_.front().device);
+        used_work_ = comm_->all_reduce(used_map_, ReduceOp::Sum, "used parameters");
+      }
       // The last one: collect them all when this backward ends. Queued now rather than at the
       // first hook, so that a nested backward (reentrant checkpointing) cannot end it early.
       torch::autograd::Engine::get_default_engine().queue_callback([this] {
@@ -359,6 +402,7 @@ void Reducer::mark_ready_locked(size_t index) {
                ", so its reduction has already started. Fix: use each parameter once per "
                "backward, or accumulate over several backward passes inside no_sync() before the one that reduces.");
   s.ready = true;
+  if (!s.used) s.grad_was_none = !s.param.grad().defined();  // marked by find_unused(), not by a gradient
   if (!plan_final_) ready_order_.push_back(index);
   if (sharded_grads_) {
     stage_grad_locked(s);
@@ -393,7 +437,18 @@ void Reducer::on_grad_ready(size_t index) {
     backward_started_ = true;
     for (size_t u : unused_) mark_ready_locked(u);  // see find_unused()
   }
+  slots_[index].used = true;
   mark_ready_locked(index);
+}
+
+void Reducer::restore_globally_unused() {
+  used_work_->wait();
+  at::Tensor summed = used_map_.cpu();
+  const float* in = summed.data_ptr<float>();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (in[i] == 0.0f && slots_[i].grad_was_none) slots_[i].param.mutable_grad() = at::Tensor();
+  }
 }
 
 void Reducer::finalize() {
@@ -415,6 +470,13 @@ void Reducer::finalize() {
       }
     } catch (...) {
       if (!failure) failure = std::current_exception();
+    }
+  }
+  if (!failure && used_work_) {
+    try {
+      restore_globally_unused();
+    } catch (...) {
+      failure = std::current_exception();
     }
   }
   if (!failure && !plan_final_) {

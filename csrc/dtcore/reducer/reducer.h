@@ -18,6 +18,12 @@
 // through the wrapper). A backward whose reduction did not complete (a parameter got no gradient,
 // or the backward raised) is reported by the next prepare_for_backward(), by parameter name.
 //
+// Note [Unused parameters keep None]: as in torch DDP, .grad stays None until a parameter gets a
+// gradient (zero=0), and with find_unused_parameters a parameter that no rank used in a backward
+// keeps the None it had: a used map (one element per gradient) is summed across ranks after the
+// last bucket, and finalize() releases the zero view it was reduced with. Otherwise optimizers
+// with momentum or weight decay would update parameters torch DDP leaves alone.
+//
 // If a .grad was replaced (e.g. optimizer.zero_grad(set_to_none=True) left None and autograd
 // allocated a new tensor), the hook copies it into the bucket and points .grad back at the view.
 //
@@ -108,6 +114,11 @@ class Reducer {
   // nothing). Marked then, not now, so that every rank issues its collectives inside backward.
   void find_unused(const std::vector<at::Tensor>& outputs);
 
+  // Turns find_unused_parameters on or off for the coming backward passes (static_graph=True set
+  // after construction turns it on). ConfigError during a backward.
+  void set_find_unused_parameters(bool on);
+  bool find_unused_parameters() const;
+
   // How an error raised inside backward (a hook, or the final wait) leaves autograd. By default it
   // is rethrown as is, and autograd's Python face turns any C++ exception into RuntimeError; the
   // Python binding installs one that keeps the error's class (CommError, ConfigError), so that
@@ -144,7 +155,9 @@ class Reducer {
     int64_t offset = 0;  // its first element in the bucket, see Note [Bucket layout]
     c10::intrusive_ptr<torch::autograd::Node> accumulator;  // kept alive: autograd holds it weakly
     uintptr_t hook_key = 0;
-    bool ready = false;  // in the current backward
+    bool ready = false;          // in the current backward
+    bool used = false;           // got a gradient from autograd in the current backward (not only find_unused's mark)
+    bool grad_was_none = false;  // marked unused while .grad was None: None again if unused on every rank
   };
   struct BucketState {
     at::Tensor buffer;
@@ -162,6 +175,7 @@ class Reducer {
   [[noreturn]] void raise(std::exception_ptr error) const;  // through rethrow_
   void reset_locked();
   void launch_ready_locked();       // starts buckets next_bucket_, ... while they are complete
+  void restore_globally_unused();   // see Note [Unused parameters keep None]
   void adopt_grad_locked(Slot& s);  // makes s.param.grad the bucket view again, keeping its value
   void stage_grad_locked(Slot& s);  // zero=2: s.param.grad into its in-flight bucket, then released
   void drain_locked(size_t keep);   // zero=2: finished buckets into their shards; see Note [Buckets in flight]
@@ -185,6 +199,8 @@ class Reducer {
   bool expect_hooks_ = false;        // armed by prepare_for_backward(sync=true), cleared at the end
   bool backward_started_ = false;    // a hook of the armed backward has run
   std::vector<size_t> unused_;       // found by find_unused(), marked ready by the first hook
+  at::Tensor used_map_;              // with find_unused_parameters: 1 per slot used on this rank, then summed
+  std::shared_ptr<Work> used_work_;  // the used map's allreduce, after the last bucket's
   size_t next_bucket_ = 0;           // the next bucket to launch, in plan order
   size_t drained_ = 0;               // zero=2: buckets before this one are in their shards, buffers freed
   std::vector<size_t> ready_order_;  // slots in the order they became ready (until the rebuild)

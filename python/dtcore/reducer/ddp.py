@@ -7,35 +7,51 @@ of being ignored.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 
 from .. import _C
 from ..bootstrap.context import get_context
-from .model import DistributedModel
+from .model import _DEFAULTS, DistributedModel
 
 # Accepted at torch's default (None or False) only.
 _HARMLESS_DDP = {
-    "bucket_cap_mb_list": "pass one bucket_cap_mb",
     "batched_grad_copy": "gradients are bucket views: there is nothing to copy",
-    "forward_sync_buffers": "buffers are broadcast before each synced forward when broadcast_buffers=True",
 }
 
 _UNSUPPORTED_DDP = {
     "mixed_precision": "use comm_dtype-style compression through dtcore.wrap(comm_dtype=torch.bfloat16)",
-    "device_mesh": "dtcore runs one data-parallel group, the whole job",
     "delay_all_reduce_named_params": "every parameter is reduced during backward",
     "param_to_hook_all_reduce": "every parameter is reduced during backward",
     "skip_all_reduce_unused_params": "unused parameters are reduced with zeros (find_unused_parameters=True)",
 }
+
+# torch 2.13's warnings, word for word: scripts and tests match them.
+_BROADCAST_BUFFERS_DEPRECATED = (
+    "`broadcast_buffers` is deprecated. Use `forward_sync_buffers` instead. IMPORTANT: unlike "
+    "`broadcast_buffers=False`, `forward_sync_buffers=False` still syncs buffers at init. If you rely on buffers NOT "
+    "being synced at init (e.g. rank-local buffers), keep using `broadcast_buffers=False` until `init_sync_buffers` "
+    "is available."
+)
+_BOTH_BUFFER_ARGUMENTS = (
+    "Both `broadcast_buffers` and `forward_sync_buffers` were specified. `broadcast_buffers` is deprecated and its "
+    "value is ignored when `forward_sync_buffers` is provided."
+)
+_CHECK_REDUCTION_DEPRECATED = (
+    "The `check_reduction` argument in `DistributedDataParallel` module is deprecated. Please avoid using it."
+)
 
 
 class DistributedDataParallel(DistributedModel):
     """A drop-in for torch.nn.parallel.DistributedDataParallel's constructor and behaviour.
 
     Gradients are always bucket views (as with gradient_as_bucket_view=True); their values are the
-    same either way. bucket_cap_mb is in MiB, as torch's.
+    same either way. bucket_cap_mb is in MiB, as torch's; bucket_cap_mb_list gives the first
+    bucket's cap and the others' ([first, rest]). process_group or a 1-D device_mesh must span
+    the whole job. static_graph=True (or _set_static_graph()) lets parameters go unused without
+    find_unused_parameters, as long as the same ones do in every step.
     """
 
     def __init__(
@@ -52,6 +68,9 @@ class DistributedDataParallel(DistributedModel):
         check_reduction: bool = False,
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
+        device_mesh: Any = None,
+        bucket_cap_mb_list: list[float] | None = None,
+        forward_sync_buffers: bool | None = None,
         **unsupported: Any,
     ) -> None:
         ctx = get_context()
@@ -64,6 +83,13 @@ class DistributedDataParallel(DistributedModel):
             if value is not None and value is not False:  # torch's defaults are None or False
                 why = _UNSUPPORTED_DDP.get(name) or _HARMLESS_DDP[name]
                 raise _C.ConfigError(f"DistributedDataParallel({name}={value!r}) is not supported: {why}.")
+        ignored = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
+        if not any(p.requires_grad for n, p in module.named_parameters() if n not in ignored):
+            raise _C.ConfigError(  # torch's words first: scripts match them
+                "DistributedDataParallel is not needed when a module doesn't have any parameter that requires a "
+                f"gradient: {type(module).__name__} has none (or only ignored ones). Fix: unfreeze the parameters "
+                "to train (requires_grad_(True)), or use the module without a data-parallel wrapper."
+            )
         if device_ids:  # None or []: the module's own device
             wanted = [torch.device("cuda", d) if isinstance(d, int) else torch.device(d) for d in device_ids]
             if wanted != [ctx.device]:
@@ -83,24 +109,86 @@ class DistributedDataParallel(DistributedModel):
                 f"DistributedDataParallel(dim={dim}): one device per process needs no scatter "
                 "dimension. Fix: leave dim=0."
             )
-        if process_group is not None:
-            import torch.distributed as dist
-
-            if not dist.is_initialized() or process_group is not dist.group.WORLD:
-                raise _C.ConfigError(
-                    "DistributedDataParallel(process_group=...): dtcore reduces over the whole job only. Fix: leave "
-                    "process_group=None (or pass the default group)."
-                )
         if not init_sync:
             raise _C.ConfigError(
                 "DistributedDataParallel(init_sync=False): dtcore always broadcasts rank 0's parameters and checks "
                 "them across ranks at wrap time. Fix: leave init_sync=True."
             )
-        del check_reduction, gradient_as_bucket_view, static_graph  # honoured as they are (see docstring)
-        options: dict[str, Any] = {} if bucket_cap_mb is None else {"bucket_mb": float(bucket_cap_mb)}
-        super().__init__(
-            module,
+        group = _whole_job_group(process_group, device_mesh, ctx.world_size)
+        if broadcast_buffers is not None:  # as torch's: broadcast_buffers=False also skips the buffers at init
+            warnings.warn(
+                _BOTH_BUFFER_ARGUMENTS if forward_sync_buffers is not None else _BROADCAST_BUFFERS_DEPRECATED,
+                FutureWarning,
+                stacklevel=2,
+            )
+        if forward_sync_buffers is not None:
+            forward_sync, init_sync_buffers = forward_sync_buffers, True
+        else:
+            forward_sync = init_sync_buffers = True if broadcast_buffers is None else broadcast_buffers
+        if check_reduction:
+            warnings.warn(_CHECK_REDUCTION_DEPRECATED, FutureWarning, stacklevel=2)
+        del gradient_as_bucket_view  # honoured as it is (see docstring)
+        options = dict(
+            bucket_mb=_DEFAULTS.bucket_mb,
+            first_bucket_mb=_DEFAULTS.first_bucket_mb,
             find_unused_parameters=find_unused_parameters,
-            broadcast_buffers=True if broadcast_buffers is None else broadcast_buffers,
-            **options,
+            comm_dtype=None,
+            zero=0,
         )
+        if bucket_cap_mb_list:
+            options.update(_bucket_caps(bucket_cap_mb_list))
+        elif bucket_cap_mb is not None:
+            options.update(bucket_mb=float(bucket_cap_mb), first_bucket_mb=float(bucket_cap_mb))  # as torch's
+        self._build(
+            module,
+            options,
+            forward_sync_buffers=forward_sync,
+            init_sync_buffers=init_sync_buffers,
+            process_group=group,
+        )
+        if bucket_cap_mb_list:
+            self.bucket_bytes_cap_list = [int(mb * 2**20) for mb in bucket_cap_mb_list]
+        if device_mesh is not None:
+            self.device_mesh = device_mesh  # as torch's, only when given
+        if static_graph:
+            self._set_static_graph()
+
+
+def _whole_job_group(process_group: Any, device_mesh: Any, world_size: int) -> Any:
+    """The group DDP was given (or a 1-D mesh's), once it is known to span the whole job; None for the default."""
+    if process_group is not None and device_mesh is not None:
+        raise _C.ConfigError(  # torch's words first
+            "Cannot specify both process_group and device_mesh arguments. Fix: pass one of them."
+        )
+    if device_mesh is not None:
+        if getattr(device_mesh, "ndim", None) != 1:  # torch's words first
+            raise _C.ConfigError(
+                f"Only 1D device mesh is supported, but got {device_mesh!r}. Fix: pass a torch DeviceMesh of the "
+                "data-parallel dimension alone (device_mesh=mesh['dp'])."
+            )
+        process_group = device_mesh.get_group(mesh_dim=0)
+    if process_group is None:
+        return None
+    import torch.distributed as dist
+
+    ranks = dist.get_process_group_ranks(process_group)
+    if ranks != list(range(world_size)):
+        raise _C.ConfigError(
+            f"DistributedDataParallel(process_group=...) got a group of ranks {ranks}, not the whole job "
+            f"(ranks 0..{world_size - 1}): dtcore reduces over every rank of the job, in rank order, with the "
+            "communicator dtcore.init() built. Fix: pass process_group=None (or a group of all ranks); to average "
+            "over data-parallel replicas beside tensor or pipeline parallelism, use torch DDP for that subgroup."
+        )
+    return process_group
+
+
+def _bucket_caps(caps: list[float]) -> dict[str, float]:
+    """torch's bucket_cap_mb_list as dtcore's two caps: the first bucket's, then every other's."""
+    first, *rest = (float(c) for c in caps)
+    if any(c != rest[0] for c in rest):
+        raise _C.ConfigError(
+            f"DistributedDataParallel(bucket_cap_mb_list={list(caps)}): dtcore's buckets have two caps, the "
+            "first bucket's and every other's. Fix: pass [first, rest] (e.g. "
+            f"[{first:g}, {max(rest):g}]), or bucket_cap_mb alone."
+        )
+    return {"first_bucket_mb": first, "bucket_mb": rest[0] if rest else first}

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from .. import _C
 from ..bootstrap.context import get_context, is_initialized
@@ -26,12 +28,9 @@ from .torch_face import TorchDDPFace
 _DEFAULTS = _C.ReducerOptions()
 
 
-def _signature(module: torch.nn.Module) -> list[str]:
+def _signature(named: list[tuple[str, torch.Tensor]]) -> list[str]:
     # requires_grad too: ranks that freeze differently would plan different buckets
-    return [
-        f"{name} {tuple(p.shape)} {p.dtype}{'' if p.requires_grad else ' frozen'}"
-        for name, p in module.named_parameters()
-    ]
+    return [f"{name} {tuple(p.shape)} {p.dtype}{'' if p.requires_grad else ' frozen'}" for name, p in named]
 
 
 @torch.no_grad()
@@ -88,54 +87,81 @@ class DistributedModel(TorchDDPFace):
         broadcast_buffers: bool = True,
         zero: int = _DEFAULTS.zero,
     ) -> None:
-        torch.nn.Module.__init__(self)  # not torch DDP's __init__: its reducer would stack on dtcore's
-        ctx = get_context()
-        stacking.check_wrappable(module)  # before any collective: every rank refuses alike
-        self.module = module
-        agree.check_same(
-            _signature(module),
-            what="the model (parameter names, shapes, dtypes and requires_grad)",
-            item="parameter",
-            fix="build the same model on every rank (same code, same configuration) before wrapping it.",
-        )
-        if ctx.world_size > 1:
-            _broadcast_tensors([p.detach() for p in module.parameters()] + list(module.buffers()))
-        # Plain values, so that a copy or an unpickled model builds its own reducer from them.
-        self._options = dict(
+        options = dict(
             bucket_mb=bucket_mb,
             first_bucket_mb=first_bucket_mb,
             find_unused_parameters=find_unused_parameters,
             comm_dtype=comm_dtype,
             zero=zero,
         )
+        self._build(module, options, forward_sync_buffers=broadcast_buffers, init_sync_buffers=True)
+
+    def _build(
+        self,
+        module: torch.nn.Module,
+        options: dict[str, Any],
+        *,
+        forward_sync_buffers: bool,
+        init_sync_buffers: bool,
+        process_group: Any = None,
+    ) -> None:
+        """The construction both faces share (DistributedDataParallel maps torch's arguments onto it)."""
+        torch.nn.Module.__init__(self)  # not torch DDP's __init__: its reducer would stack on dtcore's
+        ctx = get_context()
+        stacking.check_wrappable(module)  # before any collective: every rank refuses alike
+        self.module = module
+        # torch DDP's: names (of parameters and buffers) that the module asked not to be reduced nor
+        # broadcast (DistributedDataParallel._set_params_and_buffers_to_ignore_for_model).
+        self.parameters_to_ignore = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
+        agree.check_same(
+            _signature(self._named_parameters()),
+            what="the model (parameter names, shapes, dtypes and requires_grad)",
+            item="parameter",
+            fix="build the same model on every rank (same code, same configuration) before wrapping it.",
+        )
+        if ctx.world_size > 1:
+            buffers = self._named_buffers() if init_sync_buffers else []
+            _broadcast_tensors([p.detach() for _, p in self._named_parameters()] + [b for _, b in buffers])
+        # Plain values, so that a copy or an unpickled model builds its own reducer from them.
+        self._options = options
         # torch DDP's attributes of the same names and meaning, which tools read or set (accelerate's
         # trigger_sync_in_backward sets both flags). See Note [torch DDP's members].
         self.require_backward_grad_sync = True  # False inside no_sync()
         self.require_forward_param_sync = True  # whether the last forward was a synced one
-        self.forward_sync_buffers = broadcast_buffers  # also as torch DDP's broadcast_buffers property
-        self.find_unused_parameters = find_unused_parameters
+        self.forward_sync_buffers = forward_sync_buffers  # also as torch DDP's broadcast_buffers property
+        self.find_unused_parameters = options["find_unused_parameters"]
         self.gradient_as_bucket_view = True
         self.static_graph = False
+        self.process_group = process_group if process_group is not None else _default_group()
         self.dim = 0
         self.device = ctx.device
         self.device_type = ctx.device.type
         self.device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         self.output_device = self.device_ids[0] if self.device_ids else None
         self.is_multi_device_module = False
+        self.logger = None  # torch's DDP logger (its Optional): dtcore logs through its own
+        self.bucket_bytes_cap = int(options["bucket_mb"] * 2**20)
+        self.bucket_bytes_cap_list: list[int] = []  # torch's: per-bucket caps, when bucket_cap_mb_list was given
+        self.broadcast_bucket_size = 250 * 2**20  # torch's, for callers of torch.distributed.utils._sync_module_states
         self._attach()
+
+    def _named_parameters(self) -> list[tuple[str, torch.Tensor]]:
+        """The parameters this model reduces: the module's (tied ones once), less the ignored ones."""
+        return [(n, p) for n, p in self.module.named_parameters() if n not in self.parameters_to_ignore]
+
+    def _named_buffers(self) -> list[tuple[str, torch.Tensor]]:
+        return [(n, b) for n, b in self.module.named_buffers() if n not in self.parameters_to_ignore]
 
     def _attach(self) -> None:
         """Builds this model's reducer on the current context (at wrap, or in a copy at first use)."""
         ctx = get_context()
-        named = [(n, p) for n, p in self.module.named_parameters()]  # tied parameters appear once
+        named = self._named_parameters()
         options = _C.ReducerOptions(**self._options)
         self._live_reducer = _C.Reducer([p for _, p in named], [n for n, _ in named], ctx.communicator, options)
         self._trainable = [p for _, p in named if p.requires_grad]  # the reducer's indices (bucket_layout)
         stacking.claim(self, [p for _, p in named])
         if self._options["zero"] == 2:
             zero_guard.guard(self.module)
-        # Collected once, as DDP does (BatchNorm updates its buffers in place): not per forward.
-        self._synced_buffers = list(self.module.buffers()) if ctx.world_size > 1 else []
 
     @property
     def _reducer(self) -> Any:
@@ -152,12 +178,13 @@ class DistributedModel(TorchDDPFace):
     def __getstate__(self) -> dict[str, Any]:
         """As torch DDP's: the reducer stays behind; a copy or an unpickled model builds its own."""
         state = self.__dict__.copy()
-        for name in ("_live_reducer", "_trainable", "_synced_buffers"):
+        for name in ("_live_reducer", "_trainable", "process_group"):  # a process group does not pickle
             state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         torch.nn.Module.__setstate__(self, state)
+        self.process_group = _default_group()  # as torch DDP's: the copy reduces over the whole job
         self._live_reducer = None
         if is_initialized():
             self._attach()
@@ -172,10 +199,14 @@ class DistributedModel(TorchDDPFace):
         reducer = self._reducer
         if torch.is_grad_enabled():
             reducer.prepare_for_backward(sync)
-        if synced and self.forward_sync_buffers and self._synced_buffers:
-            _broadcast_tensors(self._synced_buffers)  # e.g. BatchNorm running statistics, as DDP does
+        if synced and self.forward_sync_buffers and get_context().world_size > 1:
+            # e.g. BatchNorm running statistics, as DDP does. Collected anew each time: a buffer
+            # reassigned in place of the attribute (module.buf = module.buf + 1) is a new tensor.
+            buffers = [b for _, b in self._named_buffers()]
+            if buffers:
+                _broadcast_tensors(buffers)
         out = self.module(*args, **kwargs)
-        if synced and self.find_unused_parameters:
+        if synced and (self.find_unused_parameters or self.static_graph):
             reducer.find_unused(_tensors_in(out))
         return out
 
@@ -184,8 +215,25 @@ class DistributedModel(TorchDDPFace):
         forward before it was (accelerate's trigger_sync_in_backward, after forwards under no_sync)."""
         self._reducer.prepare_for_backward(True)
         tensors = _tensors_in(outputs)
-        if self.find_unused_parameters and tensors:
+        if (self.find_unused_parameters or self.static_graph) and tensors:
             self._reducer.find_unused(tensors)
+
+    def _set_static_graph(self) -> None:
+        """As torch DDP's static_graph=True: the set of parameters used in each step does not change, so
+        unused ones need not be declared (find_unused_parameters); dtcore finds them after each forward."""
+        if self.static_graph:
+            warnings.warn("You've set static_graph to be True, no need to set it again.", stacklevel=2)
+            return
+        if self._live_reducer is not None and self._live_reducer.reductions > 0:
+            raise _C.ConfigError(
+                f"_set_static_graph() on a {type(self).__name__} that has already reduced gradients: the graph is "
+                "declared static before training. Fix: pass static_graph=True when wrapping, or call it before "
+                "the first backward."
+            )
+        self.static_graph = True
+        self._options["find_unused_parameters"] = True  # what a static graph lets the reducer do (Note above)
+        if self._live_reducer is not None:
+            self._live_reducer.find_unused_parameters = True
 
     @property
     def zero(self) -> int:
@@ -210,6 +258,11 @@ class DistributedModel(TorchDDPFace):
     @property
     def bucket_params(self) -> list[list[int]]:
         return self._reducer.bucket_params()
+
+
+def _default_group() -> Any:
+    """torch.distributed's default group, the whole job (torch DDP's process_group), or None without one."""
+    return dist.group.WORLD if dist.is_initialized() else None
 
 
 def wrap(model: torch.nn.Module, **options: Any) -> DistributedModel:

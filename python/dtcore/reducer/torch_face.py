@@ -10,7 +10,8 @@ Note [torch DDP's members]: every member of torch's class is accounted for, so t
 an AttributeError deep inside torch (test_torch_ddp_members_work_or_refuse_clearly checks the
 whole class and a real torch DDP instance's attributes):
 - _WORKS: work on a DistributedModel as on torch DDP (they use only the attributes it sets);
-- _OWN: DistributedModel's own (forward, no_sync, pickling, the `reducer` that accelerate calls);
+- _OWN: DistributedModel's own (forward, no_sync, pickling, _set_static_graph, the `reducer` that
+  accelerate calls);
 - every other method or property raises ConfigError naming it and the fix (_REFUSED gives the
   reason where there is a better one than "torch's reducer internals");
 - torch DDP's instance attributes that DistributedModel lacks (_TORCH_STATE) raise
@@ -31,14 +32,18 @@ _TorchDDP = torch.nn.parallel.DistributedDataParallel
 _WORKS = frozenset(
     {
         "_active_ddp_module",  # None: dtcore never marks itself as torch's active DDP (that is dynamo's cue)
+        "_assign_modules_buffers",
+        "_build_debug_param_to_name_mapping",  # the parameter indices dtcore's errors give
+        "_build_params_for_reducer",  # the parameters dtcore's reducer holds, in its order
         "_get_active_ddp_module",
         "_get_data_parallel_params",
+        "_log_and_throw",  # logger is None: raises as torch's does
         "_set_params_and_buffers_to_ignore_for_model",
         "broadcast_buffers",  # reads and sets forward_sync_buffers
         "train",
     }
 )
-_OWN = frozenset({"__init__", "__getstate__", "__setstate__", "forward", "no_sync"})
+_OWN = frozenset({"__init__", "__getstate__", "__setstate__", "forward", "no_sync", "_set_static_graph"})
 _CLASS_MACHINERY = frozenset({"__module__", "__annotations__", "__doc__", "__abstractmethods__", "_abc_impl"})
 
 _COMM_HOOKS = (
@@ -69,10 +74,6 @@ _REFUSED = {
             "move inputs to model.device yourself (the model's outputs are already there).",
         ),
     ),
-    "_set_static_graph": (
-        "static_graph is not needed: dtcore's reducer rebuilds its buckets in ready order after the first step",
-        "drop the call.",
-    ),
 }
 _INTERNAL = (
     "it belongs to torch's own reducer, which a dtcore model does not have (dtcore's reducer averages its gradients)",
@@ -97,16 +98,10 @@ _TORCH_STATE = frozenset(
         "_module_parameters",
         "_use_python_reducer",
         "batched_grad_copy",
-        "broadcast_bucket_size",
-        "bucket_bytes_cap",
         "bucket_bytes_cap_default",
-        "bucket_bytes_cap_list",
-        "logger",
         "mixed_precision",
         "modules_buffers",
         "named_module_buffers",
-        "parameters_to_ignore",
-        "process_group",
         "skip_all_reduce_unused_params",
         "use_side_stream_for_tensor_copies",
     }

@@ -231,7 +231,11 @@ class Branchy(torch.nn.Module):
 
 
 def unused(ctx, zero: int) -> dict:
-    """find_unused_parameters=True with ZeRO: parameters unused on some ranks, or on all, in some steps."""
+    """find_unused_parameters=True with ZeRO: parameters unused on some ranks, or on all, in some steps.
+
+    ZeRO steps a parameter unused on every rank with a zero gradient, as the unsharded model does
+    when its gradients are zeroed in place (zero_grad(set_to_none=False), torch DDP's behaviour
+    too); with set_to_none=True the unsharded model's .grad stays None and the optimizer skips it."""
     torch.manual_seed(0)
     base = Branchy()
     reference = dtcore.wrap(copy.deepcopy(base), find_unused_parameters=True)
@@ -244,7 +248,7 @@ def unused(ctx, zero: int) -> dict:
         x = torch.randn(4, 8, generator=data)
         use_b = step % 2 == 0 if ctx.rank == 0 else step % 3 == 0  # step 1 and 5: b unused on every rank
         for m, o in ((reference, ref_opt), (model, opt)):
-            o.zero_grad()
+            o.zero_grad(set_to_none=False)
             m(x, use_b).backward()
             o.step()
         for (name, p), q in zip(model.module.named_parameters(), reference.module.parameters()):

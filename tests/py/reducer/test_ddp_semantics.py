@@ -1,0 +1,99 @@
+"""dtcore.DistributedDataParallel behaves as torch DDP where a difference would be silent: unused
+parameters, reassigned buffers, static graphs, ignored parameters, process groups, the error
+phrases and the compatibility surface. One 2-rank job (workers/ddp_semantics_worker.py) runs them all."""
+
+import pytest
+
+from launch_helpers import run_job
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    reports = run_job("ddp_semantics_worker.py", 2, timeout=180)
+    for report in reports:
+        for case, result in report.items():
+            assert not (isinstance(result, dict) and "raised" in result), (case, result["raised"])
+    return reports
+
+
+pytestmark = pytest.mark.multirank
+
+
+def test_a_parameter_unused_on_every_rank_keeps_grad_none(ranks):
+    for r in ranks:
+        j = r["unused_everywhere"]
+        assert j["none_before"]  # as torch DDP: no .grad until a backward gives one
+        assert j["none_after"] == {"used.weight": False, "used.bias": False, "spare.weight": True, "spare.bias": True}
+    # used by rank 1 only: both ranks hold the average (rank 0 contributes zeros)
+    spare = [r["unused_everywhere"]["spare_grad"] for r in ranks]
+    assert spare[0] == spare[1] and spare[0] != 0.0
+
+
+def test_functional_call_leaves_the_modules_own_parameters_without_grad(ranks):
+    for r in ranks:
+        j = r["functional_call"]
+        assert j["module_grads_none"] == [True, True]
+        assert j["passed_grads"] == [1.0, 1.0]
+
+
+def test_a_reassigned_buffer_is_still_broadcast(ranks):
+    for r in ranks:
+        assert r["reassigned_buffer"] == {"values": [1.0, 2.0], "is_buffer": True}  # rank 0's each time
+
+
+def test_a_model_with_nothing_to_train_is_refused_with_torchs_phrase(ranks):
+    for r in ranks:
+        e = r["nothing_to_train"]["error"]
+        assert e.startswith(
+            "ConfigError: DistributedDataParallel is not needed when a module doesn't have any parameter that "
+            "requires a gradient"
+        ), e
+        assert "Linear has none" in e and "Fix: " in e
+
+
+def test_static_graph_lets_the_same_parameters_go_unused(ranks):
+    for r in ranks:
+        for how in ("argument", "method"):
+            assert r["static_graph"][how] == {"static_graph": True, "spare_none": True, "used_grad": [9.0, 9.0]}
+
+
+def test_ignored_parameters_and_buffers_are_neither_compared_broadcast_nor_reduced(ranks):
+    for rank, r in enumerate(ranks):
+        j = r["ignored_parameters"]
+        assert j["same_fc1"] and j["fc1_grad_same"]
+        assert j["fc2_grad_shape"] == [1 + rank, 1]  # this rank's own parameter, with its own gradient
+        assert j["local_buffer"] == [float(rank)]
+        assert j["ignored"] == ["fc2.local", "fc2.weight"]
+
+
+def test_an_unfinished_reduction_is_reported_with_torchs_phrases(ranks):
+    for rank, r in enumerate(ranks):
+        e = r["unfinished_reduction"]["error"]
+        assert "Expected to have finished reduction in the prior iteration" in e, e
+        assert "passing the keyword argument `find_unused_parameters=True`" in e
+        assert "`forward` function outputs participate in calculating loss" in e
+        assert f"Parameter indices which did not receive grad for rank {rank}: 2 3" in e
+        assert f"Parameters which did not receive grad for rank {rank}: spare.weight, spare.bias" in e
+
+
+def test_whole_job_groups_and_a_1d_mesh_are_accepted_a_subgroup_refused(ranks):
+    for r in ranks:
+        j = r["groups"]
+        assert j["whole"] and j["mesh"] and j["default"]
+    refused = ranks[0]["groups"]["refused"]
+    assert "got a group of ranks [0], not the whole job (ranks 0..1)" in refused, refused
+    assert "Fix: pass process_group=None" in refused
+
+
+def test_compatibility_surface(ranks):
+    for rank, r in enumerate(ranks):
+        j = r["compatibility"]
+        assert j["quiet"] == []  # forward_sync_buffers alone: no warning, as torch
+        assert len(j["warned"]) == 1 and j["warned"][0].startswith(
+            "FutureWarning: `broadcast_buffers` is deprecated. Use `forward_sync_buffers` instead."
+        ), j["warned"]
+        assert j["forward_sync_buffers"] == [False, False, False]
+        assert j["rank_local_buffer"] == float(rank)  # broadcast_buffers=False: not broadcast at init either
+        assert j["bucket_bytes_cap_list"] == [[2**20, 2 * 2**20], []]  # as torch's: empty when not given
+        assert "bucket_cap_mb_list=[1, 2, 3]" in j["uneven_list"] and "Fix: pass [first, rest]" in j["uneven_list"]
+        assert j["copy"] == {"process_group": True, "averaged": True, "grad": [1.5, 1.5]}
