@@ -32,6 +32,11 @@
 // Inside no_sync() zero=2 leaves .grad to autograd (full, local); the next synced backward
 // reduces the sum.
 //
+// Communication hooks and uneven inputs (torch's Join): see Note [Communication hooks]
+// (comm_hook.h). A rank that ran out of data shadows the others' synced backward with
+// shadow_backward(): each bucket's collective (or hook) on zeros, in plan order, so that every
+// collective still pairs up; set_divisor() averages over the ranks that still have data.
+//
 // Note [One reducer per parameter]: each parameter's AccumulateGrad node carries dtcore's post-hook
 // and no other. torch DDP's and FSDP's reducers hook the same node, and two reducers writing one
 // .grad give wrong gradients, so a hook already there is a ConfigError at construction, and one
@@ -56,6 +61,7 @@
 
 #include "dtcore/comm/communicator.h"
 #include "dtcore/reducer/bucket_plan.h"
+#include "dtcore/reducer/comm_hook.h"
 #include "dtcore/reducer/shard_plan.h"
 
 namespace torch::autograd {
@@ -106,6 +112,23 @@ class Reducer {
   using Rethrow = std::function<void(std::exception_ptr)>;
   void set_rethrow(Rethrow rethrow) { rethrow_ = std::move(rethrow); }
 
+  // See Note [Communication hooks]. Before the first backward, once; with zero=0 and no comm_dtype
+  // (the hook decides what is sent). ConfigError otherwise.
+  void register_comm_hook(std::unique_ptr<CommHook> hook);
+  // Futures the coming backward waits for (with the timeout) before it ends: torch DDP's buffer
+  // hook's. Dropped by the next prepare_for_backward() if no reduced backward follows.
+  void install_post_backward_futures(std::vector<HookFuture> futures);
+  // The coming backward divides the gradients' sum by `ranks` instead of the world size (torch's
+  // Join with divide_by_initial_world_size=False); not with a hook, which averages itself. Set
+  // after prepare_for_backward(); ConfigError unless 1 <= ranks <= world size.
+  void set_divisor(int64_t ranks);
+  // A joined rank's side of the others' synced backward: every bucket's collective (or hook) on
+  // zeros, in plan order, waited with the timeout, then the bucket rebuild if the others do theirs.
+  // This rank's gradients are left as they are. ConfigError with zero > 0 or during a backward.
+  void shadow_backward();
+  // ConfigError unless uneven inputs can be shadowed (zero=0).
+  void check_joinable() const;
+
   const std::vector<Bucket>& buckets() const { return plan_; }
   // Backward passes fully reduced so far.
   int64_t reductions() const;
@@ -145,13 +168,15 @@ class Reducer {
     at::Tensor sent;        // with comm_dtype: the buffer cast for the collective, copied back at the end
     at::Tensor grad_shard;  // zero=2 once sharded: this rank's reduced gradient, kept across steps
     at::Tensor received;    // zero=2: the reduce-scatter's output, added into grad_shard at the end
+    HookFuture future;      // with a comm hook: its result, copied into buffer at the end
   };
 
   void on_grad_ready(size_t slot);                          // autograd post-hook, on an engine thread
   void finalize();                                          // queued with the engine when the last bucket starts
   [[noreturn]] void raise(std::exception_ptr error) const;  // through rethrow_
   void reset_locked();
-  void launch_ready_locked();       // starts buckets next_bucket_, ... while they are complete
+  void launch_ready_locked();  // starts buckets next_bucket_, ... while they are complete
+  HookFuture run_hook_locked(size_t bucket, const at::Tensor& contents);  // the hook on a bucket's contents
   void adopt_grad_locked(Slot& s);  // makes s.param.grad the bucket view again, keeping its value
   void stage_grad_locked(Slot& s);  // zero=2: s.param.grad into its in-flight bucket, then released
   void shard_gradients_locked();    // zero=2, once the plan is final: keep only this rank's shards
@@ -161,6 +186,7 @@ class Reducer {
 
   std::shared_ptr<Communicator> comm_;
   Options options_;
+  std::unique_ptr<CommHook> hook_;  // replaces the buckets' all_reduce; See Note [Communication hooks]
   Rethrow rethrow_;
   BucketCaps caps_;  // options_'s caps in bytes
   std::vector<GradSpec> specs_;
@@ -171,13 +197,15 @@ class Reducer {
   int64_t plan_version_ = 0;         // build_buckets() calls
 
   mutable std::mutex mu_;
-  bool expect_hooks_ = false;        // armed by prepare_for_backward(sync=true), cleared at the end
-  bool backward_started_ = false;    // a hook of the armed backward has run
-  std::vector<size_t> unused_;       // found by find_unused(), marked ready by the first hook
-  size_t next_bucket_ = 0;           // the next bucket to launch, in plan order
-  std::vector<size_t> ready_order_;  // slots in the order they became ready (until the rebuild)
-  bool plan_final_ = false;          // the one rebuild was tried: buckets stay as they are
-  bool sharded_grads_ = false;       // zero=2 after shard_gradients_locked()
+  bool expect_hooks_ = false;             // armed by prepare_for_backward(sync=true), cleared at the end
+  bool backward_started_ = false;         // a hook of the armed backward has run
+  std::vector<size_t> unused_;            // found by find_unused(), marked ready by the first hook
+  std::vector<HookFuture> post_futures_;  // install_post_backward_futures(), waited in finalize()
+  int64_t divisor_ = 0;                   // set_divisor(); 0: the world size
+  size_t next_bucket_ = 0;                // the next bucket to launch, in plan order
+  std::vector<size_t> ready_order_;       // slots in the order they became ready (until the rebuild)
+  bool plan_final_ = false;               // the one rebuild was tried: buckets stay as they are
+  bool sharded_grads_ = false;            // zero=2 after shard_gradients_locked()
   int64_t reductions_ = 0;
 };
 
