@@ -19,9 +19,11 @@ import torch
 from .. import _C
 from ..bootstrap.context import get_context, is_initialized
 from ..comm import agree
-from ..comm.collectives import broadcast
+from ..comm.collectives import broadcast_tensors
 from . import stacking, zero_guard
+from .comm_hooks import CommHooks
 from .torch_face import TorchDDPFace
+from .uneven import Uneven
 
 _DEFAULTS = _C.ReducerOptions()
 
@@ -32,21 +34,6 @@ def _signature(module: torch.nn.Module) -> list[str]:
         f"{name} {tuple(p.shape)} {p.dtype}{'' if p.requires_grad else ' frozen'}"
         for name, p in module.named_parameters()
     ]
-
-
-@torch.no_grad()
-def _broadcast_tensors(tensors: list[torch.Tensor]) -> None:
-    """Rank 0's values into every rank's tensors, one broadcast per dtype and device."""
-    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-    for t in tensors:
-        groups.setdefault((t.dtype, t.device), []).append(t)
-    for group in groups.values():
-        flat = torch.cat([t.reshape(-1) for t in group])  # (sum of numels,)
-        broadcast(flat, src=0)
-        offset = 0
-        for t in group:
-            t.copy_(flat[offset : offset + t.numel()].view_as(t))
-            offset += t.numel()
 
 
 def _tensors_in(value: Any) -> list[torch.Tensor]:
@@ -62,7 +49,7 @@ def _tensors_in(value: Any) -> list[torch.Tensor]:
     return []
 
 
-class DistributedModel(TorchDDPFace):
+class DistributedModel(CommHooks, Uneven, TorchDDPFace):
     """Wraps `module`; `forward` passes through, `.module` is the original. See dtcore.wrap.
 
     bucket_mb / first_bucket_mb: bucket caps in MiB (2^20 bytes, as torch DDP's bucket_cap_mb); the
@@ -75,6 +62,9 @@ class DistributedModel(TorchDDPFace):
     It is a torch.nn.parallel.DistributedDataParallel to `isinstance`, so that tools unwrap it
     (torch_face.py). copy.deepcopy and torch.save/torch.load give a working copy with a reducer of
     its own on the current dtcore context.
+
+    torch DDP's communication hooks (register_comm_hook, comm_hooks.py) and uneven inputs (join(),
+    uneven.py) work as there.
     """
 
     def __init__(
@@ -99,7 +89,7 @@ class DistributedModel(TorchDDPFace):
             fix="build the same model on every rank (same code, same configuration) before wrapping it.",
         )
         if ctx.world_size > 1:
-            _broadcast_tensors([p.detach() for p in module.parameters()] + list(module.buffers()))
+            broadcast_tensors([p.detach() for p in module.parameters()] + list(module.buffers()))
         # Plain values, so that a copy or an unpickled model builds its own reducer from them.
         self._options = dict(
             bucket_mb=bucket_mb,
@@ -132,6 +122,7 @@ class DistributedModel(TorchDDPFace):
         self._live_reducer = _C.Reducer([p for _, p in named], [n for n, _ in named], ctx.communicator, options)
         self._trainable = [p for _, p in named if p.requires_grad]  # the reducer's indices (bucket_layout)
         stacking.claim(self, [p for _, p in named])
+        self._reattach_hooks(self._live_reducer)
         if self._options["zero"] == 2:
             zero_guard.guard(self.module)
         # Collected once, as DDP does (BatchNorm updates its buffers in place): not per forward.
@@ -172,9 +163,13 @@ class DistributedModel(TorchDDPFace):
         reducer = self._reducer
         if torch.is_grad_enabled():
             reducer.prepare_for_backward(sync)
-        if synced and self.forward_sync_buffers and self._synced_buffers:
-            _broadcast_tensors(self._synced_buffers)  # e.g. BatchNorm running statistics, as DDP does
+        src = self._join_before_forward(synced)  # with join(): Note [Shadowed collectives]
+        sync_buffers = synced and self.forward_sync_buffers  # e.g. BatchNorm running statistics, as DDP does
+        if sync_buffers:
+            self._sync_forward_buffers(src, post_forward=False)
         out = self.module(*args, **kwargs)
+        if sync_buffers:
+            self._sync_forward_buffers(src, post_forward=True)
         if synced and self.find_unused_parameters:
             reducer.find_unused(_tensors_in(out))
         return out
