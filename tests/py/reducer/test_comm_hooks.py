@@ -112,3 +112,31 @@ def test_a_hook_result_replaces_the_gradients_and_a_copy_keeps_the_hook(fresh_dt
     twin = copy.deepcopy(model)
     twin(x).sum().backward()
     assert twin._comm_hook is not None and len(twin._comm_hook[0]) == 2  # the copy's own state, called once more
+
+
+def test_a_buffer_hook_replaces_the_buffer_broadcast_and_its_futures_are_waited_for(fresh_dtcore):
+    from torch.nn.parallel.distributed import _BufferCommHookLocation as Location
+
+    dtcore.init(timeout=2)
+    model = dtcore.wrap(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)))
+    seen = []
+
+    def hook(state, buffers):
+        state.append((sorted(buffers), model.module[1].num_batches_tracked.item()))
+        done = torch.futures.Future()
+        done.set_result(None)
+        return [done]
+
+    model._register_buffer_comm_hook(seen, hook)  # after the forward, by default
+    model(torch.randn(5, 3)).sum().backward()
+    with torch.no_grad():
+        model(torch.randn(5, 3))  # not a synced forward: no buffer sync
+    names = ["1.num_batches_tracked", "1.running_mean", "1.running_var"]
+    assert seen == [(names, 1)]  # ran after the forward had updated the statistics
+    model._register_buffer_comm_hook(seen, hook, Location.PRE_FORWARD)
+    model(torch.randn(5, 3)).sum().backward()
+    assert seen[-1] == (names, 2) and len(seen) == 2  # before this forward counted its batch (3)
+
+    model._register_buffer_comm_hook(None, lambda state, buffers: [torch.futures.Future()])
+    with pytest.raises(dtcore.CommError, match="the buffer communication hook's future 1/1 did not complete"):
+        model(torch.randn(5, 3)).sum().backward()
