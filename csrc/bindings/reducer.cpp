@@ -1,5 +1,7 @@
 // dtcore._C bindings of csrc/dtcore/reducer: the reducer and its options. Bindings only, no logic.
 #include <pybind11/stl.h>
+#include <torch/csrc/distributed/c10d/python_comm_hook.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 
 #include "bindings/bindings.h"
 #include "dtcore/reducer/reducer.h"
@@ -48,6 +50,30 @@ void bind_reducer(py::module_& m) {
       .def("prepare_for_backward", &Reducer::prepare_for_backward, py::arg("sync") = true,
            py::call_guard<py::gil_scoped_release>())
       .def_property("find_unused_parameters", &Reducer::find_unused_parameters, &Reducer::set_find_unused_parameters)
+      .def(
+          "register_comm_hook",
+          [](Reducer& r, py::object state, py::object hook) {
+            // torch's own adapter: the hook gets a torch.distributed.GradBucket and returns a torch Future.
+            r.register_comm_hook(std::make_unique<c10d::PythonCommHook>(std::move(state), std::move(hook)));
+          },
+          py::arg("state"), py::arg("hook"))
+      .def(
+          "install_post_backward_futures",
+          [](Reducer& r, const py::list& futures) {
+            std::vector<HookFuture> out;
+            for (const auto& f : futures) {
+              if (!py::isinstance(f, py::module_::import("torch.futures").attr("Future"))) {
+                out.emplace_back();  // refused by the reducer, with the fix
+                continue;
+              }
+              out.push_back(torch::jit::toIValue(f, c10::FutureType::create(c10::AnyType::get())).toFuture());
+            }
+            r.install_post_backward_futures(std::move(out));
+          },
+          py::arg("futures"))
+      .def("set_divisor", &Reducer::set_divisor, py::arg("ranks"))
+      .def("check_joinable", &Reducer::check_joinable)
+      .def("shadow_backward", &Reducer::shadow_backward, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("reductions", &Reducer::reductions)
       .def_property_readonly("zero", &Reducer::zero)
       .def_property_readonly("plan_final", &Reducer::plan_final)

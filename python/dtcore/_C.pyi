@@ -1,5 +1,6 @@
 # Type stub for dtcore._C, the C++ core (csrc/bindings/, one file per area).
 # tests/py/test_layout.py keeps it in step with the module: every name and member, no more.
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -209,6 +210,19 @@ class Reducer:
     def find_unused(self, outputs: list[torch.Tensor]) -> None: ...
     def bucket_params(self) -> list[list[int]]:
         """Per bucket, the indices (among parameters that require grad) in layout order."""
+        ...
+    def register_comm_hook(self, state: object, hook: Callable[[object, Any], torch.futures.Future]) -> None:
+        """hook(state, bucket: torch.distributed.GradBucket) reduces each bucket instead of the reducer."""
+        ...
+    def install_post_backward_futures(self, futures: list[torch.futures.Future]) -> None:
+        """Futures the coming backward waits for (with the timeout) before it ends."""
+        ...
+    def set_divisor(self, ranks: int) -> None:
+        """The coming backward averages over `ranks` ranks instead of the world size."""
+        ...
+    def check_joinable(self) -> None: ...
+    def shadow_backward(self) -> None:
+        """A joined rank's side of the others' synced backward: each bucket's collective on zeros."""
         ...
 
 # check (csrc/bindings/check.cpp) ----------------------------------------------------------------

@@ -183,6 +183,7 @@ int64_t Reducer::reductions() const {
 
 void Reducer::prepare_for_backward(bool sync) {
   std::vector<std::shared_ptr<Work>> launched;
+  std::vector<HookFuture> futures;
   std::vector<std::pair<size_t, std::string>> missing;  // (index, name)
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -193,6 +194,7 @@ void Reducer::prepare_for_backward(bool sync) {
     }
     for (auto& b : buckets_) {
       if (b.work) launched.push_back(b.work);
+      if (b.future) futures.push_back(b.future);
     }
     if (used_work_) launched.push_back(used_work_);
     for (size_t i = 0; i < slots_.size(); ++i) {
@@ -203,6 +205,13 @@ void Reducer::prepare_for_backward(bool sync) {
   for (auto& w : launched) {
     try {
       w->wait();
+    } catch (const std::exception&) {
+      // The error below is the one to act on.
+    }
+  }
+  for (auto& f : futures) {
+    try {
+      wait_hook_future(f, comm_->timeout(), "a communication hook", comm_->rank());
     } catch (const std::exception&) {
       // The error below is the one to act on.
     }
@@ -285,6 +294,7 @@ void Reducer::reset_locked() {
     buckets_[b].work.reset();
     buckets_[b].sent = at::Tensor();
     buckets_[b].received = at::Tensor();
+    buckets_[b].future.reset();
     if (sharded_grads_) buckets_[b].buffer = at::Tensor();  // in flight only
   }
   for (Slot& s : slots_) s.ready = s.used = s.grad_was_none = false;
@@ -292,6 +302,8 @@ void Reducer::reset_locked() {
   expect_hooks_ = false;
   backward_started_ = false;
   unused_.clear();
+  post_futures_.clear();
+  divisor_ = 0;
   next_bucket_ = 0;
   drained_ = 0;
   ready_order_.clear();
@@ -307,7 +319,9 @@ void Reducer::launch_ready_locked() {
       payload = b.sent;
     }
     // Overlaps with the rest of backward; the label names it in the flight recorder.
-    if (sharded_grads_) {
+    if (hook_) {
+      b.future = run_hook_locked(index, payload);
+    } else if (sharded_grads_) {
       // Straight into the shard when it holds zeros (after zero_grad()); else into a buffer that
       // is added to it, as .grad accumulates.
       if (b.sent.defined()) b.buffer = at::Tensor();  // the cast is what is sent
@@ -337,6 +351,92 @@ void Reducer::launch_ready_locked() {
       });
     }
   }
+}
+
+HookFuture Reducer::run_hook_locked(size_t bucket, const at::Tensor& contents) {
+  std::vector<at::Tensor> params;
+  params.reserve(slots_.size());
+  for (const Slot& s : slots_) params.push_back(s.param);
+  return hook_bucket(*hook_, plan_, bucket, contents, params, buckets_[bucket].label);
+}
+
+void Reducer::register_comm_hook(std::unique_ptr<CommHook> hook) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DTCORE_CHECK(!hook_, ConfigError,
+               "a communication hook is already registered on this model: register_comm_hook (or "
+               "_register_builtin_comm_hook) can be called once, as in torch DDP. Fix: register one hook that does "
+               "all the work.");
+  DTCORE_CHECK(reductions_ == 0 && !backward_started_, ConfigError,
+               "register_comm_hook was called after the first backward pass: as in torch DDP, a communication hook "
+               "must be registered before the first backward. Fix: register it right after wrapping the model.");
+  DTCORE_CHECK(options_.zero == 0, ConfigError, "communication hooks with zero=", options_.zero,
+               " are not supported: the reducer reduce-scatters or shards the buckets itself. Fix: wrap with zero=0 "
+               "to use a hook.");
+  DTCORE_CHECK(!options_.comm_dtype, ConfigError,
+               "a communication hook with comm_dtype=", dtype_name(*options_.comm_dtype),
+               ": the hook decides what is sent. Fix: wrap with comm_dtype=None and use a compression hook "
+               "(torch's fp16_compress_hook or bf16_compress_hook) instead.");
+  hook_ = std::move(hook);
+}
+
+void Reducer::install_post_backward_futures(std::vector<HookFuture> futures) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& f : futures) {
+    DTCORE_CHECK(f, ConfigError,
+                 "the buffer communication hook returned a list holding something that is not a future. Fix: "
+                 "return a list of torch.futures.Future (or None).");
+    post_futures_.push_back(std::move(f));
+  }
+}
+
+void Reducer::check_joinable() const {
+  DTCORE_CHECK(options_.zero == 0, ConfigError, "uneven inputs (join) with zero=", options_.zero,
+               " are not supported: every rank's optimizer step gathers every rank's shard. Fix: give every rank the "
+               "same number of batches, or wrap with zero=0.");
+}
+
+void Reducer::set_divisor(int64_t ranks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  check_joinable();
+  DTCORE_CHECK(ranks >= 1 && ranks <= comm_->size(), ConfigError, "set_divisor(", ranks,
+               "): gradients can be averaged over 1 to ", comm_->size(),
+               " ranks. Fix: pass the number of ranks that "
+               "contributed gradients.");
+  DTCORE_CHECK(!hook_ || ranks == comm_->size(), ConfigError,
+               "divide_by_initial_world_size=False with a communication hook: the hook averages the gradients "
+               "itself. Fix: keep divide_by_initial_world_size=True, or divide inside the hook.");
+  divisor_ = ranks;
+}
+
+void Reducer::shadow_backward() {
+  std::vector<std::shared_ptr<Work>> works;
+  std::vector<std::pair<std::string, HookFuture>> futures;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_joinable();
+    DTCORE_CHECK(!backward_started_, ConfigError, "shadow_backward() during a backward pass on rank ", comm_->rank(),
+                 ". Fix: a joined rank runs no backward of its own.");
+    for (size_t b = 0; b < plan_.size(); ++b) {
+      const Bucket& bucket = plan_[b];
+      at::ScalarType dtype = options_.comm_dtype.value_or(bucket.dtype);
+      at::Tensor zeros = at::zeros({bucket.numel}, at::TensorOptions().dtype(dtype).device(bucket.device));
+      if (hook_) {
+        futures.emplace_back(buckets_[b].label, run_hook_locked(b, zeros));
+      } else {
+        works.push_back(comm_->all_reduce(zeros, ReduceOp::Avg, buckets_[b].label));
+      }
+    }
+  }
+  for (auto& w : works) w->wait();
+  for (auto& [label, f] : futures) {
+    wait_hook_future(f, comm_->timeout(), "the communication hook's future for " + label, comm_->rank());
+  }
+  bool final_plan;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    final_plan = plan_final_;
+  }
+  if (!final_plan) rebuild_if_needed();  // as the others do at the end of their first reduced backward
 }
 
 void Reducer::adopt_grad_locked(Slot& s) {
@@ -461,7 +561,11 @@ void Reducer::finalize() {
   for (BucketState* b : launched) {
     try {
       if (b->work) b->work->wait();
-      if (b->received.defined() && b->received.is_same(b->grad_shard)) {
+      if (b->future) {
+        wait_hook_future(b->future, comm_->timeout(), "the communication hook's future for " + b->label, comm_->rank());
+        at::Tensor result = hook_result(*hook_, b->future, b->buffer.numel(), b->label);
+        if (!result.is_same(b->buffer)) b->buffer.copy_(result);
+      } else if (b->received.defined() && b->received.is_same(b->grad_shard)) {
         b->shard_is_zero = false;
       } else if (b->received.defined()) {
         b->grad_shard.add_(b->received);  // accumulates, as .grad does, until zero_grad()
@@ -478,6 +582,26 @@ void Reducer::finalize() {
     } catch (...) {
       failure = std::current_exception();
     }
+  }
+  std::vector<HookFuture> post_futures;
+  int64_t divisor;
+  {
+    std::lock_guard<std::mutex> relock(mu_);
+    post_futures = post_futures_;
+    divisor = divisor_;
+  }
+  for (size_t i = 0; i < post_futures.size() && !failure; ++i) {
+    try {
+      wait_hook_future(post_futures[i], comm_->timeout(),
+                       detail::cat("the buffer communication hook's future ", i + 1, "/", post_futures.size()),
+                       comm_->rank());
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  if (!failure && divisor > 0 && divisor != comm_->size()) {  // averaged over the world: over `divisor` ranks instead
+    const double scale = static_cast<double>(comm_->size()) / static_cast<double>(divisor);
+    for (BucketState* b : launched) b->buffer.mul_(scale);
   }
   if (!failure && !plan_final_) {
     try {

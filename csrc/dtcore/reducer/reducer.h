@@ -47,6 +47,11 @@
 // in flight" term of stage 2's memory, 4 Psi + 12 Psi / N + (kShardedInFlight + 1) x bucket_mb.
 // The wait costs overlap only when the network is slower than the compute of one bucket.
 //
+// Communication hooks and uneven inputs (torch's Join): see Note [Communication hooks]
+// (comm_hook.h). A rank that ran out of data shadows the others' synced backward with
+// shadow_backward(): each bucket's collective (or hook) on zeros, in plan order, so that every
+// collective still pairs up; set_divisor() averages over the ranks that still have data.
+//
 // Note [One reducer per parameter]: each parameter's AccumulateGrad node carries dtcore's post-hook
 // and no other. torch DDP's and FSDP's reducers hook the same node, and two reducers writing one
 // .grad give wrong gradients, so a hook already there is a ConfigError at construction, and one
@@ -71,6 +76,7 @@
 
 #include "dtcore/comm/communicator.h"
 #include "dtcore/reducer/bucket_plan.h"
+#include "dtcore/reducer/comm_hook.h"
 #include "dtcore/reducer/shard_plan.h"
 
 namespace torch::autograd {
@@ -126,6 +132,23 @@ class Reducer {
   using Rethrow = std::function<void(std::exception_ptr)>;
   void set_rethrow(Rethrow rethrow) { rethrow_ = std::move(rethrow); }
 
+  // See Note [Communication hooks]. Before the first backward, once; with zero=0 and no comm_dtype
+  // (the hook decides what is sent). ConfigError otherwise.
+  void register_comm_hook(std::unique_ptr<CommHook> hook);
+  // Futures the coming backward waits for (with the timeout) before it ends: torch DDP's buffer
+  // hook's. Dropped by the next prepare_for_backward() if no reduced backward follows.
+  void install_post_backward_futures(std::vector<HookFuture> futures);
+  // The coming backward divides the gradients' sum by `ranks` instead of the world size (torch's
+  // Join with divide_by_initial_world_size=False); not with a hook, which averages itself. Set
+  // after prepare_for_backward(); ConfigError unless 1 <= ranks <= world size.
+  void set_divisor(int64_t ranks);
+  // A joined rank's side of the others' synced backward: every bucket's collective (or hook) on
+  // zeros, in plan order, waited with the timeout, then the bucket rebuild if the others do theirs.
+  // This rank's gradients are left as they are. ConfigError with zero > 0 or during a backward.
+  void shadow_backward();
+  // ConfigError unless uneven inputs can be shadowed (zero=0).
+  void check_joinable() const;
+
   const std::vector<Bucket>& buckets() const { return plan_; }
   // Backward passes fully reduced so far.
   int64_t reductions() const;
@@ -168,14 +191,16 @@ class Reducer {
     at::Tensor grad_shard;       // zero=2 once sharded: this rank's reduced gradient, kept across steps
     bool shard_is_zero = false;  // grad_shard holds zeros (zero_grad()): the reduce-scatter writes it directly
     at::Tensor received;         // zero=2, accumulating: the reduce-scatter's output, added into grad_shard
+    HookFuture future;           // with a comm hook: its result, copied into buffer at the end
   };
 
   void on_grad_ready(size_t slot);                          // autograd post-hook, on an engine thread
   void finalize();                                          // queued with the engine when the last bucket starts
   [[noreturn]] void raise(std::exception_ptr error) const;  // through rethrow_
   void reset_locked();
-  void launch_ready_locked();       // starts buckets next_bucket_, ... while they are complete
-  void restore_globally_unused();   // see Note [Unused parameters keep None]
+  void launch_ready_locked();      // starts buckets next_bucket_, ... while they are complete
+  void restore_globally_unused();  // see Note [Unused parameters keep None]
+  HookFuture run_hook_locked(size_t bucket, const at::Tensor& contents);  // the hook on a bucket's contents
   void adopt_grad_locked(Slot& s);  // makes s.param.grad the bucket view again, keeping its value
   void stage_grad_locked(Slot& s);  // zero=2: s.param.grad into its in-flight bucket, then released
   void drain_locked(size_t keep);   // zero=2: finished buckets into their shards; see Note [Buckets in flight]
@@ -186,6 +211,7 @@ class Reducer {
 
   std::shared_ptr<Communicator> comm_;
   Options options_;
+  std::unique_ptr<CommHook> hook_;  // replaces the buckets' all_reduce; See Note [Communication hooks]
   Rethrow rethrow_;
   BucketCaps caps_;  // options_'s caps in bytes
   std::vector<GradSpec> specs_;
@@ -196,16 +222,18 @@ class Reducer {
   int64_t plan_version_ = 0;         // build_buckets() calls
 
   mutable std::mutex mu_;
-  bool expect_hooks_ = false;        // armed by prepare_for_backward(sync=true), cleared at the end
-  bool backward_started_ = false;    // a hook of the armed backward has run
-  std::vector<size_t> unused_;       // found by find_unused(), marked ready by the first hook
-  at::Tensor used_map_;              // with find_unused_parameters: 1 per slot used on this rank, then summed
-  std::shared_ptr<Work> used_work_;  // the used map's allreduce, after the last bucket's
-  size_t next_bucket_ = 0;           // the next bucket to launch, in plan order
-  size_t drained_ = 0;               // zero=2: buckets before this one are in their shards, buffers freed
-  std::vector<size_t> ready_order_;  // slots in the order they became ready (until the rebuild)
-  bool plan_final_ = false;          // the one rebuild was tried: buckets stay as they are
-  bool sharded_grads_ = false;       // zero=2 after shard_gradients_locked()
+  bool expect_hooks_ = false;             // armed by prepare_for_backward(sync=true), cleared at the end
+  bool backward_started_ = false;         // a hook of the armed backward has run
+  std::vector<size_t> unused_;            // found by find_unused(), marked ready by the first hook
+  at::Tensor used_map_;                   // with find_unused_parameters: 1 per slot used on this rank, then summed
+  std::shared_ptr<Work> used_work_;       // the used map's allreduce, after the last bucket's
+  std::vector<HookFuture> post_futures_;  // install_post_backward_futures(), waited in finalize()
+  int64_t divisor_ = 0;                   // set_divisor(); 0: the world size
+  size_t next_bucket_ = 0;                // the next bucket to launch, in plan order
+  size_t drained_ = 0;                    // zero=2: buckets before this one are in their shards, buffers freed
+  std::vector<size_t> ready_order_;       // slots in the order they became ready (until the rebuild)
+  bool plan_final_ = false;               // the one rebuild was tried: buckets stay as they are
+  bool sharded_grads_ = false;            // zero=2 after shard_gradients_locked()
   int64_t reductions_ = 0;
 };
 

@@ -47,6 +47,21 @@ def broadcast(tensor: torch.Tensor, src: int = 0, *, async_op: bool = False, tim
     return tensor
 
 
+@torch.no_grad()
+def broadcast_tensors(tensors: list[torch.Tensor], src: int = 0) -> None:
+    """Rank `src`'s values into every rank's tensors, one broadcast per dtype and device."""
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.dtype, t.device), []).append(t)
+    for group in groups.values():
+        flat = torch.cat([t.reshape(-1) for t in group])  # (sum of numels,)
+        broadcast(flat, src=src)
+        offset = 0
+        for t in group:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+
 def all_gather(tensor: torch.Tensor, *, timeout: float | None = None) -> torch.Tensor:
     """Every rank's `tensor`, stacked: a new tensor of shape (world_size, *tensor.shape) whose row r
     is rank r's (torch's all_gather_into_tensor into a (world_size, ...) output). Every rank passes

@@ -21,9 +21,11 @@ import torch.distributed as dist
 from .. import _C
 from ..bootstrap.context import get_context, is_initialized
 from ..comm import agree
-from ..comm.collectives import broadcast
+from ..comm.collectives import broadcast_tensors
 from . import stacking, zero_guard
+from .comm_hooks import CommHooks
 from .torch_face import TorchDDPFace
+from .uneven import Uneven
 
 _DEFAULTS = _C.ReducerOptions()
 
@@ -31,21 +33,6 @@ _DEFAULTS = _C.ReducerOptions()
 def _signature(named: list[tuple[str, torch.Tensor]]) -> list[str]:
     # requires_grad too: ranks that freeze differently would plan different buckets
     return [f"{name} {tuple(p.shape)} {p.dtype}{'' if p.requires_grad else ' frozen'}" for name, p in named]
-
-
-@torch.no_grad()
-def _broadcast_tensors(tensors: list[torch.Tensor]) -> None:
-    """Rank 0's values into every rank's tensors, one broadcast per dtype and device."""
-    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-    for t in tensors:
-        groups.setdefault((t.dtype, t.device), []).append(t)
-    for group in groups.values():
-        flat = torch.cat([t.reshape(-1) for t in group])  # (sum of numels,)
-        broadcast(flat, src=0)
-        offset = 0
-        for t in group:
-            t.copy_(flat[offset : offset + t.numel()].view_as(t))
-            offset += t.numel()
 
 
 def _tensors_in(value: Any) -> list[torch.Tensor]:
@@ -61,7 +48,7 @@ def _tensors_in(value: Any) -> list[torch.Tensor]:
     return []
 
 
-class DistributedModel(TorchDDPFace):
+class DistributedModel(CommHooks, Uneven, TorchDDPFace):
     """Wraps `module`; `forward` passes through, `.module` is the original. See dtcore.wrap.
 
     bucket_mb / first_bucket_mb: bucket caps in MiB (2^20 bytes, as torch DDP's bucket_cap_mb); the
@@ -74,6 +61,9 @@ class DistributedModel(TorchDDPFace):
     It is a torch.nn.parallel.DistributedDataParallel to `isinstance`, so that tools unwrap it
     (torch_face.py). copy.deepcopy and torch.save/torch.load give a working copy with a reducer of
     its own on the current dtcore context.
+
+    torch DDP's communication hooks (register_comm_hook, comm_hooks.py) and uneven inputs (join(),
+    uneven.py) work as there.
     """
 
     def __init__(
@@ -121,7 +111,7 @@ class DistributedModel(TorchDDPFace):
         )
         if ctx.world_size > 1:
             buffers = self._named_buffers() if init_sync_buffers else []
-            _broadcast_tensors([p.detach() for _, p in self._named_parameters()] + [b for _, b in buffers])
+            broadcast_tensors([p.detach() for _, p in self._named_parameters()] + [b for _, b in buffers])
         # Plain values, so that a copy or an unpickled model builds its own reducer from them.
         self._options = options
         # torch DDP's attributes of the same names and meaning, which tools read or set (accelerate's
@@ -152,6 +142,12 @@ class DistributedModel(TorchDDPFace):
     def _named_buffers(self) -> list[tuple[str, torch.Tensor]]:
         return [(n, b) for n, b in self.module.named_buffers() if n not in self.parameters_to_ignore]
 
+    @property
+    def _synced_buffers(self) -> list[torch.Tensor]:
+        """The buffers a synced forward broadcasts, collected anew each time: a buffer reassigned in place
+        of the attribute (module.buf = module.buf + 1) is a new tensor; ignored ones are left out."""
+        return [b for _, b in self._named_buffers()] if get_context().world_size > 1 else []
+
     def _attach(self) -> None:
         """Builds this model's reducer on the current context (at wrap, or in a copy at first use)."""
         ctx = get_context()
@@ -160,6 +156,7 @@ class DistributedModel(TorchDDPFace):
         self._live_reducer = _C.Reducer([p for _, p in named], [n for n, _ in named], ctx.communicator, options)
         self._trainable = [p for _, p in named if p.requires_grad]  # the reducer's indices (bucket_layout)
         stacking.claim(self, [p for _, p in named])
+        self._reattach_hooks(self._live_reducer)
         if self._options["zero"] == 2:
             zero_guard.guard(self.module)
 
@@ -199,13 +196,13 @@ class DistributedModel(TorchDDPFace):
         reducer = self._reducer
         if torch.is_grad_enabled():
             reducer.prepare_for_backward(sync)
-        if synced and self.forward_sync_buffers and get_context().world_size > 1:
-            # e.g. BatchNorm running statistics, as DDP does. Collected anew each time: a buffer
-            # reassigned in place of the attribute (module.buf = module.buf + 1) is a new tensor.
-            buffers = [b for _, b in self._named_buffers()]
-            if buffers:
-                _broadcast_tensors(buffers)
+        src = self._join_before_forward(synced)  # with join(): Note [Shadowed collectives]
+        sync_buffers = synced and self.forward_sync_buffers  # e.g. BatchNorm running statistics, as DDP does
+        if sync_buffers:
+            self._sync_forward_buffers(src, post_forward=False)
         out = self.module(*args, **kwargs)
+        if sync_buffers:
+            self._sync_forward_buffers(src, post_forward=True)
         if synced and (self.find_unused_parameters or self.static_graph):
             reducer.find_unused(_tensors_in(out))
         return out

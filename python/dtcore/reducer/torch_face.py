@@ -43,30 +43,33 @@ _WORKS = frozenset(
         "train",
     }
 )
-_OWN = frozenset({"__init__", "__getstate__", "__setstate__", "forward", "no_sync", "_set_static_graph"})
+_OWN = frozenset(
+    {
+        "__init__",
+        "__getstate__",
+        "__setstate__",
+        "forward",
+        "no_sync",
+        "_set_static_graph",
+        # comm_hooks.py
+        "register_comm_hook",
+        "_register_builtin_comm_hook",
+        "_register_buffer_comm_hook",
+        # uneven.py
+        "join",
+        "join_hook",
+        "join_device",
+        "join_process_group",
+    }
+)
 _CLASS_MACHINERY = frozenset({"__module__", "__annotations__", "__doc__", "__abstractmethods__", "_abc_impl"})
 
-_COMM_HOOKS = (
-    "communication hooks are not supported: dtcore's reducer averages buckets with its own communicator",
-    "for bf16/fp16 compression use dtcore.wrap(model, comm_dtype=torch.bfloat16).",
-)
-_JOIN = (
-    "uneven inputs (torch's Join) are not supported: every rank must run the same number of synced steps",
-    "give every rank the same number of batches (DistributedSampler(..., drop_last=True), or a fixed step count).",
-)
 # member -> (what happened, the fix), where there is more to say than _INTERNAL.
 _REFUSED = {
-    "register_comm_hook": _COMM_HOOKS,
-    "_register_builtin_comm_hook": _COMM_HOOKS,
-    "_register_buffer_comm_hook": _COMM_HOOKS,
     "_register_fused_optim": (
         "optimizers fused into torch's reducer are not supported",
         "step an ordinary optimizer after backward, or dtcore.ShardedOptimizer.",
     ),
-    "join": _JOIN,
-    "join_hook": _JOIN,
-    "join_device": _JOIN,
-    "join_process_group": _JOIN,
     **dict.fromkeys(
         ("scatter", "gather", "to_kwargs"),
         (
@@ -93,7 +96,6 @@ _TORCH_STATE = frozenset(
         "_delay_grad_buffer",
         "_delay_grad_views",
         "_has_rebuilt_buckets",
-        "_join_config",
         "_lazy_init_ran",
         "_module_parameters",
         "_use_python_reducer",

@@ -161,8 +161,8 @@ def test_ddp_drop_in_refuses_what_it_cannot_honour(fresh_dtcore):
         batched_grad_copy=False,
         mixed_precision=None,
     )
-    with pytest.raises(dtcore.ConfigError, match="register_comm_hook is not supported"):
-        model.register_comm_hook(None, None)
+    with pytest.raises(dtcore.ConfigError, match="_register_fused_optim is not supported"):
+        model._register_fused_optim(torch.optim.SGD, lr=0.1)
     with pytest.raises(dtcore.ConfigError, match="comm_dtype=torch.int8"):
         dtcore.wrap(torch.nn.Linear(2, 2), comm_dtype=torch.int8)
     with pytest.raises(dtcore.ConfigError, match="bucket_mb=0 is not a positive size"):
