@@ -17,6 +17,9 @@ harness, DISTRIBUTED_TESTS_DEFAULT_TIMEOUT) and one for the batch.
 
 The table lists the tests torch passes, how many dtcore passes, and for each test torch passes
 and dtcore does not, the first line of dtcore's failure.
+
+torch's test utilities import `expecttest`, which torch's wheel does not install:
+`pip install expecttest==0.3.0` first.
 """
 
 from __future__ import annotations
@@ -294,6 +297,11 @@ def main() -> int:
         _worker(args.tests, args.worker)
         return 0
 
+    try:
+        import expecttest  # noqa: F401  (torch's test utilities need it; a worker would fail on each test)
+    except ImportError:
+        print("torch's test utilities need expecttest. Fix: pip install expecttest==0.3.0", file=sys.stderr)
+        return 2
     names = ddp_test_names(args.only)
     if not names:
         print(f"no DDP test matches {args.only!r}", file=sys.stderr)

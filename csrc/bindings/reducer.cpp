@@ -62,7 +62,8 @@ void bind_reducer(py::module_& m) {
           [](Reducer& r, const py::list& futures) {
             std::vector<HookFuture> out;
             for (const auto& f : futures) {
-              if (!py::isinstance(f, py::module_::import("torch.futures").attr("Future"))) {
+              // torch._C.Future: what a Work's get_future() gives; torch.futures.Future derives from it.
+              if (!py::isinstance(f, py::module_::import("torch._C").attr("Future"))) {
                 out.emplace_back();  // refused by the reducer, with the fix
                 continue;
               }

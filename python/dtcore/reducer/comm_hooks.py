@@ -107,6 +107,14 @@ class CommHooks:
         if self._comm_hook is not None:
             reducer.register_comm_hook(*self._comm_hook)
 
+    def _default_broadcast_coalesced(
+        self, bufs: list[torch.Tensor] | None = None, bucket_size: int | None = None, authoritative_rank: int = 0
+    ) -> None:
+        """As torch DDP's: `bufs` (by default the buffers a synced forward broadcasts) from rank
+        `authoritative_rank` to every rank; what a buffer hook calls to keep the default broadcast."""
+        del bucket_size  # dtcore's broadcast coalesces by dtype, whatever the size
+        broadcast_tensors(list(bufs) if bufs is not None else self._synced_buffers, authoritative_rank)
+
     def _sync_forward_buffers(self, src: int, post_forward: bool) -> None:
         """The buffers of a synced forward: rank `src`'s broadcast before it, or the buffer hook where it asked."""
         if self._buffer_hook is None:

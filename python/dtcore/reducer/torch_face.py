@@ -55,6 +55,7 @@ _OWN = frozenset(
         "register_comm_hook",
         "_register_builtin_comm_hook",
         "_register_buffer_comm_hook",
+        "_default_broadcast_coalesced",
         # uneven.py
         "join",
         "join_hook",

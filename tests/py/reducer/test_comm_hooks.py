@@ -137,6 +137,13 @@ def test_a_buffer_hook_replaces_the_buffer_broadcast_and_its_futures_are_waited_
     model(torch.randn(5, 3)).sum().backward()
     assert seen[-1] == (names, 2) and len(seen) == 2  # before this forward counted its batch (3)
 
+    def torch_default(state, buffers):  # the futures of torch.distributed's works, and torch's default broadcast
+        model._default_broadcast_coalesced(list(buffers.values()))
+        return [torch.distributed.all_reduce(buffers["1.running_mean"], async_op=True).get_future()]
+
+    model._register_buffer_comm_hook(None, torch_default, Location.PRE_FORWARD)  # in place: before the forward
+    model(torch.randn(5, 3)).sum().backward()
+
     model._register_buffer_comm_hook(None, lambda state, buffers: [torch.futures.Future()])
     with pytest.raises(dtcore.CommError, match="the buffer communication hook's future 1/1 did not complete"):
         model(torch.randn(5, 3)).sum().backward()
