@@ -3,7 +3,8 @@
     python benchmarks/bench_train.py [--preset tiny] [--steps 200] [--ranks 2] [--repeats 3] [--preempt 5]
 
 The plain loop is one process stepping the same GPT with the same batches, AdamW and clipping,
-no dtcore at all. The trainer's figures are read from rank 0's metrics file, median over the
+no dtcore at all, started as the trainer's ranks are (a fresh process, one thread).
+The trainer's figures are read from rank 0's metrics file, median over the
 steps after the first 10: its own step time (forward, backward, optimizer step: what it logs as
 step_time_s) and the step period from one metrics line to the next, which adds everything else
 the loop does per step (the all-reduce of loss and flags, the metrics line, TensorBoard scalars
@@ -38,7 +39,15 @@ QUIET = ["--eval_every=0", "--checkpoint.at_end=false", "--progress=false", "--l
 
 
 def plain_loop(preset: str, steps: int) -> tuple[float, float]:
-    """(median step time in s, tokens/s) of a single-process loop over the preset's model and batches."""
+    """(median step time in s, tokens/s) of a single-process loop over the preset's model and batches,
+    in a fresh process with the trainer's ranks' environment (clean_env: one thread)."""
+    cmd = [sys.executable, __file__, "--plain-worker", "--preset", preset, f"--steps={steps}"]
+    out = subprocess.run(cmd, env=clean_env(), check=True, capture_output=True, text=True, timeout=3600).stdout
+    median, rate = json.loads(out.splitlines()[-1])
+    return median, rate
+
+
+def plain_worker(preset: str, steps: int) -> None:
     c = config.from_preset(preset)
     torch.manual_seed(c.training.seed)
     tokenizer, train, _ = data.build(c.data, c.model.block_size, c.training.device_batch_size, 0, 1, c.training.seed)
@@ -54,7 +63,7 @@ def plain_loop(preset: str, steps: int) -> tuple[float, float]:
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
     median = statistics.median(times[10:])
-    return median, c.training.device_batch_size * c.model.block_size / median
+    print(json.dumps([median, c.training.device_batch_size * c.model.block_size / median]))
 
 
 def trainer(preset: str, steps: int, ranks: int) -> tuple[float, float, float]:
@@ -109,8 +118,10 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--preempt", type=int, default=0, metavar="N", help="repeats of the preemption measurement")
     ap.add_argument("--repeats", type=int, default=3, help="rounds of plain loop, 1 rank, N ranks, alternated")
+    ap.add_argument("--plain-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    torch.set_num_threads(1)  # as each rank of the trainer runs (OMP_NUM_THREADS=1)
+    if args.plain_worker:
+        return plain_worker(args.preset, args.steps)
     worlds = sorted({1, args.ranks})
     plain: list[tuple[float, float]] = []
     runs: dict[int, list[tuple[float, float, float]]] = {n: [] for n in worlds}
