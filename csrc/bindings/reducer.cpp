@@ -61,9 +61,10 @@ void bind_reducer(py::module_& m) {
           "install_post_backward_futures",
           [](Reducer& r, const py::list& futures) {
             std::vector<HookFuture> out;
+            // torch._C.Future: what a Work's get_future() gives; torch.futures.Future derives from it.
+            const py::object future_type = py::module_::import("torch._C").attr("Future");
             for (const auto& f : futures) {
-              // torch._C.Future: what a Work's get_future() gives; torch.futures.Future derives from it.
-              if (!py::isinstance(f, py::module_::import("torch._C").attr("Future"))) {
+              if (!py::isinstance(f, future_type)) {
                 out.emplace_back();  // refused by the reducer, with the fix
                 continue;
               }

@@ -118,8 +118,9 @@ class CommHooks:
     def _sync_forward_buffers(self, src: int, post_forward: bool) -> None:
         """The buffers of a synced forward: rank `src`'s broadcast before it, or the buffer hook where it asked."""
         if self._buffer_hook is None:
-            if not post_forward and self._synced_buffers:
-                broadcast_tensors(self._synced_buffers, src)
+            buffers = [] if post_forward else self._synced_buffers
+            if buffers:
+                broadcast_tensors(buffers, src)
             return
         state, hook, location = self._buffer_hook
         if post_forward != (location == _BufferCommHookLocation.POST_FORWARD):

@@ -76,8 +76,9 @@ class _JoinHook(JoinHook):
         model.require_forward_param_sync = should_sync
         if not should_sync:
             return
-        if model.forward_sync_buffers and model._synced_buffers:
-            broadcast_tensors(model._synced_buffers, _common_rank(model, False))
+        buffers = model._synced_buffers if model.forward_sync_buffers else []
+        if buffers:
+            broadcast_tensors(buffers, _common_rank(model, False))
         model._reducer.shadow_backward()
 
     def post_hook(self, is_last_joiner: bool) -> None:
