@@ -20,6 +20,7 @@ from typing import Any, Literal
 import tomllib
 
 from .. import _C
+from .rundir import STRAGGLER_FACTOR, WINDOW
 
 
 @dataclasses.dataclass
@@ -123,9 +124,9 @@ class LoggingConfig:
     """Rank 0 shows a tqdm progress bar."""
     peak_tflops: float = 0.0
     """The device's peak dense bf16 TFLOP/s for MFU; 0: from dtcore's table (A100, H100, H200, B200)."""
-    straggler_window: int = 20
+    straggler_window: int = WINDOW
     """Every this many steps, ranks compare their median own times (step time less the wait for the others)."""
-    straggler_ratio: float = 1.1
+    straggler_ratio: float = STRAGGLER_FACTOR
     """A rank whose median own time (step time less its wait for the other ranks) exceeds the job's median by this
     factor is logged as a straggler."""
     tensorboard: bool = True

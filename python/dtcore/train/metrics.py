@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from .. import _C
+from .rundir import slow_ranks
 
 log = logging.getLogger("dtcore.train")
 
@@ -92,14 +93,14 @@ def eval_line(step: int, rank: int, eval_loss: float) -> dict[str, Any]:
 
 
 def stragglers(medians: list[float], hosts: list[str], ratio: float) -> list[str]:
-    """'rank r (host): median x s, y x the job median' for each rank whose median own time
-    (rundir.own_time()) is above ratio x the job's median."""
+    """'rank r (host): median x s, y x the job median' for each rank that rundir.slow_ranks() names
+    (median own time, rundir.own_time(), above ratio x the job's median)."""
+    slow = slow_ranks(dict(enumerate(medians)), dict(enumerate(hosts)), ratio)
     job = statistics.median(medians)
     return [
-        f"rank {r} ({hosts[r]}): median own time {m:.3f} s a step (its step time less its wait for the other "
-        f"ranks), {m / job:.2f}x the job's median {job:.3f} s"
-        for r, m in enumerate(medians)
-        if job > 0 and m > ratio * job
+        f"rank {x.rank} ({x.host}): median own time {x.median_s:.3f} s a step (its step time less its wait for the "
+        f"other ranks), {x.factor:.2f}x the job's median {job:.3f} s"
+        for x in slow
     ]
 
 

@@ -17,7 +17,7 @@ import statistics
 from .. import _C
 
 STRAGGLER_FACTOR = 1.1  # a rank whose median own time (own_time()) exceeds the job's by this factor is named
-WINDOW = 20  # steps over which step times are compared (the trainer's straggler window)
+WINDOW = 20  # steps over which step times are compared (the trainer's default straggler window)
 
 
 @dataclasses.dataclass
@@ -118,10 +118,22 @@ def own_time(step_time_s: float, wait_s: float | None) -> float:
     return step_time_s - (wait_s or 0.0)
 
 
+def slow_ranks(medians: dict[int, float], hosts: dict[int, str], factor: float = STRAGGLER_FACTOR) -> list[Straggler]:
+    """The stragglers among `medians` (rank -> its median own time over a window): the ranks above
+    `factor` x the job's median, the median of the ranks' medians. The trainer (live, from an
+    all-reduce) and dtcore.monitor (from the run directory) both name ranks by this rule."""
+    job = statistics.median(medians.values())
+    return [
+        Straggler(rank, hosts.get(rank, "?"), m, m / job)
+        for rank, m in sorted(medians.items())
+        if job > 0 and m > factor * job
+    ]
+
+
 @dataclasses.dataclass
 class Spread:
     """Over the last WINDOW steps: the job's median step time, each rank's median own time
-    (own_time()), and the ranks whose own time is > 1.1x the job's median own time."""
+    (own_time()), and the stragglers among them (slow_ranks())."""
 
     job_median_s: float
     rank_median_s: dict[int, float]
@@ -139,10 +151,5 @@ def spread(run: Run, window: int = WINDOW) -> Spread | None:
     if not own:
         return None
     medians = {rank: statistics.median(times) for rank, times in own.items()}
-    job_own = statistics.median(t for times in own.values() for t in times)
-    slow = [
-        Straggler(rank, run.host(rank), m, m / job_own)
-        for rank, m in sorted(medians.items())
-        if job_own > 0 and m > STRAGGLER_FACTOR * job_own
-    ]
+    slow = slow_ranks(medians, {rank: run.host(rank) for rank in medians})
     return Spread(statistics.median(steps), medians, slow)
