@@ -37,6 +37,8 @@ void bind_comm(py::module_& m) {
       .def_property_readonly("backend", [](const Communicator& c) { return std::string(c.backend()); })
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
+      .def_property_readonly("ranks", &Communicator::job_ranks,
+                             "The members' job ranks, by rank in this communicator (a subgroup's rank list)")
       .def_property_readonly("timeout_s", [](const Communicator& c) { return c.timeout().count() / 1000.0; })
       .def(
           "all_reduce",
@@ -73,24 +75,29 @@ void bind_comm(py::module_& m) {
       .def("diagnose", &HealthMonitor::diagnose, py::arg("failing_seq"), py::arg("op_name") = "collective",
            py::call_guard<py::gil_scoped_release>());
   m.def("health_monitor", &HealthMonitor::for_rendezvous, py::arg("rendezvous"), py::arg("settings"),
-        py::call_guard<py::gil_scoped_release>());
+        py::arg("ranks") = std::vector<int>{}, py::arg("prefix") = "", py::call_guard<py::gil_scoped_release>());
 
   m.def(
       "gloo_communicator",
-      [](const c10::intrusive_ptr<c10d::Backend>& backend, const Settings& settings) -> std::shared_ptr<Communicator> {
-        return std::make_shared<GlooCommunicator>(backend, CommunicatorOptions::from(settings));
+      [](const c10::intrusive_ptr<c10d::Backend>& backend, const Settings& settings,
+         std::vector<int> ranks) -> std::shared_ptr<Communicator> {
+        auto options = CommunicatorOptions::from(settings);
+        options.ranks = std::move(ranks);
+        return std::make_shared<GlooCommunicator>(backend, options);
       },
-      py::arg("backend"), py::arg("settings"));
+      py::arg("backend"), py::arg("settings"), py::arg("ranks") = std::vector<int>{});
 #if defined(DTCORE_WITH_NCCL)
   m.def(
       "nccl_communicator",
-      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int device,
-         const Settings& settings) -> std::shared_ptr<Communicator> {
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int device, const Settings& settings,
+         std::vector<int> ranks) -> std::shared_ptr<Communicator> {
         auto options = CommunicatorOptions::from(settings);
+        options.ranks = std::move(ranks);
         py::gil_scoped_release release;
         return std::make_shared<NcclCommunicator>(store, rank, size, device, options);
       },
-      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("device"), py::arg("settings"));
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("device"), py::arg("settings"),
+      py::arg("ranks") = std::vector<int>{});
 #endif
 }
 

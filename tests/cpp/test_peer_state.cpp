@@ -122,3 +122,15 @@ TEST(Judge, ARankThatFailedAndThenExitedIsAVictimNotDead) {
   EXPECT_EQ(d.culprits, std::vector<int>{2}) << d.text(0);
   expect_contains(d.text(0), {"rank 1 (host h, pid 100): exited or stopped after its collective #3 failed there"});
 }
+
+TEST(Judge, ASubgroupsRanksAreNamedByTheirJobRanks) {
+  // A subgroup monitor's views are the group's members {1, 3, 5}, by rank in the group.
+  std::vector<PeerView> views{view(6, 5), view(6, 5), view(5, 5, 5.0, ProcessState::kGone)};
+  for (size_t i = 0; i < views.size(); ++i) views[i].rank = static_cast<int>(2 * i + 1);
+  Diagnosis d = judge(views, 0, 6, "all_reduce", 2.2);
+  EXPECT_EQ(d.culprits, std::vector<int>{5});
+  std::string text = d.text(1);
+  expect_contains(text, {"health check on rank 1:", "rank 5 (host h, pid 100): no heartbeat",
+                         "rank 3: waiting in all_reduce #6 like this rank", "root cause: rank 5 (dead)"});
+  EXPECT_EQ(text.find("rank 2"), std::string::npos) << text;
+}

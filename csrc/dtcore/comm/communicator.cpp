@@ -42,6 +42,25 @@ std::string_view reduce_op_name(ReduceOp op) {
   return kNames[static_cast<int>(op)];
 }
 
+Communicator::Communicator(int rank, int size, const Options& options)
+    : rank_(rank),
+      size_(size),
+      ranks_(options.ranks),
+      timeout_(options.timeout),
+      check_(options.check),
+      recorder_(std::make_shared<FlightRecorder>(options.flight_records)) {
+  DTCORE_CHECK(ranks_.empty() || ranks_.size() == static_cast<size_t>(size), ConfigError, "a communicator of ", size,
+               " ranks was given ", ranks_.size(),
+               " job ranks for its members. Fix: pass the group's rank list "
+               "(torch.distributed.get_process_group_ranks(group)).");
+}
+
+std::vector<int> Communicator::job_ranks() const {
+  std::vector<int> out;
+  for (int r = 0; r < size_; ++r) out.push_back(job_rank(r));
+  return out;
+}
+
 void Communicator::check_input(const at::Tensor& t, std::string_view what, std::string_view op_name,
                                const ReduceOp* op) const {
   DTCORE_CHECK(t.defined(), ConfigError, op_name, ": ", what,
@@ -127,8 +146,9 @@ std::shared_ptr<Work> Communicator::all_gather(const at::Tensor& output, const a
 
 std::shared_ptr<Work> Communicator::broadcast(const at::Tensor& tensor, int root, std::string_view label) {
   check_input(tensor, "the tensor", "broadcast");
-  DTCORE_CHECK(root >= 0 && root < size_, ConfigError, "broadcast: src=", root, " is not a rank of this job (0..",
-               size_ - 1, "). Fix: pass the rank that holds the data, e.g. src=0.");
+  DTCORE_CHECK(root >= 0 && root < size_, ConfigError, "broadcast: src=", root, " is not a rank of this ",
+               ranks_.empty() ? "job" : "group", " (0..", size_ - 1,
+               "). Fix: pass the rank that holds the data, e.g. src=0.");
   return issue(collective(CollectiveKind::Broadcast, tensor, at::Tensor(), ReduceOp::Sum, root, label));
 }
 
@@ -190,7 +210,8 @@ std::string describe(const Collective& c) { return with_detail(std::string(colle
 std::string Communicator::mismatch_message(const Collective& c) const {
   const std::string mine = describe(c);
   std::string calls = health_ ? health_->gather_calls(c.seq, mine) : std::string();
-  if (calls.empty()) calls = detail::cat("\n  - rank ", rank_, ": ", mine, " (the others' calls could not be read)");
+  if (calls.empty())
+    calls = detail::cat("\n  - rank ", job_rank(), ": ", mine, " (the others' calls could not be read)");
   return detail::cat("the ranks called different collectives at #", c.seq,
                      " (or earlier; see the flight recorder):", calls,
                      "\nNo data was exchanged for it. Fix: every rank must issue the same collectives in the same "

@@ -26,6 +26,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -56,6 +57,29 @@ std::string_view collective_name(CollectiveKind kind);  // "all_reduce", "reduce
 // yet: the check needs a host round trip per call there, and the heartbeat comparison that would
 // catch it asynchronously is still to come; DTCORE_CHECK_COLLECTIVES=1 is refused on NCCL rather
 // than ignored, and a mismatch on NCCL is debugged on CPU with backend="gloo".
+
+// Note [Subgroup communicators]
+// torch DDP reduces over any process group, e.g. the data-parallel replicas beside tensor
+// parallelism (ranks {0,2} and {1,3} of 4). dtcore gives such a group a communicator of its own,
+// built by the same code as the job's (python/dtcore/comm/subgroup.py calls
+// bootstrap/join.py's connect()), once per group and cached on the context:
+//  - Engine: on Gloo a c10d ProcessGroupGloo, on NCCL an NcclCommunicator, over the job's
+//    rendezvous store seen through the prefix "group/<torch group name>/": torch names each group
+//    once, alike on its members, so two groups never share a key. A member's rank in the
+//    communicator is its index in the group's rank list (torch's group rank); rank() and size()
+//    are those, and broadcast's root 0 is the group's first rank.
+//  - Sequence numbers, signatures (Note [Collective signature]) and the flight recorder are the
+//    communicator's own: the group's collectives are numbered and checked among its members
+//    only. Its flight record goes to flight-group<name>-rank<job rank>.jsonl beside the job's,
+//    each line naming the job rank (`dtcore.check --analyze` lines up the job's files).
+//  - Health: a HealthMonitor of its own, whose heartbeats live under the group's prefix and
+//    whose peers are the members, so that a dead member is judged against the group's sequence
+//    numbers. Every message (timeouts, diagnoses, mismatches) names ranks by their job rank
+//    (job_rank()), never by the rank inside the group.
+//  - Shutdown: dtcore.shutdown() closes every subgroup communicator and its monitor (each monitor
+//    writes its "left" beat) before the job's own, so nothing is left running.
+// Members build a group's communicator collectively, as torch builds groups: in the same order on
+// every member, which wrapping models in the same order gives.
 
 // One collective, checked by the Communicator and handed to its engine.
 struct Collective {
@@ -123,6 +147,10 @@ struct CommunicatorOptions {
   std::chrono::milliseconds timeout{300'000};  // every collective's, and Work::wait()'s default
   CollectiveCheck check = CollectiveCheck::kAuto;
   size_t flight_records = 2000;  // collectives the flight recorder keeps
+  // A subgroup's communicator: the job rank of each member, by its rank in the communicator (the
+  // group's rank list). Empty for the job's own communicator, whose rank r is job rank r. See
+  // Note [Subgroup communicators].
+  std::vector<int> ranks;
 
   // The options `settings` ask for (timeout, DTCORE_CHECK_COLLECTIVES, DTCORE_FLIGHT_RECORDER).
   static CommunicatorOptions from(const Settings& settings);
@@ -132,12 +160,8 @@ class Communicator {
  public:
   Communicator(int rank, int size, std::chrono::milliseconds timeout) : Communicator(rank, size, Options{timeout}) {}
   using Options = CommunicatorOptions;
-  Communicator(int rank, int size, const Options& options)
-      : rank_(rank),
-        size_(size),
-        timeout_(options.timeout),
-        check_(options.check),
-        recorder_(std::make_shared<FlightRecorder>(options.flight_records)) {}
+  // ConfigError when options.ranks is given but does not hold `size` job ranks.
+  Communicator(int rank, int size, const Options& options);
   virtual ~Communicator() = default;
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -145,6 +169,12 @@ class Communicator {
   virtual std::string_view backend() const = 0;  // "gloo" | "nccl"
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // The job rank of this communicator's rank `r`: r itself on the job's communicator, the
+  // group's r-th rank on a subgroup's. Messages name ranks by it. See Note [Subgroup communicators].
+  int job_rank(int r) const { return ranks_.empty() ? r : ranks_[static_cast<size_t>(r)]; }
+  int job_rank() const { return job_rank(rank_); }
+  // The members' job ranks, by rank in this communicator (0..size-1 on the job's).
+  std::vector<int> job_ranks() const;
   // The default for Work::wait() and the engine's own operation timeout.
   std::chrono::milliseconds timeout() const { return timeout_; }
   // How ranks' collectives are checked against each other; See Note [Collective signature].
@@ -171,7 +201,7 @@ class Communicator {
   // The flight record is dumped to `path` (lines naming this rank and `host`) on every failure
   // and on SIGUSR2 (unless the program handles that signal itself).
   void set_flight_dump(std::string path, std::string host) {
-    recorder_->set_dump_file(std::move(path), rank_, size_, std::move(host));
+    recorder_->set_dump_file(std::move(path), job_rank(), size_, std::move(host));
     install_dump_signal();
   }
 
@@ -217,6 +247,7 @@ class Communicator {
 
   const int rank_;
   const int size_;
+  const std::vector<int> ranks_;  // See Options::ranks
   const std::chrono::milliseconds timeout_;
   const CollectiveCheck check_;
   const std::shared_ptr<FlightRecorder> recorder_;  // shared with the Works, which report their end

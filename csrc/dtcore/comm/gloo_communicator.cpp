@@ -43,7 +43,8 @@ double seconds_since(Clock::time_point t) {
 // it to Gloo (or failed it), then Gloo's work.
 class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork> {
  public:
-  GlooWork(Collective c, int rank, int size, std::function<std::string()> diagnosis, std::chrono::milliseconds timeout)
+  GlooWork(Collective c, int rank /* the job rank, for messages */, int size, std::function<std::string()> diagnosis,
+           std::chrono::milliseconds timeout)
       : Work(timeout, c.finished),
         c_(std::move(c)),
         rank_(rank),
@@ -190,10 +191,10 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Backend> backend, co
 GlooCommunicator::~GlooCommunicator() { close(); }
 
 std::shared_ptr<Work> GlooCommunicator::start(const Collective& c) {
-  auto work = std::make_shared<GlooWork>(c, rank(), size(), diagnosis_for(c), timeout());
+  auto work = std::make_shared<GlooWork>(c, job_rank(), size(), diagnosis_for(c), timeout());
   {
     std::lock_guard<std::mutex> lock(mu_);
-    DTCORE_CHECK(backend_, CommError, c.what, " cannot start on rank ", rank(),
+    DTCORE_CHECK(backend_, CommError, c.what, " cannot start on rank ", job_rank(),
                  ": the communicator is closed (dtcore.shutdown() was called). Fix: call dtcore.init() again.");
     queue_.push_back(work);
   }
@@ -211,7 +212,7 @@ void GlooCommunicator::close() {
   cv_.notify_all();
   if (submitter_.joinable() && submitter_.get_id() != std::this_thread::get_id()) submitter_.join();
   for (auto& w : orphans) {
-    w->failed(detail::cat(w->collective().what, " did not start on rank ", rank(),
+    w->failed(detail::cat(w->collective().what, " did not start on rank ", job_rank(),
                           ": the communicator was closed (dtcore.shutdown()) first. Fix: wait on every collective "
                           "before dtcore.shutdown()."));
   }
@@ -236,7 +237,7 @@ void GlooCommunicator::submit_loop() {
     const Collective& c = work->collective();
     if (!failure.empty()) {
       work->failed(
-          detail::cat(c.what, " was not started on rank ", rank(), ": an earlier collective failed. ", failure));
+          detail::cat(c.what, " was not started on rank ", job_rank(), ": an earlier collective failed. ", failure));
       continue;
     }
     std::string mismatch;
@@ -247,11 +248,11 @@ void GlooCommunicator::submit_loop() {
       // The check itself failed (a peer died or never issued the collective): Gloo's group is
       // broken, so nothing later can run either.
       std::string who = diagnosis_for(c)();
-      std::string why =
-          detail::cat(c.what, " failed on rank ", rank(), " while checking it against the other ranks: ", error_text(e),
-                      who.empty() ? std::string() : "\n" + who,
-                      "\nFix: a peer rank has probably exited or stalled; look at the first error of the "
-                      "lowest failing rank.");
+      std::string why = detail::cat(c.what, " failed on rank ", job_rank(),
+                                    " while checking it against the other ranks: ", error_text(e),
+                                    who.empty() ? std::string() : "\n" + who,
+                                    "\nFix: a peer rank has probably exited or stalled; look at the first error of the "
+                                    "lowest failing rank.");
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (failure_.empty()) failure_ = why;
@@ -275,7 +276,7 @@ void GlooCommunicator::submit_loop() {
     } catch (const std::exception& e) {
       // Gloo refused it before it ran (input is checked first, so this is rare). The peers may have
       // started theirs: the group is out of step, so nothing later may run either.
-      std::string why = detail::cat(c.what, " could not start on rank ", rank(), ": ", error_text(e));
+      std::string why = detail::cat(c.what, " could not start on rank ", job_rank(), ": ", error_text(e));
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (failure_.empty()) failure_ = why;

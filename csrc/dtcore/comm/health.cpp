@@ -5,6 +5,7 @@
 #include <string>
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include "dtcore/bootstrap/roster.h"
 #include "dtcore/common/backoff.h"
@@ -33,9 +34,10 @@ constexpr auto kKeepWatching = std::chrono::seconds(30);
 
 HealthMonitor::HealthMonitor(c10::intrusive_ptr<c10d::Store> beat_store, c10::intrusive_ptr<c10d::Store> sample_store,
                              int rank, std::vector<PeerInfo> peers, std::chrono::milliseconds interval,
-                             std::string store_owner)
+                             std::string store_owner, std::vector<int> ranks)
     : rank_(rank),
       peers_(std::move(peers)),
+      ranks_(std::move(ranks)),
       interval_(interval),
       request_bound_(std::max(interval * 5, std::chrono::milliseconds(5000))),
       store_owner_(std::move(store_owner)),
@@ -48,14 +50,34 @@ HealthMonitor::HealthMonitor(c10::intrusive_ptr<c10d::Store> beat_store, c10::in
   watch_thread_ = std::thread([this] { watch_loop(); });
 }
 
-std::shared_ptr<HealthMonitor> HealthMonitor::for_rendezvous(Rendezvous& rendezvous, const Settings& settings) {
+std::shared_ptr<HealthMonitor> HealthMonitor::for_rendezvous(Rendezvous& rendezvous, const Settings& settings,
+                                                             const std::vector<int>& ranks, const std::string& prefix) {
   const auto interval = seconds_to_timeout(settings.heartbeat_interval_s.value, settings.heartbeat_interval_s.source);
+  const auto& roster = rendezvous.roster();
   std::vector<PeerInfo> peers;
-  for (const auto& e : rendezvous.roster()) peers.push_back(PeerInfo{e.host, e.pid});
-  auto beat = rendezvous.new_connection();
-  auto sample = rendezvous.new_connection();
-  return std::make_shared<HealthMonitor>(std::move(beat), std::move(sample), rendezvous.rank(), std::move(peers),
-                                         interval, rendezvous.store_owner());
+  int rank = rendezvous.rank();
+  if (ranks.empty()) {
+    for (const auto& e : roster) peers.push_back(PeerInfo{e.host, e.pid});
+  } else {  // a subgroup's: its members, this rank at its index among them
+    const auto me = std::find(ranks.begin(), ranks.end(), rendezvous.rank());
+    DTCORE_CHECK(me != ranks.end(), ConfigError, "rank ", rendezvous.rank(), " is not in the group of ranks ",
+                 format_ranks(ranks), " it asked to watch. Fix: build a group's communicator on its members only.");
+    rank = static_cast<int>(me - ranks.begin());
+    for (int r : ranks) {
+      DTCORE_CHECK(r >= 0 && static_cast<size_t>(r) < roster.size(), ConfigError, "a group names rank ", r,
+                   ", but the job has ranks 0..", roster.size() - 1, ". Fix: build the group from the job's ranks.");
+      peers.push_back(PeerInfo{roster[static_cast<size_t>(r)].host, roster[static_cast<size_t>(r)].pid});
+    }
+  }
+  auto connect = [&] {
+    c10::intrusive_ptr<c10d::Store> store = rendezvous.new_connection();
+    if (prefix.empty()) return store;
+    return c10::intrusive_ptr<c10d::Store>(c10::make_intrusive<c10d::PrefixStore>(prefix, std::move(store)));
+  };
+  auto beat = connect();
+  auto sample = connect();
+  return std::make_shared<HealthMonitor>(std::move(beat), std::move(sample), rank, std::move(peers), interval,
+                                         rendezvous.store_owner(), ranks);
 }
 
 HealthMonitor::~HealthMonitor() { close(); }
@@ -231,7 +253,9 @@ void HealthMonitor::sample_once(const c10::intrusive_ptr<c10d::Store>& store) {
 std::vector<PeerView> HealthMonitor::views_locked() const {
   std::vector<PeerView> views = watch_.views;
   const std::string& here = peers_[static_cast<size_t>(rank_)].host;
-  for (PeerView& v : views) {
+  for (size_t r = 0; r < views.size(); ++r) {
+    PeerView& v = views[r];
+    v.rank = named(static_cast<int>(r));
     v.process = v.host == here ? process_state(v.pid) : ProcessState::kUnknown;
   }
   return views;
@@ -247,7 +271,7 @@ bool HealthMonitor::confirmed_locked() const {
 
 std::string HealthMonitor::judge_locked(uint64_t seq, const std::string& op_name) {
   std::vector<PeerView> views = views_locked();
-  std::string text = judge(views, rank_, seq, op_name, seconds(dead_after())).text(rank_);
+  std::string text = judge(views, rank_, seq, op_name, seconds(dead_after())).text(named(rank_));
   if (watch_.store_error.empty()) return text;
   std::string last;
   if (!text.empty() && watch_.answered != Clock::time_point{}) {
@@ -288,7 +312,7 @@ std::string HealthMonitor::gather_calls(uint64_t seq, const std::string& mine) {
     for (size_t r = 0; r < world; ++r) {
       const std::string call = values[r].empty() ? "(its call could not be read: it did not reach this collective)"
                                                  : std::string(values[r].begin(), values[r].end());
-      by_call[call].push_back(static_cast<int>(r));
+      by_call[call].push_back(named(static_cast<int>(r)));
     }
   } catch (const std::exception& e) {
     log::debug("health: reading the ranks' calls at #", seq, " failed: ", error_text(e));
@@ -345,11 +369,11 @@ void HealthMonitor::warn_if_waiting() {
   const double waited = seconds(now - waiting_since_);
   lock.unlock();
   if (text.empty()) {
-    log::warn("rank ", rank_, " has waited ", static_cast<int>(waited), " s in ", what,
+    log::warn("rank ", named(rank_), " has waited ", static_cast<int>(waited), " s in ", what,
               "; every other rank is alive and waits in it too: the collective itself is slow (large, or a slow "
               "link).");
   } else {
-    log::warn("rank ", rank_, " has waited ", static_cast<int>(waited), " s in ", what, ". ", text);
+    log::warn("rank ", named(rank_), " has waited ", static_cast<int>(waited), " s in ", what, ". ", text);
   }
 }
 

@@ -40,11 +40,18 @@ class HealthMonitor {
  public:
   // `peers[r]` describes rank r. `beat_store` and `sample_store` must be connections no one else
   // uses (they may be one object in tests); their request timeout is set to max(5 intervals, 5 s).
+  // `ranks`: a subgroup's monitor watches the group's members only, rank r being the job's rank
+  // ranks[r], by which every message names it; empty for the job's. See Note [Subgroup communicators].
   HealthMonitor(c10::intrusive_ptr<c10d::Store> beat_store, c10::intrusive_ptr<c10d::Store> sample_store, int rank,
-                std::vector<PeerInfo> peers, std::chrono::milliseconds interval, std::string store_owner);
+                std::vector<PeerInfo> peers, std::chrono::milliseconds interval, std::string store_owner,
+                std::vector<int> ranks = {});
   // A monitor for this rank of a completed rendezvous, on two new store connections, beating
-  // every settings.heartbeat_interval_s.
-  static std::shared_ptr<HealthMonitor> for_rendezvous(Rendezvous& rendezvous, const Settings& settings);
+  // every settings.heartbeat_interval_s. With `ranks` (a group's job ranks, in group order) it
+  // watches that group, its beats under `prefix` on the store; ConfigError when this rank is not
+  // among them.
+  static std::shared_ptr<HealthMonitor> for_rendezvous(Rendezvous& rendezvous, const Settings& settings,
+                                                       const std::vector<int>& ranks = {},
+                                                       const std::string& prefix = "");
   ~HealthMonitor();
   HealthMonitor(const HealthMonitor&) = delete;
   HealthMonitor& operator=(const HealthMonitor&) = delete;
@@ -104,8 +111,12 @@ class HealthMonitor {
   // the judgement changed or 30 s passed since the last one.
   void warn_if_waiting();
 
-  const int rank_;
+  // The job rank of peer `r`, by which messages name it.
+  int named(int r) const { return ranks_.empty() ? r : ranks_[static_cast<size_t>(r)]; }
+
+  const int rank_;  // this rank's index in peers_
   const std::vector<PeerInfo> peers_;
+  const std::vector<int> ranks_;  // the peers' job ranks; empty: the job's own monitor (index = job rank)
   const std::chrono::milliseconds interval_;
   const std::chrono::milliseconds request_bound_;  // max(5 intervals, 5 s)
   const std::string store_owner_;                  // "rank 0 (host a)" or "the torchrun agent", for messages

@@ -96,7 +96,8 @@ Diagnosis judge(const std::vector<PeerView>& views, int self, uint64_t seq, std:
     if (r == self) continue;
     const PeerView& v = views[i];
     const Beat& b = v.beat;
-    const std::string who = detail::cat("\n  - rank ", r, " (host ", v.host, ", pid ", v.pid, "): ");
+    const int name = v.rank >= 0 ? v.rank : r;  // by its job rank
+    const std::string who = detail::cat("\n  - rank ", name, " (host ", v.host, ", pid ", v.pid, "): ");
     Tier tier = kNone;
     std::string line;
     if (v.seen && b.state == Beat::State::kLeft) {
@@ -144,7 +145,7 @@ Diagnosis judge(const std::vector<PeerView>& views, int self, uint64_t seq, std:
           break;
       }
     } else if (b.started >= seq) {
-      waiting.push_back(r);
+      waiting.push_back(name);
     } else if (!b.in_collective()) {
       tier = kBusy;
       kind_of[i] = "stalled";
@@ -157,7 +158,7 @@ Diagnosis judge(const std::vector<PeerView>& views, int self, uint64_t seq, std:
       line = detail::cat("alive, still waiting in its own collective #", b.started, " (this rank finished it)");
     }
     if (!line.empty()) d.lines += who + line;
-    if (tier != kNone) by_tier[tier].push_back(r);
+    if (tier != kNone) by_tier[tier].push_back(r);  // by index: kind_of's; named below
   }
   if (d.lines.empty()) return d;  // everyone waits in the same collective: nothing to say
   if (!waiting.empty()) {
@@ -166,10 +167,11 @@ Diagnosis judge(const std::vector<PeerView>& views, int self, uint64_t seq, std:
   }
   for (int t = kSilent; t < kFailed; ++t) {
     if (by_tier[t].empty()) continue;
-    d.culprits = by_tier[t];
-    d.culprit_kind = kind_of[static_cast<size_t>(d.culprits.front())];
-    for (int r : d.culprits) {
+    d.culprit_kind = kind_of[static_cast<size_t>(by_tier[t].front())];
+    for (int r : by_tier[t]) {
       if (kind_of[static_cast<size_t>(r)] != d.culprit_kind) d.culprit_kind = "dead or stopped";
+      const PeerView& v = views[static_cast<size_t>(r)];
+      d.culprits.push_back(v.rank >= 0 ? v.rank : r);
     }
     break;
   }

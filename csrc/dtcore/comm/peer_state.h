@@ -57,6 +57,7 @@ ProcessState process_state(long pid, const std::string& proc_root = "/proc");
 
 // What this rank knows of one rank from the samples it took.
 struct PeerView {
+  int rank = -1;  // the job rank it is named by; -1: its index in the views (the job's own monitor)
   std::string host;
   long pid = 0;
   bool seen = false;    // a beat was read
@@ -80,8 +81,9 @@ struct Diagnosis {
   std::string text(int self) const;
 };
 
-// Judges every rank but `self` from `views` (indexed by rank). A rank is dead when its beat has
-// not advanced for `dead_after_s`.
+// Judges every rank but `self` from `views` (indexed by rank in the monitored group; each named
+// by its PeerView::rank where set). A rank is dead when its beat has not advanced for `dead_after_s`.
+// The Diagnosis's culprits are the names.
 Diagnosis judge(const std::vector<PeerView>& views, int self, uint64_t seq, std::string_view op, double dead_after_s);
 
 }  // namespace dtcore

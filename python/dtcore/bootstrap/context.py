@@ -65,6 +65,9 @@ class Context(_C.WorldSpec):
             "health": health,
             "torch_distributed": torch_distributed,  # init() was asked to set up torch.distributed
             "owns_torch_process_group": owns_torch_process_group,  # ...and did, so shutdown() ends it
+            # torch group name -> (communicator, health monitor) of a subgroup, made on first use by
+            # dtcore.comm.subgroup and closed by shutdown(); See Note [Subgroup communicators].
+            "subgroups": {},
         }
         for name, value in values.items():
             object.__setattr__(self, name, value)
@@ -154,7 +157,12 @@ def shutdown(barrier: bool = True) -> None:
         finally:
             # Closed explicitly (and whatever happened above, Ctrl-C included), so that a Context the
             # caller still holds keeps nothing alive: on rank 0 the store server stops here, and the
-            # port is free for the next init().
+            # port is free for the next init(). The subgroups' first: their monitors' last beats
+            # go through the store.
+            for comm, health in ctx.subgroups.values():
+                comm.close()
+                health.close()
+            ctx.subgroups.clear()
             ctx.communicator.close()
             ctx.health.close()
             ctx.rendezvous.close()

@@ -170,7 +170,7 @@ def _join(r: _Request) -> Context:
     fp = fingerprint.for_rendezvous(backend, spec, purpose=r.purpose, versions=r.versions)
     rdzv = _C.rendezvous(spec, settings, host, str(device), fp, generation, _device_id(device), existing)
     try:
-        comm, health, owns_pg = _connect(rdzv, backend, device, host, settings, r.torch_distributed)
+        comm, health, owns_pg = _connect(rdzv, backend, device, settings, r.torch_distributed)
     except BaseException:
         rdzv.close()
         raise
@@ -302,26 +302,48 @@ def _torch_process_group(backend: str, store: Any, rank: int, world: int, timeou
     return True
 
 
-def _flight_record_path(spec: Any, settings: _C.Settings) -> str:
+def _flight_record_path(spec: Any, settings: _C.Settings, group: str = "") -> str:
     """Where this rank's flight record goes on a failure or SIGUSR2: beside its log when there is
-    one, else in a folder of the job's under the temporary directory, the same on every rank of a host."""
-    job = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{spec.job_id}-{spec.master_port}")
+    one, else in a folder of the job's under the temporary directory, the same on every rank of a host.
+    A subgroup's communicator has a file of its own (flight-group<name>-rank<r>.jsonl)."""
+    job = _file_safe(f"{spec.job_id}-{spec.master_port}")
     folder = settings.log_dir or os.path.join(tempfile.gettempdir(), f"dtcore-flight-{job}")
-    return os.path.join(folder, f"flight-rank{spec.rank}.jsonl")
+    name = f"flight-group{_file_safe(group)}-rank{spec.rank}.jsonl" if group else f"flight-rank{spec.rank}.jsonl"
+    return os.path.join(folder, name)
 
 
-def _connect(rdzv: Any, backend: str, device: torch.device, host: str, settings: _C.Settings, torch_distributed: bool):
-    """Communicator, health monitor and (optionally) torch's default group, on the rendezvous store."""
-    store, spec, timeout = rdzv.store, rdzv.spec, settings.timeout_s
+def _file_safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+
+
+def connect(
+    rdzv: Any,
+    backend: str,
+    device: torch.device,
+    settings: _C.Settings,
+    ranks: list[int] | None = None,
+    group: str = "",
+) -> tuple[Any, Any]:
+    """A communicator and its health monitor on the rendezvous store, once every member has one.
+
+    For the whole job by default; with `ranks` (a torch group's rank list, in group order) and
+    `group` (torch's name for it, the same on every member), for that subgroup: its keys under
+    "group/<name>/", this rank at its index in `ranks`. See Note [Subgroup communicators] in
+    csrc/dtcore/comm/communicator.h.
+    """
+    spec, timeout, host = rdzv.spec, settings.timeout_s, socket.gethostname()
+    store, rank, size, prefix = rdzv.store, spec.rank, spec.world_size, ""
+    if ranks is not None:
+        prefix = f"group/{group}"  # PrefixStore adds the "/"
+        store, rank, size = dist.PrefixStore(prefix, store), ranks.index(spec.rank), len(ranks)
     comm = health = None
-    owns_pg = False
     try:
         if backend == "nccl":
-            comm = _C.nccl_communicator(store, spec.rank, spec.world_size, device.index, settings)
+            comm = _C.nccl_communicator(store, rank, size, device.index, settings, ranks or [])
         else:
             try:
                 pg = dist.ProcessGroupGloo(
-                    dist.PrefixStore("gloo/", store), spec.rank, spec.world_size, datetime.timedelta(seconds=timeout)
+                    dist.PrefixStore("gloo/", store), rank, size, datetime.timedelta(seconds=timeout)
                 )
             except RuntimeError as e:
                 raise _C.CommError(
@@ -329,16 +351,32 @@ def _connect(rdzv: Any, backend: str, device: torch.device, host: str, settings:
                     "Fix: check that every host can reach every other (firewall) and that GLOO_SOCKET_IFNAME, if "
                     "set, names an interface that exists on every host."
                 ) from e
-            comm = _C.gloo_communicator(pg, settings)
-        health = _C.health_monitor(rdzv, settings)
+            comm = _C.gloo_communicator(pg, settings, ranks or [])
+        health = _C.health_monitor(rdzv, settings, ranks or [], prefix)
         comm.set_health(health)  # a failed collective now names dead or stalled ranks
-        comm.set_flight_dump(_flight_record_path(spec, settings), host)
-        # init() returns when the whole job is up: a rank that failed to set up is named here,
-        # on every other rank, instead of surfacing later in the user's first collective.
+        comm.set_flight_dump(_flight_record_path(spec, settings, group if ranks is not None else ""), host)
+        # Returns when every member is up: a rank that failed to set up is named here, on every
+        # other rank, instead of surfacing later in the user's first collective.
         comm.barrier().wait()
+    except BaseException:
+        for part in (health, comm):
+            if part is not None:
+                part.close()
+        raise
+    return comm, health
+
+
+def _connect(rdzv: Any, backend: str, device: torch.device, settings: _C.Settings, torch_distributed: bool):
+    """Communicator, health monitor and (optionally) torch's default group, on the rendezvous store."""
+    comm, health = connect(rdzv, backend, device, settings)
+    owns_pg = False
+    spec = rdzv.spec
+    try:
         if torch_distributed:
             try:
-                owns_pg = _torch_process_group(backend, store, spec.rank, spec.world_size, timeout, device)
+                owns_pg = _torch_process_group(
+                    backend, rdzv.store, spec.rank, spec.world_size, settings.timeout_s, device
+                )
             except (RuntimeError, ValueError) as e:
                 if isinstance(e, _C.DtcoreError):
                     raise
@@ -348,8 +386,7 @@ def _connect(rdzv: Any, backend: str, device: torch.device, host: str, settings:
                     "(dtcore.init() sets the default group up), or pass dtcore.init(torch_distributed=False)."
                 ) from e
     except BaseException:
-        for part in (health, comm):
-            if part is not None:
-                part.close()
+        health.close()
+        comm.close()
         raise
     return comm, health, owns_pg

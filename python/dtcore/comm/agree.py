@@ -41,8 +41,9 @@ def gather(value: Any) -> list[Any]:
     return [json.loads(bytes(row.tolist()).rstrip(b"\0").decode()) for row in rows]
 
 
-def check_same(lines: Sequence[str], *, what: str, item: str, fix: str) -> None:
-    """ConfigError on every rank when any rank's `lines` differ from rank 0's.
+def check_same(lines: Sequence[str], *, what: str, item: str, fix: str, communicator: Any = None) -> None:
+    """ConfigError on every rank when any rank's `lines` differ from rank 0's; among the members of
+    `communicator` (a subgroup's, ranks named by their job rank) instead of the job when given.
 
     Cheap when they agree (one all-gather of a 32-byte digest per rank); otherwise rank 0's lines
     are broadcast so that each odd rank names its first difference. The message reads
@@ -50,26 +51,30 @@ def check_same(lines: Sequence[str], *, what: str, item: str, fix: str) -> None:
     #i: rank 0 has '...', rank 1 has '...'. Fix: <fix>".
     """
     ctx = get_context()
-    if ctx.world_size == 1:
+    comm = communicator if communicator is not None else ctx.communicator
+    world, rank, device = comm.size, comm.rank, ctx.device
+    if world == 1:
         return
     text = "\n".join(lines)
-    digest = _bytes(hashlib.sha256(text.encode()).digest(), ctx.device)
-    gathered = torch.empty(32 * ctx.world_size, dtype=torch.uint8, device=ctx.device)
-    ctx.communicator.all_gather(gathered, digest).wait()
-    digests = gathered.view(ctx.world_size, 32).cpu()
-    odd = [r for r in range(ctx.world_size) if not torch.equal(digests[r], digests[0])]
+    digest = _bytes(hashlib.sha256(text.encode()).digest(), device)
+    gathered = torch.empty(32 * world, dtype=torch.uint8, device=device)
+    comm.all_gather(gathered, digest).wait()
+    digests = gathered.view(world, 32).cpu()
+    odd = [r for r in range(world) if not torch.equal(digests[r], digests[0])]
     if not odd:
         return
-    length = torch.tensor([len(text.encode()) if ctx.rank == 0 else 0], dtype=torch.int64, device=ctx.device)
-    ctx.communicator.broadcast(length, 0).wait()
+    length = torch.tensor([len(text.encode()) if rank == 0 else 0], dtype=torch.int64, device=device)
+    comm.broadcast(length, 0).wait()
     buffer = (
-        _bytes(text.encode(), ctx.device)
-        if ctx.rank == 0
-        else torch.empty(int(length.item()), dtype=torch.uint8, device=ctx.device)
+        _bytes(text.encode(), device)
+        if rank == 0
+        else torch.empty(int(length.item()), dtype=torch.uint8, device=device)
     )
     if buffer.numel():
-        ctx.communicator.broadcast(buffer, 0).wait()
+        comm.broadcast(buffer, 0).wait()
     reference = bytes(buffer.cpu().tolist()).decode().split("\n") if buffer.numel() else []
+    named = comm.ranks  # messages name job ranks
+    first, odd = named[0], [named[r] for r in odd]
     where = ""
     if ctx.rank in odd:
         mine = list(lines)
@@ -77,12 +82,12 @@ def check_same(lines: Sequence[str], *, what: str, item: str, fix: str) -> None:
             a = reference[i] if i < len(reference) else "<none>"
             b = mine[i] if i < len(mine) else "<none>"
             if a != b:
-                where = f" First difference, {item} #{i}: rank 0 has '{a}', rank {ctx.rank} has '{b}'."
+                where = f" First difference, {item} #{i}: rank {first} has '{a}', rank {ctx.rank} has '{b}'."
                 break
     many = len(odd) > 1
     raise _C.ConfigError(
         f"{what} differs across ranks: rank{'s' if many else ''} {', '.join(map(str, odd))} "
-        f"ha{'ve' if many else 's'} other {item}s than rank 0.{where} Fix: {fix}"
+        f"ha{'ve' if many else 's'} other {item}s than rank {first}.{where} Fix: {fix}"
     )
 
 

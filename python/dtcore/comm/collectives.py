@@ -48,14 +48,16 @@ def broadcast(tensor: torch.Tensor, src: int = 0, *, async_op: bool = False, tim
 
 
 @torch.no_grad()
-def broadcast_tensors(tensors: list[torch.Tensor], src: int = 0) -> None:
-    """Rank `src`'s values into every rank's tensors, one broadcast per dtype and device."""
+def broadcast_tensors(tensors: list[torch.Tensor], src: int = 0, communicator: Any = None) -> None:
+    """Rank `src`'s values into every rank's tensors, one broadcast per dtype and device; on
+    `communicator` (a subgroup's, `src` its rank there) instead of the job's when given."""
+    comm = communicator if communicator is not None else get_context().communicator
     groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
     for t in tensors:
         groups.setdefault((t.dtype, t.device), []).append(t)
     for group in groups.values():
         flat = torch.cat([t.reshape(-1) for t in group])  # (sum of numels,)
-        broadcast(flat, src=src)
+        _wait(comm.broadcast(flat, src), None)
         offset = 0
         for t in group:
             t.copy_(flat[offset : offset + t.numel()].view_as(t))

@@ -63,8 +63,8 @@ def _check_hook(hook: Any) -> None:
 
 
 class CommHooks:
-    """The hook registration of torch DDP, on DistributedModel (which supplies `_reducer`, `module`,
-    `forward_sync_buffers` and `_synced_buffers`)."""
+    """The hook registration of torch DDP, on DistributedModel (which supplies `_reducer`, `_comm`,
+    `module`, `process_group`, `forward_sync_buffers` and `_synced_buffers`)."""
 
     _comm_hook: tuple[Any, Callable] | None = None  # (state, hook), registered again on a copy's reducer
     _buffer_hook: tuple[Any, Callable, _BufferCommHookLocation] | None = None
@@ -83,7 +83,9 @@ class CommHooks:
                 "FP16_COMPRESS. Fix: pass torch.distributed.BuiltinCommHookType.ALLREDUCE or FP16_COMPRESS."
             )
         require_default_group("_register_builtin_comm_hook")
-        self.register_comm_hook(None, _BUILTIN[comm_hook_type])
+        # As torch's built-in hooks: over this model's group (state None is torch's WORLD).
+        group = None if self.process_group is dist.group.WORLD else self.process_group
+        self.register_comm_hook(group, _BUILTIN[comm_hook_type])
 
     def _register_buffer_comm_hook(
         self, state: Any, hook: Callable, comm_hook_location: Any = _BufferCommHookLocation.POST_FORWARD
@@ -113,14 +115,14 @@ class CommHooks:
         """As torch DDP's: `bufs` (by default the buffers a synced forward broadcasts) from rank
         `authoritative_rank` to every rank; what a buffer hook calls to keep the default broadcast."""
         del bucket_size  # dtcore's broadcast coalesces by dtype, whatever the size
-        broadcast_tensors(list(bufs) if bufs is not None else self._synced_buffers, authoritative_rank)
+        broadcast_tensors(list(bufs) if bufs is not None else self._synced_buffers, authoritative_rank, self._comm)
 
     def _sync_forward_buffers(self, src: int, post_forward: bool) -> None:
         """The buffers of a synced forward: rank `src`'s broadcast before it, or the buffer hook where it asked."""
         if self._buffer_hook is None:
             buffers = [] if post_forward else self._synced_buffers
             if buffers:
-                broadcast_tensors(buffers, src)
+                broadcast_tensors(buffers, src, self._comm)
             return
         state, hook, location = self._buffer_hook
         if post_forward != (location == _BufferCommHookLocation.POST_FORWARD):

@@ -45,12 +45,16 @@ _CHECK_REDUCTION_DEPRECATED = (
 
 
 class DistributedDataParallel(DistributedModel):
-    """A drop-in for torch.nn.parallel.DistributedDataParallel's constructor and behaviour.
+    """A drop-in for torch.nn.parallel.DistributedDataParallel's constructor and behaviour, over the
+    whole job or a proper subgroup of it (process_group=, or a 1-D device_mesh= such as mesh["dp"]).
 
     Gradients are always bucket views (as with gradient_as_bucket_view=True); their values are the
     same either way. bucket_cap_mb is in MiB, as torch's; bucket_cap_mb_list gives the first
-    bucket's cap and the others' ([first, rest]). process_group or a 1-D device_mesh must span
-    the whole job. static_graph=True (or _set_static_graph()) lets parameters go unused without
+    bucket's cap and the others' ([first, rest]). process_group (or a 1-D device_mesh's group) may be
+    a proper subgroup, e.g. the data-parallel replicas beside tensor parallelism: gradients are then
+    averaged over its ranks, on a communicator of its own (See Note [Subgroup communicators] in
+    csrc/dtcore/comm/communicator.h), and parameters broadcast from its first rank.
+    static_graph=True (or _set_static_graph()) lets parameters go unused without
     find_unused_parameters, as long as the same ones do in every step.
     """
 
@@ -114,7 +118,7 @@ class DistributedDataParallel(DistributedModel):
                 "DistributedDataParallel(init_sync=False): dtcore always broadcasts rank 0's parameters and checks "
                 "them across ranks at wrap time. Fix: leave init_sync=True."
             )
-        group = _whole_job_group(process_group, device_mesh, ctx.world_size)
+        group = _torch_group(process_group, device_mesh)
         if broadcast_buffers is not None:  # as torch's: broadcast_buffers=False also skips the buffers at init
             warnings.warn(
                 _BOTH_BUFFER_ARGUMENTS if forward_sync_buffers is not None else _BROADCAST_BUFFERS_DEPRECATED,
@@ -154,8 +158,8 @@ class DistributedDataParallel(DistributedModel):
             self._set_static_graph()
 
 
-def _whole_job_group(process_group: Any, device_mesh: Any, world_size: int) -> Any:
-    """The group DDP was given (or a 1-D mesh's), once it is known to span the whole job; None for the default."""
+def _torch_group(process_group: Any, device_mesh: Any) -> Any:
+    """The group DDP was given (or a 1-D mesh's); None for the default (the whole job)."""
     if process_group is not None and device_mesh is not None:
         raise _C.ConfigError(  # torch's words first
             "Cannot specify both process_group and device_mesh arguments. Fix: pass one of them."
@@ -167,18 +171,6 @@ def _whole_job_group(process_group: Any, device_mesh: Any, world_size: int) -> A
                 "data-parallel dimension alone (device_mesh=mesh['dp'])."
             )
         process_group = device_mesh.get_group(mesh_dim=0)
-    if process_group is None:
-        return None
-    import torch.distributed as dist
-
-    ranks = dist.get_process_group_ranks(process_group)
-    if ranks != list(range(world_size)):
-        raise _C.ConfigError(
-            f"DistributedDataParallel(process_group=...) got a group of ranks {ranks}, not the whole job "
-            f"(ranks 0..{world_size - 1}): dtcore reduces over every rank of the job, in rank order, with the "
-            "communicator dtcore.init() built. Fix: pass process_group=None (or a group of all ranks); to average "
-            "over data-parallel replicas beside tensor or pipeline parallelism, use torch DDP for that subgroup."
-        )
     return process_group
 
 

@@ -22,6 +22,7 @@ from .. import _C
 from ..bootstrap.context import get_context, is_initialized
 from ..comm import agree
 from ..comm.collectives import broadcast_tensors
+from ..comm.subgroup import communicator_for
 from . import stacking, zero_guard
 from .comm_hooks import CommHooks
 from .torch_face import TorchDDPFace
@@ -95,10 +96,21 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
         init_sync_buffers: bool,
         process_group: Any = None,
     ) -> None:
-        """The construction both faces share (DistributedDataParallel maps torch's arguments onto it)."""
+        """The construction both faces share (DistributedDataParallel maps torch's arguments onto it).
+
+        `process_group`: torch's group to reduce over, the whole job when None; a proper subgroup gets a
+        communicator of its own (See Note [Subgroup communicators] in csrc/dtcore/comm/communicator.h),
+        over which parameters are compared, broadcast from the group's first rank, and averaged."""
         torch.nn.Module.__init__(self)  # not torch DDP's __init__: its reducer would stack on dtcore's
-        ctx = get_context()
         stacking.check_wrappable(module)  # before any collective: every rank refuses alike
+        # The communicator this model reduces over (the job's, or its group's).
+        self._comm = communicator_for(process_group, f"{type(self).__name__}(process_group=...)")
+        if self._comm is not get_context().communicator and options["zero"]:
+            raise _C.ConfigError(  # ZeRO's optimizer steps and gathers over the job's communicator
+                f"{type(self).__name__}(zero={options['zero']}) over a group of ranks {self._comm.ranks}: ZeRO shards "
+                "over the whole job only (ShardedOptimizer gathers parameters from every rank). Fix: zero=0 with a "
+                "subgroup, or ZeRO over the whole job."
+            )
         self.module = module
         # torch DDP's: names (of parameters and buffers) that the module asked not to be reduced nor
         # broadcast (DistributedDataParallel._set_params_and_buffers_to_ignore_for_model).
@@ -108,10 +120,12 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
             what="the model (parameter names, shapes, dtypes and requires_grad)",
             item="parameter",
             fix="build the same model on every rank (same code, same configuration) before wrapping it.",
+            communicator=self._comm,
         )
-        if ctx.world_size > 1:
+        if self._comm.size > 1:  # from the group's first rank, as torch DDP
             buffers = self._named_buffers() if init_sync_buffers else []
-            broadcast_tensors([p.detach() for _, p in self._named_parameters()] + [b for _, b in buffers])
+            tensors = [p.detach() for _, p in self._named_parameters()] + [b for _, b in buffers]
+            broadcast_tensors(tensors, 0, self._comm)
         # Plain values, so that a copy or an unpickled model builds its own reducer from them.
         self._options = options
         # torch DDP's attributes of the same names and meaning, which tools read or set (accelerate's
@@ -124,6 +138,7 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
         self.static_graph = False
         self.process_group = process_group if process_group is not None else _default_group()
         self.dim = 0
+        ctx = get_context()
         self.device = ctx.device
         self.device_type = ctx.device.type
         self.device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
@@ -146,14 +161,13 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
     def _synced_buffers(self) -> list[torch.Tensor]:
         """The buffers a synced forward broadcasts, collected anew each time: a buffer reassigned in place
         of the attribute (module.buf = module.buf + 1) is a new tensor; ignored ones are left out."""
-        return [b for _, b in self._named_buffers()] if get_context().world_size > 1 else []
+        return [b for _, b in self._named_buffers()] if self._comm.size > 1 else []
 
     def _attach(self) -> None:
         """Builds this model's reducer on the current context (at wrap, or in a copy at first use)."""
-        ctx = get_context()
         named = self._named_parameters()
         options = _C.ReducerOptions(**self._options)
-        self._live_reducer = _C.Reducer([p for _, p in named], [n for n, _ in named], ctx.communicator, options)
+        self._live_reducer = _C.Reducer([p for _, p in named], [n for n, _ in named], self._comm, options)
         self._trainable = [p for _, p in named if p.requires_grad]  # the reducer's indices (bucket_layout)
         stacking.claim(self, [p for _, p in named])
         self._reattach_hooks(self._live_reducer)
@@ -169,13 +183,14 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
                     "without a dtcore context, so it has no reducer to average its gradients. Fix: call "
                     "dtcore.init() before using it (it then reduces over that job), or use its .module alone."
                 )
+            self._comm = get_context().communicator
             self._attach()
         return self._live_reducer
 
     def __getstate__(self) -> dict[str, Any]:
         """As torch DDP's: the reducer stays behind; a copy or an unpickled model builds its own."""
         state = self.__dict__.copy()
-        for name in ("_live_reducer", "_trainable", "process_group"):  # a process group does not pickle
+        for name in ("_live_reducer", "_trainable", "process_group", "_comm"):  # a process group does not pickle
             state.pop(name, None)
         return state
 
@@ -184,6 +199,7 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
         self.process_group = _default_group()  # as torch DDP's: the copy reduces over the whole job
         self._live_reducer = None
         if is_initialized():
+            self._comm = get_context().communicator
             self._attach()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:

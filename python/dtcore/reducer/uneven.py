@@ -36,9 +36,10 @@ from .comm_hooks import require_default_group
 
 
 def _common_rank(model: Any, candidate: bool) -> int:
-    """The highest rank among the candidates, agreed over the join group."""
-    rank = torch.tensor([dist.get_rank() if candidate else -1], device=model.join_device)
-    dist.all_reduce(rank, op=dist.ReduceOp.MAX, group=model.join_process_group)
+    """The highest rank among the candidates, agreed over the join group (a rank in that group)."""
+    group = model.join_process_group
+    rank = torch.tensor([dist.get_rank(group) if candidate else -1], device=model.join_device)
+    dist.all_reduce(rank, op=dist.ReduceOp.MAX, group=group)
     return int(rank.item())
 
 
@@ -78,14 +79,14 @@ class _JoinHook(JoinHook):
             return
         buffers = model._synced_buffers if model.forward_sync_buffers else []
         if buffers:
-            broadcast_tensors(buffers, _common_rank(model, False))
+            broadcast_tensors(buffers, _common_rank(model, False), model._comm)
         model._reducer.shadow_backward()
 
     def post_hook(self, is_last_joiner: bool) -> None:
         model = self.model
         src = _common_rank(model, is_last_joiner)
         tensors = [p.detach() for _, p in model._named_parameters()]  # the ignored ones are the module's own
-        broadcast_tensors(tensors + (model._synced_buffers if model.forward_sync_buffers else []), src)
+        broadcast_tensors(tensors + (model._synced_buffers if model.forward_sync_buffers else []), src, model._comm)
 
 
 class Uneven:
@@ -116,7 +117,7 @@ class Uneven:
     @property
     def join_process_group(self) -> Any:
         require_default_group("join()")
-        return dist.group.WORLD
+        return self.process_group  # as torch DDP's: the group the model reduces over
 
     def _join_before_forward(self, synced: bool) -> int:
         """A rank with data, in a join context: its forward's half (Note [Shadowed collectives]); returns the

@@ -76,13 +76,14 @@ def test_an_unfinished_reduction_is_reported_with_torchs_phrases(ranks):
         assert f"Parameters which did not receive grad for rank {rank}: spare.weight, spare.bias" in e
 
 
-def test_whole_job_groups_and_a_1d_mesh_are_accepted_a_subgroup_refused(ranks):
+def test_whole_job_groups_a_1d_mesh_and_a_subgroup_are_accepted_a_non_member_refused(ranks):
     for r in ranks:
         j = r["groups"]
         assert j["whole"] and j["mesh"] and j["default"]
-    refused = ranks[0]["groups"]["refused"]
-    assert "got a group of ranks [0], not the whole job (ranks 0..1)" in refused, refused
-    assert "Fix: pass process_group=None" in refused
+    first, second = (r["groups"] for r in ranks)
+    assert first["refused"] is None and first["single"] == {"group": True, "grad": [1.0] * 4}  # its own only
+    assert second["single"] is None
+    assert "rank 1 is not in that group" in second["refused"], second["refused"]  # more in test_subgroups.py
 
 
 def test_compatibility_surface(ranks):

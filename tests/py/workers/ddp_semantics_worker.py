@@ -168,8 +168,8 @@ def unfinished_reduction(rank: int) -> dict:
 
 
 def groups(rank: int) -> dict:
-    """A group of every rank and a 1-D device mesh are accepted (and become .process_group); a
-    proper subgroup is refused by name, on the ranks that build the model."""
+    """A group of every rank and a 1-D device mesh are accepted (and become .process_group); so is a
+    group of rank 0 alone there (nothing to average), while rank 1, not in it, is refused by name."""
     from torch.distributed.device_mesh import init_device_mesh
 
     whole = dist.new_group([0, 1])
@@ -178,18 +178,21 @@ def groups(rank: int) -> dict:
     meshed = DDP(torch.nn.Linear(2, 2), device_mesh=mesh)
     model(torch.ones(1, 2)).sum().backward()
     meshed(torch.ones(1, 2)).sum().backward()
-    alone = dist.new_group([0])  # every rank takes part in new_group
-    refused = None
-    if rank == 0:
-        try:
-            DDP(torch.nn.Linear(2, 2), process_group=alone)
-        except dtcore.ConfigError as e:
-            refused = str(e)
+    alone = dist.new_group([0])  # every rank takes part in new_group; rank 1 gets NON_GROUP_MEMBER
+    refused, single = None, None
+    try:
+        by_itself = DDP(torch.nn.Linear(2, 2, bias=False), process_group=alone)
+        by_itself.module.weight.data.fill_(1.0)
+        by_itself(torch.full((1, 2), float(rank + 1))).sum().backward()
+        single = {"group": by_itself.process_group is alone, "grad": by_itself.module.weight.grad.flatten().tolist()}
+    except dtcore.ConfigError as e:
+        refused = str(e)
     return {
+        "single": single,
         "whole": model.process_group is whole,
         "mesh": meshed.process_group is mesh.get_group(0) and meshed.device_mesh is mesh,
         "default": DDP(torch.nn.Linear(2, 2)).process_group is dist.group.WORLD,
-        "refused": refused if rank == 0 else "",
+        "refused": refused,
     }
 
 
