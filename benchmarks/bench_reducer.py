@@ -1,19 +1,26 @@
 """Step time of dtcore.wrap against torch DDP (Gloo), and what dtcore's hooks cost.
 
-    python benchmarks/bench_reducer.py [--preset 20m] [--steps 20] [--warmup 3] [--batch 4]
+    python benchmarks/bench_reducer.py [--world 2] [--preset 20m] [--steps 20] [--warmup 3] [--batch 4]
     python benchmarks/bench_reducer.py --world1 [--preset 20m] [--steps 30]
 
-Two ranks on loopback, float32, the same bucket size for both (25 MB, first bucket 1 MB). Every
-rank holds four copies of the model (same initial weights) and runs the variants alternately,
-step by step, so that drift and noise hit all alike:
+--world ranks (2 or 4) on loopback, float32, the same bucket size for both (25 MB, first bucket
+1 MB). Every rank holds five copies of the model (same initial weights) and runs the variants
+alternately, step by step, so that drift and noise hit all alike:
   ddp               torch.nn.parallel.DistributedDataParallel on the Gloo default group
   dtcore            dtcore.wrap
   ddp no overlap    DDP's backward inside no_sync(), then one allreduce of all gradients
   dtcore no overlap the same with dtcore.wrap and dtcore.all_reduce
-A step is forward + backward + AdamW step, timed after a barrier; medians over --steps after
---warmup. "Hidden" is how much of the no-overlap variant's communication time the overlapping
-variant hid: (no overlap - overlap) / (no overlap - compute), compute being the backward with no
-communication at all, timed in the same run.
+  compute only      dtcore.wrap's backward inside no_sync(), no communication
+A step is forward + backward + AdamW step + zero_grad, timed after a barrier; medians over
+--steps after --warmup. zero_grad sets the gradients to None (torch's default);
+--no-set-to-none zeroes them in place instead. "Hidden" is how much of the no-overlap variant's
+communication time the overlapping variant hid: (no overlap - overlap) / (no overlap - compute),
+compute being the step with no communication at all, timed in the same run.
+
+--preset names the model: the GPT shapes of dtcore.train.gpt (20m: 6 layers of width 512), or
+llama25m, a Llama block stack built from transformers' LlamaConfig (4 layers of width 768, SwiGLU
+MLP of 2048, grouped-query attention with 4 key/value heads, RMSNorm, rotary positions, untied
+head; random weights, nothing downloaded): wider and shallower, with other layer types.
 
 --world1: one process; backward time of the plain model against dtcore.wrap (default buckets and
 one parameter per bucket), which is the bookkeeping the hooks add.
@@ -45,16 +52,47 @@ def flat_allreduce_avg(params, reduce) -> None:
         offset += g.numel()
 
 
+LLAMA = {
+    "llama25m": dict(
+        hidden_size=768, intermediate_size=2048, num_hidden_layers=4, num_attention_heads=12, num_key_value_heads=4
+    )
+}
+BLOCK_SIZE = 128  # the Llama presets' sequence length, as the 20m GPT's
+
+
+class LlamaLM(torch.nn.Module):
+    """transformers' LlamaForCausalLM (random weights) with the GPT's interface: model(x, y) -> loss."""
+
+    def __init__(self, preset: str, vocab_size: int) -> None:
+        super().__init__()
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(
+            vocab_size=vocab_size, max_position_embeddings=BLOCK_SIZE, attn_implementation="sdpa", **LLAMA[preset]
+        )
+        self.lm = LlamaForCausalLM(config)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.lm(input_ids=idx).logits  # (B, T, vocab)
+        return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def make_model(preset: str) -> tuple[torch.nn.Module, int]:
+    """The preset's model, seeded alike on every rank, and its sequence length."""
+    torch.manual_seed(0)
+    if preset in LLAMA:
+        return LlamaLM(preset, SHAPES["20m"].vocab_size), BLOCK_SIZE
+    return GPT(SHAPES[preset]), SHAPES[preset].block_size
+
+
 def worker(args) -> None:
     import torch.distributed as dist
 
     import dtcore
 
     ctx = dtcore.init(timeout=600)
-    config = SHAPES[args.preset]
-    data = CharData(make_corpus(), config.block_size, seed=ctx.rank)
-    torch.manual_seed(0)
-    base = GPT(config)
+    base, block_size = make_model(args.preset)
+    data = CharData(make_corpus(), block_size, seed=ctx.rank)
     models = {
         "ddp": torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=25),
         "dtcore": dtcore.wrap(copy.deepcopy(base), bucket_mb=25, first_bucket_mb=1),
@@ -87,7 +125,7 @@ def worker(args) -> None:
                 elif name == "dtcore no overlap":
                     flat_allreduce_avg(list(model.parameters()), dtcore_reduce)
             opts[name].step()
-            opts[name].zero_grad(set_to_none=False)
+            opts[name].zero_grad(set_to_none=args.set_to_none)
             elapsed = time.perf_counter() - start
             if step >= args.warmup:
                 times[name].append(elapsed)
@@ -95,6 +133,7 @@ def worker(args) -> None:
         result = {k: statistics.median(v) for k, v in times.items()}
         result["params"] = num_parameters(base)
         result["buckets"] = len(models["dtcore"].bucket_params)
+        result["block_size"] = block_size
         sys.stdout.write(json.dumps(result) + "\n")
         sys.stdout.flush()
     dtcore.shutdown()
@@ -104,10 +143,8 @@ def world1(args) -> None:
     import dtcore
 
     dtcore.init(timeout=600)
-    config = SHAPES[args.preset]
-    data = CharData(make_corpus(), config.block_size, seed=0)
-    torch.manual_seed(0)
-    base = GPT(config)
+    base, block_size = make_model(args.preset)
+    data = CharData(make_corpus(), block_size, seed=0)
     variants = {
         "plain module": copy.deepcopy(base),
         "dtcore.wrap (25 MB buckets)": dtcore.wrap(copy.deepcopy(base)),
@@ -123,13 +160,13 @@ def world1(args) -> None:
             start = time.perf_counter()
             loss.backward()
             elapsed = time.perf_counter() - start
-            model.zero_grad(set_to_none=False)
+            model.zero_grad(set_to_none=args.set_to_none)
             if step >= 3:
                 times[name].append(elapsed)
     plain = statistics.median(times["plain module"])
     print(
         f"world size 1, GPT preset {args.preset} ({num_parameters(base) / 1e6:.1f}M parameters), "
-        f"batch {args.batch}x{config.block_size}, median of {args.steps} backward passes"
+        f"batch {args.batch}x{block_size}, set_to_none={args.set_to_none}, median of {args.steps} backward passes"
     )
     print("| variant | buckets | backward (ms) | added (ms) | added per bucket (us) |")
     print("| --- | --- | --- | --- | --- |")
@@ -143,7 +180,9 @@ def world1(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="20m", choices=sorted(SHAPES))
+    ap.add_argument("--preset", default="20m", choices=sorted([*SHAPES, *LLAMA]))
+    ap.add_argument("--world", type=int, default=2, choices=(2, 4))
+    ap.add_argument("--set-to-none", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch", type=int, default=4)
@@ -156,12 +195,14 @@ def main() -> None:
         return world1(args)
 
     flags = ["--preset", args.preset, "--steps", str(args.steps), "--warmup", str(args.warmup)]
-    r = rank0_report(__file__, 2, ["--worker", *flags, "--batch", str(args.batch)])
+    flags += ["--batch", str(args.batch), "--set-to-none" if args.set_to_none else "--no-set-to-none"]
+    r = rank0_report(__file__, args.world, ["--worker", *flags])
     compute = r["compute only"]
     print(
-        f"2 ranks (Gloo, 1 thread each), GPT preset {args.preset} ({r['params'] / 1e6:.1f}M parameters, float32), "
-        f"batch {args.batch}x{SHAPES[args.preset].block_size} per rank, {r['buckets']} dtcore bucket(s), "
-        f"median of {args.steps} steps after {args.warmup} warm-up, alternating"
+        f"{args.world} ranks (Gloo, 1 thread each), preset {args.preset} ({r['params'] / 1e6:.1f}M parameters, "
+        f"float32), batch {args.batch}x{r['block_size']} per rank, {r['buckets']} dtcore bucket(s), "
+        f"zero_grad(set_to_none={args.set_to_none}), median of {args.steps} steps after {args.warmup} warm-up, "
+        "alternating"
     )
     print("| variant | step (ms) | ratio to DDP | communication hidden |")
     print("| --- | --- | --- | --- |")

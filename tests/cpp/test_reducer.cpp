@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 
@@ -124,6 +126,34 @@ TEST(Reducer, AGradSetToNoneIsPutBackIntoTheBucket) {
   expect_grads(f.params, expected);
   EXPECT_TRUE(f.params[0].grad().is_alias_of(f.params[2].grad()));
   EXPECT_EQ(f.reducer->reductions(), 2);
+}
+
+// See Note [Lent bucket views]: autograd accumulates into the view itself, in a synced backward
+// and inside no_sync; the pre-hooks go with the reducer.
+TEST(Reducer, AGradSetToNoneIsLentItsZeroedViewBeforeAutogradAccumulates) {
+  struct Record : torch::autograd::PostAccumulateGradHook {
+    std::vector<at::Tensor>* seen;
+    explicit Record(std::vector<at::Tensor>* s) : seen(s) {}
+    void operator()(const at::Tensor& param) override { seen->push_back(param.grad()); }
+  };
+  std::vector<at::Tensor> seen;  // what autograd accumulated into, in every backward
+  Fixture f;
+  torch::autograd::impl::set_post_acc_grad_hooks(f.params[0], std::make_unique<Record>(&seen));
+  f.step();
+  at::Tensor view = f.params[0].grad();
+  for (bool sync : {false, true}) {                            // no_sync, then the reduced backward
+    for (auto& p : f.params) p.mutable_grad() = at::Tensor();  // optimizer.zero_grad(set_to_none=True)
+    f.step(sync);
+  }
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_TRUE(seen[1].is_same(view) && seen[2].is_same(view));  // never a fresh tensor after the first
+  expect_grads(f.params, reference_grads(f.params, f.x));
+  EXPECT_TRUE(f.params[0].grad().is_alias_of(f.params[2].grad()));
+
+  auto accumulator = torch::autograd::impl::grad_accumulator(f.params[0]);
+  EXPECT_EQ(accumulator->pre_hooks().size(), 1u);
+  f.reducer.reset();
+  EXPECT_TRUE(accumulator->pre_hooks().empty());
 }
 
 TEST(Reducer, AParameterWithoutGradientIsNamedByTheNextPrepare) {

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -17,6 +18,20 @@ namespace dtcore {
 namespace {
 constexpr size_t kShardedInFlight = 1;  // See Note [Buckets in flight]
 constexpr size_t kDrainFinished = static_cast<size_t>(-1);
+
+// Runs `fn` just before its node, passing the gradients on unchanged (torch has a LambdaPostHook
+// only). See Note [Lent bucket views].
+class LambdaPreHook : public torch::autograd::FunctionPreHook {
+ public:
+  explicit LambdaPreHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    fn_();
+    return grads;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
 }  // namespace
 
 Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, std::shared_ptr<Communicator> comm,
@@ -73,13 +88,27 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
           }
           return outputs;
         }));
+    if (options_.zero == 0) {  // See Note [Lent bucket views]
+      auto lend = std::make_unique<LambdaPreHook>([this, i] {
+        try {
+          lend_view(i);
+        } catch (...) {
+          raise(std::current_exception());
+        }
+      });
+      s.lend_hook = lend.get();
+      s.accumulator->add_pre_hook(std::move(lend));
+    }
   }
   log::debug("reducer: ", slots_.size(), " gradients in ", plan_.size(), " bucket(s)");
 }
 
 Reducer::~Reducer() {
   for (Slot& s : slots_) {
-    if (s.accumulator) s.accumulator->del_post_hook(s.hook_key);
+    if (!s.accumulator) continue;
+    s.accumulator->del_post_hook(s.hook_key);
+    auto& pre = s.accumulator->pre_hooks();  // torch offers no del_pre_hook: found by identity
+    std::erase_if(pre, [&s](const auto& hook) { return hook.get() == s.lend_hook; });
   }
 }
 
@@ -510,6 +539,15 @@ void Reducer::mark_ready_locked(size_t index) {
     adopt_grad_locked(s);
   }
   if (--buckets_[s.bucket].pending == 0) launch_ready_locked();
+}
+
+void Reducer::lend_view(size_t index) {
+  if (at::GradMode::is_enabled()) return;  // create_graph=True: on_grad_ready() refuses it
+  std::lock_guard<std::mutex> lock(mu_);
+  Slot& s = slots_[index];
+  if (s.param.grad().defined()) return;  // a view already, or a tensor the post-hook copies in
+  s.view.zero_();
+  s.param.mutable_grad() = s.view;
 }
 
 void Reducer::on_grad_ready(size_t index) {

@@ -24,8 +24,18 @@
 // last bucket, and finalize() releases the zero view it was reduced with. Otherwise optimizers
 // with momentum or weight decay would update parameters torch DDP leaves alone.
 //
-// If a .grad was replaced (e.g. optimizer.zero_grad(set_to_none=True) left None and autograd
-// allocated a new tensor), the hook copies it into the bucket and points .grad back at the view.
+// Note [Lent bucket views]: with zero=0, a pre-hook on each parameter's AccumulateGrad node runs
+// just before autograd accumulates the parameter's gradient. If .grad is None there
+// (optimizer.zero_grad(set_to_none=True), torch's default), it becomes the parameter's bucket view,
+// zeroed, so autograd adds into the bucket in place: no fresh gradient is kept, and the post-hook
+// has nothing to copy. Only a parameter that is getting a gradient is lent its view, in any
+// backward (synced, no_sync, or one the wrapper's forward did not prepare), so a parameter no
+// backward reaches keeps its None (Note [Unused parameters keep None]) and nothing changes between
+// the forward and the backward. This is what the post-hook would otherwise do after the fact
+// (copy the new gradient into the view and point .grad at it), done before. If .grad was replaced
+// by another tensor (a user assignment), autograd accumulates into that one, and the post-hook
+// copies it into the bucket and points .grad back at the view. zero >= 1 lends nothing: .grad is
+// the view already (zero=1) or is released (zero=2).
 //
 // ZeRO (Options::zero, see Note [Shard layout]): buckets are padded so that every rank owns an
 // equal shard of each. zero=1 reduces as above (allreduce, full gradients on every rank); the
@@ -81,7 +91,8 @@
 
 namespace torch::autograd {
 struct Node;
-}
+struct FunctionPreHook;
+}  // namespace torch::autograd
 
 namespace dtcore {
 
@@ -178,7 +189,8 @@ class Reducer {
     int64_t offset = 0;  // its first element in the bucket, see Note [Bucket layout]
     c10::intrusive_ptr<torch::autograd::Node> accumulator;  // kept alive: autograd holds it weakly
     uintptr_t hook_key = 0;
-    bool ready = false;          // in the current backward
+    const torch::autograd::FunctionPreHook* lend_hook = nullptr;  // zero=0; See Note [Lent bucket views]
+    bool ready = false;                                           // in the current backward
     bool used = false;           // got a gradient from autograd in the current backward (not only find_unused's mark)
     bool grad_was_none = false;  // marked unused while .grad was None: None again if unused on every rank
   };
@@ -194,6 +206,7 @@ class Reducer {
     HookFuture future;           // with a comm hook: its result, copied into buffer at the end
   };
 
+  void lend_view(size_t slot);                              // autograd pre-hook; See Note [Lent bucket views]
   void on_grad_ready(size_t slot);                          // autograd post-hook, on an engine thread
   void finalize();                                          // queued with the engine when the last bucket starts
   [[noreturn]] void raise(std::exception_ptr error) const;  // through rethrow_
