@@ -22,6 +22,14 @@ element alone (SGD, Adam, AdamW, ...). Others (Adafactor's factored moments, Muo
 orthogonalisation, LBFGS) would be silently wrong, so they are refused unless `elementwise=True`
 says the class is elementwise.
 
+As with torch DDP and a torch optimizer, a parameter no rank gave a gradient since the last
+`zero_grad()` (its .grad would be None: find_unused_parameters, Note [Unused parameters keep None]
+in csrc/dtcore/reducer/reducer.h) is skipped: no momentum, no weight decay, its state untouched.
+zero_grad(set_to_none=False) keeps zeros instead, which are stepped, as torch's would be. So that
+every rank knows each parameter's scalar state (AdamW's step, which then differs by parameter),
+each rank's inner optimizer holds, for a parameter of which it has no piece, an empty *proxy*
+stepped and skipped with it.
+
 `param_groups` are the model's parameters with their hyperparameters, as with any torch
 optimizer: LR schedulers and hand edits work; they reach the inner optimizer at each step.
 `state_dict()` gathers the whole state in torch's own format (as a torch optimizer over the whole
@@ -135,6 +143,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._built_for = -1  # the reducer plan version the pieces were cut from
         self._pieces: list[_Piece] = []
         self._masters: list[_Piece] = []  # the pieces stepped in a master copy
+        # id(parameter) -> what the inner optimizer steps for it here: its pieces' locals, or one empty proxy
+        self._locals_of: dict[int, list[torch.Tensor]] = {}
+        self._proxies: list[tuple[torch.Tensor, torch.Tensor]] = []  # (parameter, its proxy)
         self._buckets: list[_FlatBucket] = []  # the parameters' storage: Note [Flat parameters]
         self._inner: torch.optim.Optimizer | None = None
         self._pending_state: dict[Any, Any] | None = None  # loaded before the pieces existed
@@ -165,17 +176,27 @@ class ShardedOptimizer(torch.optim.Optimizer):
         assert self._inner is not None
         for inner, group in zip(self._inner.param_groups, self.param_groups, strict=True):
             inner.update({k: v for k, v in group.items() if k != "params"})  # schedulers edit these
+        params = self._model._trainable
+        skipped = [params[i] for i in self._model._reducer.params_without_grad()]  # their .grad would be None
         for piece in self._masters:
             piece.local.grad.copy_(piece.grad)
-        self._inner.step()
+        held = [(t, t.grad) for p in skipped for t in self._locals_of.get(id(p), ())]
+        for t, _ in held:
+            t.grad = None  # skipped by the inner optimizer, as torch's skips a None gradient
+        try:
+            self._inner.step()
+        finally:
+            for t, grad in held:
+                t.grad = grad
         for piece in self._masters:
             piece.param_view.copy_(piece.local)
         self._all_gather_parameters()
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zeroes the reduced gradients in place (their buffers and shards are kept, whatever set_to_none)."""
-        self._model._reducer.zero_grad()
+        """Zeroes the reduced gradients in place (their buffers and shards are kept). set_to_none=True, as
+        torch's, makes a parameter count as holding no gradient until one comes: skipped if none does."""
+        self._model._reducer.zero_grad(set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
         """The whole state in torch's format, gathered from every rank (a collective: call it on all)."""
@@ -238,13 +259,23 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 grad = grad_shard.narrow(0, cut.shard_offset, cut.numel)
                 self._pieces.append(_Piece(param, group, b, cut, grad, self._master_dtype))
         self._masters = [p for p in self._pieces if p.has_master]
-        # Every group on every rank holds a piece, empty if need be, so that each rank's optimizer
-        # has the same state keys (state_dict gathers them) even when its shards miss a group.
+        self._locals_of, self._proxies = {}, []
+        for piece in self._pieces:
+            self._locals_of.setdefault(id(piece.param), []).append(piece.local)
+        # Every optimized parameter has a local tensor here, a proxy if this rank holds no piece of
+        # it, so that each rank's optimizer has every parameter's scalar state and the same state
+        # keys (state_dict gathers them).
         inner_groups = []
-        for g, group in enumerate(self.param_groups):
-            local = [p.local for p in self._pieces if p.group == g]
-            if not local:
-                like = group["params"][0] if group["params"] else params[0]
+        for group in self.param_groups:
+            for param in group["params"]:
+                if id(param) not in self._locals_of:
+                    proxy = torch.zeros(0, dtype=self._master_dtype or param.dtype, device=param.device)
+                    proxy.grad = torch.zeros_like(proxy)
+                    self._locals_of[id(param)] = [proxy]
+                    self._proxies.append((param, proxy))
+            local = [t for p in group["params"] for t in self._locals_of[id(p)]]
+            if not local:  # a group without parameters
+                like = params[0]
                 placeholder = torch.zeros(0, dtype=self._master_dtype or like.dtype, device=like.device)
                 placeholder.grad = torch.zeros_like(placeholder)
                 local = [placeholder]
