@@ -1,8 +1,11 @@
 """ZeRO-1/2 (dtcore.wrap(zero=...) + dtcore.ShardedOptimizer) against torch DDP and torch's
 ZeroRedundancyOptimizer + DDP: peak memory per rank and step time, on Gloo.
 
-    python benchmarks/bench_zero.py memory [--world 2] [--preset 20m]
-    python benchmarks/bench_zero.py time [--world 2] [--preset 20m] [--steps 10] [--warmup 2]
+    python benchmarks/bench_zero.py memory [--world 2] [--preset 20m] [--bucket-mb 25]
+    python benchmarks/bench_zero.py time [--world 2] [--preset 20m] [--steps 10] [--warmup 2] [--bucket-mb 25]
+
+--bucket-mb is every variant's bucket cap (torch DDP's bucket_cap_mb, dtcore's bucket_mb): both
+sides always run with the same one.
 
 memory: one job per variant. Each rank records every CPU allocation and free with torch's
 profiler (profile_memory=True), from before the model is built to the end of the fourth step, and
@@ -37,18 +40,18 @@ VARIANTS = ("ddp", "ddp + ZeroRedundancyOptimizer", "dtcore zero=1", "dtcore zer
 _MARK = 1_234_567  # bytes of a marker allocation: where the steady state starts in the profile
 
 
-def build(variant: str, base: torch.nn.Module, foreach: bool | None):
+def build(variant: str, base: torch.nn.Module, foreach: bool | None, bucket_mb: float = 25.0):
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
     import dtcore
 
     kw = {"lr": 1e-4, "weight_decay": 0.1, "foreach": foreach}
     if variant.startswith("ddp"):
-        model = torch.nn.parallel.DistributedDataParallel(base, bucket_cap_mb=25, gradient_as_bucket_view=True)
+        model = torch.nn.parallel.DistributedDataParallel(base, bucket_cap_mb=bucket_mb, gradient_as_bucket_view=True)
         if variant == "ddp":
             return model, torch.optim.AdamW(model.parameters(), **kw)
         return model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, **kw)
-    model = dtcore.wrap(base, zero=int(variant[-1]), bucket_mb=25, first_bucket_mb=1)
+    model = dtcore.wrap(base, zero=int(variant[-1]), bucket_mb=bucket_mb, first_bucket_mb=1)
     return model, dtcore.ShardedOptimizer(model, torch.optim.AdamW, **kw)
 
 
@@ -69,7 +72,7 @@ def memory_worker(args) -> None:
     batches = [data.batch(1, torch.device("cpu")) for _ in range(4)]
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         torch.manual_seed(0)
-        model, opt = build(args.variant, GPT(config), foreach=False)
+        model, opt = build(args.variant, GPT(config), foreach=False, bucket_mb=args.bucket_mb)
         for i, (x, y) in enumerate(batches):
             if i == 2:
                 del_me = torch.empty(_MARK, dtype=torch.uint8)
@@ -97,7 +100,7 @@ def time_worker(args) -> None:
     data = CharData(make_corpus(), config.block_size, seed=ctx.rank)
     torch.manual_seed(0)
     base = GPT(config)
-    runs = {v: build(v, copy.deepcopy(base), foreach=None) for v in VARIANTS}
+    runs = {v: build(v, copy.deepcopy(base), foreach=None, bucket_mb=args.bucket_mb) for v in VARIANTS}
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     sent: dict[str, list[int]] = {v: [] for v in VARIANTS}
     for i in range(args.warmup + args.steps):
@@ -122,7 +125,8 @@ def _bytes_written() -> int:
 
 
 def launch(args, extra: list[str]) -> dict:
-    return rank0_report(__file__, args.world, [args.mode, "--worker", "--preset", args.preset, *extra])
+    common = [args.mode, "--worker", "--preset", args.preset, "--bucket-mb", str(args.bucket_mb)]
+    return rank0_report(__file__, args.world, [*common, *extra])
 
 
 def main() -> None:
@@ -134,13 +138,17 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--variant", default=VARIANTS[0])
+    ap.add_argument("--bucket-mb", type=float, default=25.0, help="every variant's bucket cap (MiB)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return memory_worker(args) if args.mode == "memory" else time_worker(args)
     n = args.world
     if args.mode == "memory":
-        print(f"{n} ranks (Gloo), GPT preset {args.preset}, fp32 AdamW (foreach=False), peak bytes held in steps 3-4")
+        print(
+            f"{n} ranks (Gloo), GPT preset {args.preset}, fp32 AdamW (foreach=False), peak bytes held in steps 3-4, "
+            f"buckets {args.bucket_mb:g} MiB"
+        )
         print("| variant | peak (MiB) | formula (MiB) | peak / formula |")
         print("| --- | --- | --- | --- |")
         for v in VARIANTS:
@@ -154,7 +162,8 @@ def main() -> None:
     r = launch(args, ["--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch)])
     print(
         f"{n} ranks (Gloo, 1 thread each), GPT preset {args.preset} ({r['params'] / 1e6:.1f}M parameters, fp32), "
-        f"batch {args.batch}x{SHAPES[args.preset].block_size} per rank, median of {args.steps} steps, alternating"
+        f"batch {args.batch}x{SHAPES[args.preset].block_size} per rank, median of {args.steps} steps, alternating, "
+        f"buckets {args.bucket_mb:g} MiB"
     )
     print("| variant | step (ms) | ratio to ZeroRedundancyOptimizer | sent per step, rank 0 (MiB) | ratio to DDP |")
     print("| --- | --- | --- | --- | --- |")

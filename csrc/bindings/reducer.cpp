@@ -82,7 +82,8 @@ void bind_reducer(py::module_& m) {
       .def_property_readonly("plan_version", &Reducer::plan_version)
       .def("shards", &Reducer::shards)
       .def("grad_shards", &Reducer::grad_shards)
-      .def("zero_grad", &Reducer::zero_grad, py::call_guard<py::gil_scoped_release>())
+      .def("zero_grad", &Reducer::zero_grad, py::arg("set_to_none") = true, py::call_guard<py::gil_scoped_release>())
+      .def("params_without_grad", &Reducer::params_without_grad)
       .def("bucket_params",
            [](const Reducer& r) {
              std::vector<std::vector<size_t>> out;

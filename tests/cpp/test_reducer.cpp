@@ -348,6 +348,38 @@ TEST(ReducerZero, Zero2HoldsAtMostTwoBucketsDuringBackward) {  // Note [Buckets 
   expect_grad_shards(r, reference_grads(params, x, 1));
 }
 
+// See Note [Unused parameters keep None]: the parameters ShardedOptimizer skips, as torch's optimizer
+// skips a .grad that torch DDP left None.
+TEST(ReducerZero, ParamsWithoutGradAreTheOnesNoBackwardReachedSinceZeroGradSetToNone) {
+  std::vector<at::Tensor> params{at::randn({3}).requires_grad_(), at::randn({3}).requires_grad_(),
+                                 at::randn({3}).requires_grad_()};
+  Reducer::Options o;
+  o.zero = 2;
+  o.find_unused_parameters = true;
+  Reducer r(params, {"used", "local", "unused"}, std::make_shared<OneRankCommunicator>(), o);
+  using Indices = std::vector<size_t>;
+  EXPECT_EQ(r.params_without_grad(), (Indices{0, 1, 2}));  // before training, as .grad is None
+  auto pass = [&](bool sync, bool use_local) {
+    r.prepare_for_backward(sync);
+    at::Tensor loss = (params[0] * 2).sum();
+    if (use_local) loss = loss + params[1].sum();
+    r.find_unused({loss});
+    loss.backward();
+  };
+  for (int i = 0; i < 3; ++i) {  // allreduced, then reduce-scattered once the plan is final
+    pass(true, false);
+    EXPECT_EQ(r.params_without_grad(), (Indices{1, 2}));
+    r.zero_grad();
+  }
+  pass(false, true);  // used inside no_sync only: a gradient all the same, as torch DDP's used map says
+  pass(true, false);
+  EXPECT_EQ(r.params_without_grad(), (Indices{2}));
+  r.zero_grad(/*set_to_none=*/false);  // zeros are a gradient: stepped, as torch's optimizer would
+  EXPECT_TRUE(r.params_without_grad().empty());
+  r.zero_grad();
+  EXPECT_EQ(r.params_without_grad(), (Indices{0, 1, 2}));
+}
+
 TEST(ReducerZero, PadsBucketsToEqualShards) {
   Reducer::Options o;
   o.zero = 1;

@@ -141,6 +141,15 @@ std::shared_ptr<Work> Communicator::all_gather(const at::Tensor& output, const a
   check_input(output, "the output", "all_gather");
   check_input(input, "the input", "all_gather");
   check_flat_sizes(output, "output", input, "input", "all_gather");
+  if (input.is_alias_of(output)) {  // in place: only this rank's own chunk can be read and written alike
+    const int64_t n = input.numel();
+    const auto* own =
+        static_cast<const char*>(output.data_ptr()) + rank_ * n * static_cast<int64_t>(output.element_size());
+    DTCORE_CHECK(input.data_ptr() == own, ConfigError, "all_gather: the input shares memory with the output but is ",
+                 "not rank ", rank_, "'s chunk of it (elements [", rank_ * n, ", ", (rank_ + 1) * n,
+                 ")), so the gather would overwrite what it sends. Fix: pass output.narrow(0, rank * n, n) as the ",
+                 "input (in place), or an input that does not overlap the output.");
+  }
   return issue(collective(CollectiveKind::AllGather, input, output, ReduceOp::Sum, 0, label));
 }
 

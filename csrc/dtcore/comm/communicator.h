@@ -190,7 +190,9 @@ class Communicator {
   // input has size() * output.numel() elements; rank r receives the reduction of chunk r.
   std::shared_ptr<Work> reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op,
                                        std::string_view label = {});
-  // output has size() * input.numel() elements; chunk r is rank r's input.
+  // output has size() * input.numel() elements; chunk r is rank r's input. The input may be this
+  // rank's own chunk of the output (in place, as ZeRO's flat parameters gather); any other overlap
+  // is a ConfigError.
   std::shared_ptr<Work> all_gather(const at::Tensor& output, const at::Tensor& input, std::string_view label = {});
   // In place from `root` to everyone.
   std::shared_ptr<Work> broadcast(const at::Tensor& tensor, int root, std::string_view label = {});

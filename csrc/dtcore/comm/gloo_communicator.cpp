@@ -1,5 +1,7 @@
 #include "dtcore/comm/gloo_communicator.h"
 
+#include <algorithm>
+
 #include <c10/util/Exception.h>
 
 #include "dtcore/common/c10_error.h"
@@ -38,6 +40,50 @@ double seconds_since(Clock::time_point t) {
 // the thread that waits (one sum over a (N, shard) view). Measured on loopback at 8M floats:
 // 37 ms against Gloo's 58 ms at 2 ranks, 50 ms against 117 ms at 4 (docs/benchmarks.md). It costs
 // a receive buffer the size of the input while the collective is in flight.
+
+// Note [In-place all-gather on Gloo]
+// torch's Gloo backend runs _allgather_base into a fresh flat output the size of the whole
+// result and then copies it into the caller's output: a transient copy of the whole buffer (for
+// ZeRO's parameter gather, a whole bucket of parameters at every step). An all-gather whose input
+// is this rank's own chunk of the output runs instead as N broadcasts in place, chunk r from rank
+// r: no buffer at all, the same bytes on the wire as Gloo's ring (each rank sends its chunk to
+// the N - 1 others), and Gloo's worker threads run the N broadcasts side by side. They are one
+// Work (GlooWorkGroup): finished when all are, failed when any is.
+
+// Several of Gloo's works as one, for a collective dtcore runs as many (see Note [In-place
+// all-gather on Gloo]). It has no future: its end is reported by wait() or isCompleted().
+class GlooWorkGroup final : public c10d::Work {
+ public:
+  explicit GlooWorkGroup(std::vector<c10::intrusive_ptr<c10d::Work>> parts) : parts_(std::move(parts)) {}
+
+  bool isCompleted() override {
+    for (auto& p : parts_) {
+      if (!p->isCompleted()) return false;
+    }
+    return true;
+  }
+  bool isSuccess() const override {
+    for (const auto& p : parts_) {
+      if (!p->isSuccess()) return false;
+    }
+    return true;
+  }
+  bool wait(std::chrono::milliseconds timeout) override {
+    const auto deadline = Clock::now() + timeout;
+    for (auto& p : parts_) {
+      if (timeout.count() <= 0) {  // no limit: Gloo's own timeout
+        p->wait(timeout);
+        continue;
+      }
+      p->wait(std::max(std::chrono::milliseconds(1),
+                       std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now())));
+    }
+    return true;
+  }
+
+ private:
+  std::vector<c10::intrusive_ptr<c10d::Work>> parts_;
+};
 
 // One collective: queued until the submitter has checked it against the other ranks and handed
 // it to Gloo (or failed it), then Gloo's work.
@@ -325,6 +371,19 @@ c10::intrusive_ptr<c10d::Work> GlooCommunicator::launch(const c10::intrusive_ptr
     }
     case CollectiveKind::AllGather: {
       at::Tensor out = c.output, in = c.input;
+      if (in.is_alias_of(out)) {  // in place: See Note [In-place all-gather on Gloo]
+        const int64_t n = in.numel();
+        at::Tensor flat = out.view({out.numel()});
+        std::vector<c10::intrusive_ptr<c10d::Work>> parts;
+        for (int r = 0; r < size(); ++r) {
+          std::vector<at::Tensor> chunk{flat.narrow(0, r * n, n)};
+          c10d::BroadcastOptions opts;
+          opts.rootRank = r;
+          opts.timeout = timeout();
+          parts.push_back(backend->broadcast(chunk, opts));
+        }
+        return c10::make_intrusive<GlooWorkGroup>(std::move(parts));
+      }
       c10d::AllgatherOptions opts;
       opts.timeout = timeout();
       return backend->_allgather_base(out, in, opts);

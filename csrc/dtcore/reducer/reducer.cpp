@@ -188,11 +188,12 @@ std::vector<at::Tensor> Reducer::grad_shards() const {
   return out;
 }
 
-void Reducer::zero_grad() {
+void Reducer::zero_grad(bool set_to_none) {
   std::lock_guard<std::mutex> lock(mu_);
   DTCORE_CHECK(!backward_started_, ConfigError,
                "zero_grad() was called while a backward pass is reducing gradients on rank ", comm_->rank(),
                ". Fix: call it before the forward or after the backward, as with any optimizer.");
+  for (Slot& s : slots_) s.without_grad = set_to_none;
   if (sharded_grads_) {
     for (BucketState& b : buckets_) {
       b.grad_shard.zero_();
@@ -203,6 +204,15 @@ void Reducer::zero_grad() {
   }
   for (BucketState& b : buckets_) b.buffer.zero_();
   for (Slot& s : slots_) s.param.mutable_grad() = s.view;
+}
+
+std::vector<size_t> Reducer::params_without_grad() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<size_t> out;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i].without_grad) out.push_back(i);
+  }
+  return out;
 }
 
 int64_t Reducer::reductions() const {
@@ -362,9 +372,9 @@ void Reducer::launch_ready_locked() {
       b.work = comm_->all_reduce(payload, ReduceOp::Avg, b.label);
     }
     if (next_bucket_ == buckets_.size()) {
-      if (options_.find_unused_parameters && !sharded_grads_) {  // See Note [Unused parameters keep None]
+      if (options_.find_unused_parameters) {  // See Note [Unused parameters keep None]
         std::vector<float> used(slots_.size());
-        for (size_t i = 0; i < slots_.size(); ++i) used[i] = slots_[i].used ? 1.0f : 0.0f;
+        for (size_t i = 0; i < slots_.size(); ++i) used[i] = slots_[i].used || slots_[i].used_unsynced ? 1.0f : 0.0f;
         used_map_ = at::tensor(used, at::kFloat);
         if (comm_->backend() == "nccl") used_map_ = used_map_.to(plan_.front().device);
         used_work_ = comm_->all_reduce(used_map_, ReduceOp::Sum, "used parameters");
@@ -568,6 +578,7 @@ void Reducer::on_grad_ready(size_t index) {
                  "unwrapped module (model.module), or average them yourself with dtcore.all_reduce.");
   }
   if (!expect_hooks_) {  // no_sync, or a backward the wrapper's forward did not prepare
+    slots_[index].used_unsynced = true;
     if (!sharded_grads_) adopt_grad_locked(slots_[index]);  // zero=2: .grad stays autograd's, full
     return;
   }
@@ -585,7 +596,11 @@ void Reducer::restore_globally_unused() {
   const float* in = summed.data_ptr<float>();
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < slots_.size(); ++i) {
-    if (in[i] == 0.0f && slots_[i].grad_was_none) slots_[i].param.mutable_grad() = at::Tensor();
+    if (in[i] != 0.0f) {
+      slots_[i].without_grad = false;
+    } else if (slots_[i].grad_was_none && !sharded_grads_) {
+      slots_[i].param.mutable_grad() = at::Tensor();
+    }
   }
 }
 
@@ -593,6 +608,7 @@ void Reducer::finalize() {
   std::unique_lock<std::mutex> lock(mu_);
   std::vector<BucketState*> launched;
   for (auto& b : buckets_) launched.push_back(&b);
+  const bool mapped = used_work_ != nullptr;  // else every parameter got a gradient
   lock.unlock();
   // Waited without the lock: no hook of the next backward can run before this returns.
   std::exception_ptr failure;
@@ -651,6 +667,10 @@ void Reducer::finalize() {
   lock.lock();
   reset_locked();
   if (failure) std::rethrow_exception(failure);
+  for (Slot& s : slots_) {
+    if (!mapped) s.without_grad = false;
+    s.used_unsynced = false;
+  }
   if (options_.zero == 2 && plan_final_ && !sharded_grads_) shard_gradients_locked();
   ++reductions_;
 }

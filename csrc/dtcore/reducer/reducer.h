@@ -22,7 +22,12 @@
 // gradient (zero=0), and with find_unused_parameters a parameter that no rank used in a backward
 // keeps the None it had: a used map (one element per gradient) is summed across ranks after the
 // last bucket, and finalize() releases the zero view it was reduced with. Otherwise optimizers
-// with momentum or weight decay would update parameters torch DDP leaves alone.
+// with momentum or weight decay would update parameters torch DDP leaves alone. Under ZeRO no
+// .grad is handed to the optimizer, so the reducer keeps the same fact for the sharded one:
+// params_without_grad() lists the parameters whose .grad torch DDP would hold as None (no rank
+// gave them a gradient, in a synced backward or in a no_sync one before it, since the last
+// zero_grad(set_to_none=True) or since wrapping), and ShardedOptimizer skips their pieces. The
+// used map is reduced for that with zero=2 too.
 //
 // Note [Lent bucket views]: with zero=0, a pre-hook on each parameter's AccumulateGrad node runs
 // just before autograd accumulates the parameter's gradient. If .grad is None there
@@ -177,8 +182,14 @@ class Reducer {
   std::vector<at::Tensor> grad_shards() const;
   // Zeroes the gradients in place and keeps them where the reducer wants them: .grad the bucket
   // views again (zero <= 1), or the shards zeroed and any local .grad released (zero=2).
-  // ConfigError during a backward.
-  void zero_grad();
+  // `set_to_none` is torch's: true makes every parameter count as holding no gradient until one
+  // comes (params_without_grad()); false leaves zeros, which an optimizer steps. ConfigError
+  // during a backward.
+  void zero_grad(bool set_to_none = true);
+  // Registration indices (as in Bucket::params) of the parameters torch DDP would leave with
+  // .grad None: See Note [Unused parameters keep None]. Always empty after a reduced backward
+  // without find_unused_parameters (every parameter got a gradient).
+  std::vector<size_t> params_without_grad() const;
 
  private:
   struct Slot {
@@ -193,6 +204,8 @@ class Reducer {
     bool ready = false;                                           // in the current backward
     bool used = false;           // got a gradient from autograd in the current backward (not only find_unused's mark)
     bool grad_was_none = false;  // marked unused while .grad was None: None again if unused on every rank
+    bool used_unsynced = false;  // got a gradient in a no_sync backward since the last reduced one
+    bool without_grad = true;    // no rank gave it one since zero_grad(set_to_none=True): params_without_grad()
   };
   struct BucketState {
     at::Tensor buffer;

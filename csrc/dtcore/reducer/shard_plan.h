@@ -25,6 +25,26 @@
 // the order gradients became ready), so shards are planned from the reducer's final plan: code
 // that keeps per-shard state (the sharded optimizer) builds it only once the plan is final.
 
+// Note [Flat parameters]
+// Under ZeRO the parameters, like the gradients, live in one flat padded buffer per bucket, in
+// the bucket's layout (Note [Bucket layout], padded as in [Shard layout]), so that a rank's
+// shard of the parameters is one contiguous stretch: the sharded optimizer steps it in place
+// (fp32 pieces are views of it; a master copy of a bf16 piece is cast back into it) and the
+// all-gather after the step is one collective per bucket whose input is that stretch of its own
+// output, with no copy in or out (see Note [In-place all-gather on Gloo]).
+//  - Who owns the storage: the sharded optimizer (python/dtcore/zero/optimizer.py, _FlatBucket)
+//    allocates the buffers; each parameter's storage is its bucket's buffer, kept alive by the
+//    parameters themselves. The padding belongs to no parameter and stays zero.
+//  - When it moves: once, at the optimizer's first step after the plan is final (the buckets are
+//    rebuilt once, after the first backward). The values are copied; each Parameter object keeps
+//    its identity, its requires_grad and its gradient (the reducer's, untouched); only `.data`
+//    changes, to a view shaped like the parameter.
+//  - A tensor taken from `p.data` (or `p.detach()`) before that step keeps the old storage: it is
+//    no longer updated. Take it again after the first step.
+//  - state_dict(), save_pretrained() and safetensors see each parameter as a contiguous view of
+//    its bucket's buffer; the views of one buffer do not overlap, which safetensors accepts as
+//    distinct tensors, and save_pretrained writes them (tests/py/zero/test_flat_parameters.py).
+
 namespace dtcore {
 
 // A parameter's part in a rank's shard: elements [param_offset, param_offset + numel) of the

@@ -257,7 +257,7 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
         if self.zero == 0:
             super().zero_grad(set_to_none)
         else:
-            self._reducer.zero_grad()
+            self._reducer.zero_grad(set_to_none)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

@@ -8,6 +8,11 @@ csrc/dtcore/reducer/shard_plan.h). The inner torch optimizer is built over this 
 parameter in fp32) exists for 1/N of the model; after its step the updated shards are all-gathered
 into every rank's parameters.
 
+At the first step the parameters move into one flat padded buffer per bucket, in the bucket's
+layout (Note [Flat parameters], beside [Shard layout]): each Parameter object stays, its `.data`
+becomes a view of its place. This rank's shard of a bucket's buffer is then what its pieces step
+and what the all-gather sends, in place, one collective per bucket.
+
 A piece of an fp32 parameter is a view of the parameter itself: the optimizer updates it in
 place, no copy. A piece of a parameter in another dtype (bf16, fp16) gets an fp32 master copy
 (`master_dtype`), stepped in fp32 and cast into the parameter before the all-gather.
@@ -16,6 +21,14 @@ Sharding elementwise is exact only for optimizers whose update of an element dep
 element alone (SGD, Adam, AdamW, ...). Others (Adafactor's factored moments, Muon's
 orthogonalisation, LBFGS) would be silently wrong, so they are refused unless `elementwise=True`
 says the class is elementwise.
+
+As with torch DDP and a torch optimizer, a parameter no rank gave a gradient since the last
+`zero_grad()` (its .grad would be None: find_unused_parameters, Note [Unused parameters keep None]
+in csrc/dtcore/reducer/reducer.h) is skipped: no momentum, no weight decay, its state untouched.
+zero_grad(set_to_none=False) keeps zeros instead, which are stepped, as torch's would be. So that
+every rank knows each parameter's scalar state (AdamW's step, which then differs by parameter),
+each rank's inner optimizer holds, for a parameter of which it has no piece, an empty *proxy*
+stepped and skipped with it.
 
 `param_groups` are the model's parameters with their hyperparameters, as with any torch
 optimizer: LR schedulers and hand edits work; they reach the inner optimizer at each step.
@@ -26,7 +39,6 @@ plain torch optimizer: the shards are cut anew.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -131,8 +143,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._built_for = -1  # the reducer plan version the pieces were cut from
         self._pieces: list[_Piece] = []
         self._masters: list[_Piece] = []  # the pieces stepped in a master copy
-        self._gather_buffers: dict[tuple[torch.dtype, torch.device], list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        self._buckets: list[_BucketCopies] = []
+        # id(parameter) -> what the inner optimizer steps for it here: its pieces' locals, or one empty proxy
+        self._locals_of: dict[int, list[torch.Tensor]] = {}
+        self._proxies: list[tuple[torch.Tensor, torch.Tensor]] = []  # (parameter, its proxy)
+        self._buckets: list[_FlatBucket] = []  # the parameters' storage: Note [Flat parameters]
         self._inner: torch.optim.Optimizer | None = None
         self._pending_state: dict[Any, Any] | None = None  # loaded before the pieces existed
         groups = list(model.parameters() if params is None else params)
@@ -162,17 +176,27 @@ class ShardedOptimizer(torch.optim.Optimizer):
         assert self._inner is not None
         for inner, group in zip(self._inner.param_groups, self.param_groups, strict=True):
             inner.update({k: v for k, v in group.items() if k != "params"})  # schedulers edit these
+        params = self._model._trainable
+        skipped = [params[i] for i in self._model._reducer.params_without_grad()]  # their .grad would be None
         for piece in self._masters:
             piece.local.grad.copy_(piece.grad)
-        self._inner.step()
+        held = [(t, t.grad) for p in skipped for t in self._locals_of.get(id(p), ())]
+        for t, _ in held:
+            t.grad = None  # skipped by the inner optimizer, as torch's skips a None gradient
+        try:
+            self._inner.step()
+        finally:
+            for t, grad in held:
+                t.grad = grad
         for piece in self._masters:
             piece.param_view.copy_(piece.local)
         self._all_gather_parameters()
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zeroes the reduced gradients in place (their buffers and shards are kept, whatever set_to_none)."""
-        self._model._reducer.zero_grad()
+        """Zeroes the reduced gradients in place (their buffers and shards are kept). set_to_none=True, as
+        torch's, makes a parameter count as holding no gradient until one comes: skipped if none does."""
+        self._model._reducer.zero_grad(set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
         """The whole state in torch's format, gathered from every rank (a collective: call it on all)."""
@@ -221,8 +245,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def _cut(self, reducer: Any) -> None:
         params = self._model._trainable
         group_of = {id(p): g for g, group in enumerate(self.param_groups) for p in group["params"]}
-        self._pieces, self._buckets = [], []
-        layouts = reducer.bucket_layout()
+        self._pieces = []
+        # The parameters move into their buckets' flat buffers first: the pieces are views of those.
+        self._buckets = [
+            _FlatBucket(s, layout, params) for s, layout in zip(reducer.shards(), reducer.bucket_layout(), strict=True)
+        ]
         for b, (shard, grad_shard) in enumerate(zip(reducer.shards(), reducer.grad_shards(), strict=True)):
             for cut in shard.pieces:
                 param = params[cut.param]
@@ -231,15 +258,24 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     continue  # reduced but not optimized: gathered as it is
                 grad = grad_shard.narrow(0, cut.shard_offset, cut.numel)
                 self._pieces.append(_Piece(param, group, b, cut, grad, self._master_dtype))
-            self._buckets.append(_BucketCopies(shard, layouts[b], params))
         self._masters = [p for p in self._pieces if p.has_master]
-        # Every group on every rank holds a piece, empty if need be, so that each rank's optimizer
-        # has the same state keys (state_dict gathers them) even when its shards miss a group.
+        self._locals_of, self._proxies = {}, []
+        for piece in self._pieces:
+            self._locals_of.setdefault(id(piece.param), []).append(piece.local)
+        # Every optimized parameter has a local tensor here, a proxy if this rank holds no piece of
+        # it, so that each rank's optimizer has every parameter's scalar state and the same state
+        # keys (state_dict gathers them).
         inner_groups = []
-        for g, group in enumerate(self.param_groups):
-            local = [p.local for p in self._pieces if p.group == g]
-            if not local:
-                like = group["params"][0] if group["params"] else params[0]
+        for group in self.param_groups:
+            for param in group["params"]:
+                if id(param) not in self._locals_of:
+                    proxy = torch.zeros(0, dtype=self._master_dtype or param.dtype, device=param.device)
+                    proxy.grad = torch.zeros_like(proxy)
+                    self._locals_of[id(param)] = [proxy]
+                    self._proxies.append((param, proxy))
+            local = [t for p in group["params"] for t in self._locals_of[id(p)]]
+            if not local:  # a group without parameters
+                like = params[0]
                 placeholder = torch.zeros(0, dtype=self._master_dtype or like.dtype, device=like.device)
                 placeholder.grad = torch.zeros_like(placeholder)
                 local = [placeholder]
@@ -247,81 +283,40 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._inner = self._optimizer_class(inner_groups)
 
     def _all_gather_parameters(self) -> None:
-        """Every rank's updated shards into every rank's parameters, in chunks, two in flight.
+        """Every rank's updated shards into every rank's parameters: one in-place all-gather per bucket.
 
-        A chunk is the same stretch of every rank's shard; chunks keep the transient buffers to a
-        few MiB however large the buckets are (Note [Shard layout]: shards are equal, so every
-        rank cuts the same chunks). The two chunks' buffers are allocated once and reused.
+        The parameters are views of their bucket's flat buffer (Note [Flat parameters]), so the
+        gather's input is this rank's shard of that buffer and its output the buffer itself. The
+        buckets' gathers are all issued before the first is waited for: they overlap one another.
         """
         communicator = get_context().communicator
-        world = communicator.size
-        in_flight: list[tuple[Any, torch.Tensor, _BucketCopies, int, int]] = []
-        issued = 0
-        for b, bucket in enumerate(self._buckets):
-            size = bucket.shard.shard_numel
-            chunk = max(1, _GATHER_CHUNK_BYTES // (world * bucket.element_size))
-            buffers = self._gather_buffers.get((bucket.dtype, bucket.device))
-            if buffers is None:
-                make = {"dtype": bucket.dtype, "device": bucket.device}
-                buffers = [(torch.empty(chunk, **make), torch.empty(world * chunk, **make)) for _ in range(2)]
-                self._gather_buffers[(bucket.dtype, bucket.device)] = buffers
-            for lo in range(0, size, chunk):
-                n = min(chunk, size - lo)
-                mine, gathered = buffers[issued % 2]  # free: its previous chunk was scattered below
-                issued += 1
-                mine, gathered = mine.narrow(0, 0, n), gathered.narrow(0, 0, world * n)  # (n,), (N * n,) rank-major
-                bucket.read(bucket.shard.begin + lo, n, mine)
-                work = communicator.all_gather(gathered, mine, f"parameters {b + 1}/{len(self._buckets)}")
-                in_flight.append((work, gathered, bucket, lo, n))
-                if len(in_flight) == 2:
-                    _gathered_into_params(*in_flight.pop(0), world)
-        for args in in_flight:
-            _gathered_into_params(*args, world)
+        n = len(self._buckets)
+        works = [
+            communicator.all_gather(b.flat, b.mine, f"parameters {i + 1}/{n}") for i, b in enumerate(self._buckets)
+        ]
+        for work in works:
+            work.wait()
 
 
-_GATHER_CHUNK_BYTES = 2 << 20  # each all-gather's output; two in flight
+class _FlatBucket:
+    """One bucket's parameters in one flat padded buffer, in the bucket's layout: Note [Flat parameters].
 
-
-def _gathered_into_params(
-    work: Any, gathered: torch.Tensor, bucket: _BucketCopies, lo: int, n: int, world: int
-) -> None:
-    work.wait()
-    for r in range(world):  # rank r's chunk: elements [r * S + lo, r * S + lo + n) of the bucket
-        bucket.write(r * bucket.shard.shard_numel + lo, n, gathered.narrow(0, r * n, n))
-
-
-class _BucketCopies:
-    """Copies between a stretch of one bucket's (padded) layout and the parameters that lie in it."""
+    Built on the reducer's final plan: each parameter's values are copied into its place and its
+    `.data` becomes a view of that place (the Parameter object is kept). `mine` is this rank's
+    shard of the buffer, what its pieces step and the all-gather sends.
+    """
 
     def __init__(self, shard: Any, layout: list[tuple[int, int, int]], params: list[torch.Tensor]) -> None:
         self.shard = shard
+        first = params[layout[0][0]]
+        self.dtype, self.device = first.dtype, first.device
+        self.flat = torch.zeros(shard.padded_numel, dtype=self.dtype, device=self.device)  # (N * S,), padding zero
+        self.mine = self.flat.narrow(0, shard.begin, shard.shard_numel)  # (S,)
         # (flattened parameter, its offset in the bucket, numel, parameter), in layout order
-        self.whole = [(params[i].detach().view(-1), offset, numel, params[i]) for i, offset, numel in layout]
-        self.starts = [offset for _, offset, _, _ in self.whole]
-        _, last_offset, last_numel, _ = self.whole[-1]
-        self.numel = last_offset + last_numel  # where the padding starts
-        first = self.whole[0][3]
-        self.dtype, self.device, self.element_size = first.dtype, first.device, first.element_size()
-
-    def read(self, lo: int, n: int, buffer: torch.Tensor) -> None:
-        """buffer[0:n] = bucket elements [lo, lo + n), the padding zero."""
-        if lo + n > self.numel:
-            start = max(0, self.numel - lo)
-            buffer.narrow(0, start, n - start).zero_()
-        for values, place in self._overlaps(lo, n, buffer):
-            place.copy_(values)
-
-    def write(self, lo: int, n: int, buffer: torch.Tensor) -> None:
-        """Bucket elements [lo, lo + n) = buffer[0:n]; the padding has no parameter and is skipped."""
-        for values, place in self._overlaps(lo, n, buffer):
-            values.copy_(place)
-
-    def _overlaps(self, lo: int, n: int, buffer: torch.Tensor):
-        """(part of a parameter, its place in buffer) for each parameter that overlaps [lo, lo + n)."""
-        i = max(0, bisect.bisect_right(self.starts, lo) - 1)
-        while i < len(self.whole) and self.whole[i][1] < lo + n:
-            flat, offset, numel, _ = self.whole[i]
-            a, b = max(lo, offset), min(lo + n, offset + numel)
-            if a < b:
-                yield flat.narrow(0, a - offset, b - a), buffer.narrow(0, a - lo, b - a)
-            i += 1
+        self.whole: list[tuple[torch.Tensor, int, int, torch.Tensor]] = []
+        for i, offset, numel in layout:
+            param = params[i]
+            place = self.flat.narrow(0, offset, numel)  # (numel,)
+            place.copy_(param.detach().reshape(-1))
+            param.data = place.view(param.shape)  # the storage moves; the Parameter stays
+            self.whole.append((place, offset, numel, param))

@@ -3,9 +3,11 @@
 torch's format: {"state": {index: {key: tensor}}, "param_groups": [{..., "params": [index, ...]}]},
 indices numbering the parameters group after group, as a torch optimizer over the whole model
 would number them. Per-element state (AdamW's exp_avg, exp_avg_sq) is gathered bucket by bucket
-into whole tensors shaped like the parameter; scalar state (step) is the group's, equal on every
-rank. A master copy (parameters not in master_dtype) rides along under "dtcore_master", so that a
-resumed bf16 run keeps its fp32 weights. Loading accepts this format from any world size, or
+into whole tensors shaped like the parameter; scalar state (step) is each parameter's own (a
+skipped parameter's step lags), read on every rank from the parameter's local tensor there (a piece
+or a proxy, see ShardedOptimizer). A parameter never stepped has no entry, as in torch. A master
+copy (parameters not in master_dtype) rides along under "dtcore_master", so that a resumed bf16 run
+keeps its fp32 weights. Loading accepts this format from any world size, or
 from a plain torch optimizer of the same class: the shards are cut anew, with no offline step.
 """
 
@@ -68,14 +70,9 @@ def gather_state(opt: ShardedOptimizer) -> dict[str, Any]:
     if not opt._inner.state:
         return {"state": state, "param_groups": _groups(opt)}
     index = {id(p): i for i, p in enumerate(_numbered(opt))}
-    inner_groups = opt._inner.param_groups
-    keys: set[str] = set()
-    scalars: list[dict[str, Any]] = []
-    for group in inner_groups:
-        per_element, scalar = _split(opt, group["params"][0])
-        keys.update(per_element)
-        first = opt._inner.state.get(group["params"][0], {})
-        scalars.append({k: first[k] for k in scalar})
+    keys: set[str] = set()  # the same on every rank: every parameter has a local tensor on each
+    for local in (t for locals_ in opt._locals_of.values() for t in locals_):
+        keys.update(_split(opt, local)[0])
     if _any_rank_has_master(opt):
         keys.add(MASTER_KEY)
     communicator = get_context().communicator
@@ -87,23 +84,32 @@ def gather_state(opt: ShardedOptimizer) -> dict[str, Any]:
             dtype = _dtype_of(opt, key, pieces, bucket.dtype)
             mine = torch.zeros(bucket.shard.shard_numel, dtype=dtype, device=bucket.device)  # (S,)
             for piece in pieces:
-                mine.narrow(0, piece.shard_offset, piece.numel).copy_(_value(opt, piece, key))
+                value = _value(opt, piece, key)
+                if value is not None:  # None: never stepped
+                    mine.narrow(0, piece.shard_offset, piece.numel).copy_(value)
             whole = torch.empty(bucket.shard.padded_numel, dtype=dtype, device=bucket.device)  # (N * S,)
             communicator.all_gather(whole, mine, f"optimizer state {b + 1}/{len(opt._buckets)}").wait()
             for _, offset, numel, param in bucket.whole:
                 i = index.get(id(param))
-                if i is None:
-                    continue  # reduced, not optimized
+                if i is None or _scalars(opt, param) is None:
+                    continue  # reduced, not optimized; or never stepped: no state, as in torch
                 if key == MASTER_KEY and param.dtype == opt._master_dtype:
                     continue
                 entry = state.setdefault(i, {})
                 entry[key] = whole.narrow(0, offset, numel).view(param.shape).clone()
-    for g, group in enumerate(opt.param_groups):
-        for p in group["params"]:
-            if id(p) in index and index[id(p)] in state:
-                for key, value in scalars[g].items():
-                    state[index[id(p)]][key] = _copied(value)
+    for p in _numbered(opt):
+        for key, value in (_scalars(opt, p) or {}).items():
+            state.setdefault(index[id(p)], {})[key] = _copied(value)
     return {"state": state, "param_groups": _groups(opt)}
+
+
+def _scalars(opt: ShardedOptimizer, param: torch.Tensor) -> dict[str, Any] | None:
+    """`param`'s scalar state, from its local tensor on this rank; None if it was never stepped."""
+    local = opt._locals_of[id(param)][0]
+    entry = opt._inner.state.get(local)
+    if not entry:
+        return None
+    return {k: entry[k] for k in _split(opt, local)[1]}
 
 
 def _any_rank_has_master(opt: ShardedOptimizer) -> bool:
@@ -113,15 +119,18 @@ def _any_rank_has_master(opt: ShardedOptimizer) -> bool:
 
 def _dtype_of(opt: ShardedOptimizer, key: str, pieces: list[_Piece], param_dtype: torch.dtype) -> torch.dtype:
     """The dtype every rank uses for `key` in one bucket: the master's for optimizer state."""
-    if key == MASTER_KEY or not pieces:
-        return opt._master_dtype or param_dtype
-    return opt._inner.state[pieces[0].local][key].dtype  # the local tensor's: the master's, or the parameter's
+    if key != MASTER_KEY:
+        for piece in pieces:
+            value = opt._inner.state.get(piece.local, {}).get(key)
+            if value is not None:
+                return value.dtype  # the local tensor's: the master's, or the parameter's
+    return opt._master_dtype or param_dtype  # the same, where no piece here was stepped
 
 
-def _value(opt: ShardedOptimizer, piece: _Piece, key: str) -> torch.Tensor:
+def _value(opt: ShardedOptimizer, piece: _Piece, key: str) -> torch.Tensor | None:
     if key == MASTER_KEY:
         return piece.local if piece.has_master else piece.param_view
-    return opt._inner.state[piece.local][key]  # type: ignore[union-attr]
+    return opt._inner.state.get(piece.local, {}).get(key)  # type: ignore[union-attr]
 
 
 def check_state(opt: ShardedOptimizer, state_dict: dict[str, Any]) -> None:
@@ -177,12 +186,10 @@ def apply_pending(opt: ShardedOptimizer) -> None:
         if entry is None:
             continue
         opt._inner.state[piece.local] = _cut(entry, piece.local, piece.param_offset)
-    for g, group in enumerate(opt._inner.param_groups):  # an empty placeholder keeps the group's scalars
-        local = group["params"][0]
-        if local.numel() == 0:
-            entry = next((saved[index[id(p)]] for p in opt.param_groups[g]["params"] if index[id(p)] in saved), None)
-            if entry is not None:
-                opt._inner.state[local] = _cut(entry, local, 0)
+    for param, proxy in opt._proxies:  # a proxy keeps its parameter's scalars
+        entry = saved.get(index[id(param)])
+        if entry is not None:
+            opt._inner.state[proxy] = _cut(entry, proxy, 0)
 
 
 def _cut(entry: dict[str, Any], local: torch.Tensor, param_offset: int) -> dict[str, Any]:
@@ -207,8 +214,8 @@ def local_state(
 
     Returns (per_element, scalars, replicated): per_element lists (parameter index, key, offset in the
     flattened parameter, values (numel,)) for every piece's per-element state and master copy;
-    scalars maps each optimized parameter's index to its group's scalar state (equal on every
-    rank); replicated is False when each rank returned its own pieces. Before the first step the
+    scalars maps each stepped parameter's index to its scalar state (known on every rank, from
+    its piece or proxy); replicated is False when each rank returned its own pieces. Before the first step the
     pieces do not exist yet: a state loaded then is still whole (`_pending_state`), the same on every
     rank, and is returned whole, at offset 0, with replicated True.
     """
@@ -232,11 +239,8 @@ def local_state(
             per_element.append((i, key, piece.param_offset, entry[key]))
         if piece.has_master:
             per_element.append((i, MASTER_KEY, piece.param_offset, piece.local))
-    for g, group in enumerate(opt._inner.param_groups):
-        first = opt._inner.state.get(group["params"][0])
-        if not first:
-            continue
-        values = {k: first[k] for k in _split(opt, group["params"][0])[1]}
-        for p in opt.param_groups[g]["params"]:
+    for p in _numbered(opt):
+        values = _scalars(opt, p)
+        if values is not None:
             scalars[index[id(p)]] = values
     return per_element, scalars, False

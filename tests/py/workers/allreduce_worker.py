@@ -27,6 +27,7 @@ def gathers(ctx) -> list[str]:
     rs = dtcore.reduce_scatter(torch.full((3 * n,), float(r)), op="avg")
     if not torch.equal(rs, torch.full((3,), (n - 1) / 2)):
         bad.append(f"reduce_scatter avg {rs.tolist()}")
+    bad += in_place_gather(ctx)
     objects = dtcore.gather_object({"rank": r, "loss": 0.5 * r, "tags": ["é"] * r})  # lengths differ by rank
     if objects != [{"rank": q, "loss": 0.5 * q, "tags": ["é"] * q} for q in range(n)]:
         bad.append(f"gather_object {objects}")
@@ -40,6 +41,27 @@ def gathers(ctx) -> list[str]:
     leaders_left = max(s[2] for s in spans if s[0] == 0)
     if any(s[1] < leaders_left for s in spans if s[0] != 0):
         bad.append(f"local_main_process_first: a rank entered before every local main left {spans}")
+    return bad
+
+
+def in_place_gather(ctx) -> list[str]:
+    """all_gather whose input is this rank's chunk of its output (ZeRO's flat parameters): right values;
+    an input that overlaps the output anywhere else is refused."""
+    n, r, k = ctx.world_size, ctx.rank, 1 << 16
+    bad = []
+    flat = torch.zeros(n * k)
+    flat.narrow(0, r * k, k).fill_(r + 1.0)
+    ctx.communicator.all_gather(flat, flat.narrow(0, r * k, k), "in place").wait()
+    if not torch.equal(flat, torch.arange(1.0, n + 1).repeat_interleave(k)):
+        bad.append(f"in-place all_gather {flat.unique().tolist()}")
+    if n == 1:
+        return bad
+    try:
+        ctx.communicator.all_gather(flat, flat.narrow(0, ((r + 1) % n) * k, k))
+        bad.append("an overlapping all_gather input that is not this rank's chunk was accepted")
+    except dtcore.ConfigError as e:
+        if "output.narrow(0, rank * n, n)" not in str(e):
+            bad.append(f"overlap refused without the fix: {e}")
     return bad
 
 

@@ -3,6 +3,7 @@
 zero_worker.py parity ZERO [clip] [bf16] [accum]   # 50 AdamW steps next to zero=0 + torch AdamW
 zero_worker.py state ZERO                           # state_dict gathered, loaded from a plain optimizer
 zero_worker.py unused ZERO                          # find_unused_parameters=True, unused on some or all ranks
+zero_worker.py skipped ZERO                         # unused on every rank: skipped as torch DDP + AdamW skips it
 zero_worker.py refusals                             # what cannot be right is refused
 
 The reference is the same model wrapped with zero=0 in the same process, stepped by torch's own
@@ -257,6 +258,59 @@ def unused(ctx, zero: int) -> dict:
     return {"bad": bad}
 
 
+class Skippy(Branchy):
+    """Branchy with a layer no forward uses: its .grad stays None under torch DDP, its state absent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.d = torch.nn.Linear(8, 8)
+
+
+# Per step, per rank: does micro-batch 0 (inside no_sync) and micro-batch 1 (synced) use layer b?
+SKIP_PLAN = [
+    ((True, True), (True, True)),  # used: stepped
+    ((False, False), (False, False)),  # no rank: skipped (torch's .grad is None)
+    ((True, False), (False, False)),  # rank 0 inside no_sync only: stepped with its gradient
+    ((False, False), (False, False)),
+    ((False, False), (False, True)),  # rank 1 only
+    ((False, False), (False, False)),
+]
+
+
+def skipped(ctx, zero: int) -> dict:
+    """Parameters no rank gave a gradient are skipped, as torch DDP(find_unused_parameters=True) + AdamW
+    (zero_grad() leaving None) skips them: values each step, and the state (b's step count, d's absence)."""
+    torch.manual_seed(0)
+    base = Skippy()
+    reference = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base), find_unused_parameters=True)
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.1)
+    model = dtcore.wrap(copy.deepcopy(base), zero=zero, find_unused_parameters=True)
+    opt = dtcore.ShardedOptimizer(model, torch.optim.AdamW, lr=1e-2, weight_decay=0.1)
+    data = torch.Generator().manual_seed(ctx.rank)
+    bad = []
+    for step, uses in enumerate(SKIP_PLAN):
+        xs = [torch.randn(4, 8, generator=data) for _ in range(2)]
+        for m, o in ((reference, ref_opt), (model, opt)):
+            with m.no_sync():
+                m(xs[0], uses[ctx.rank][0]).backward()
+            m(xs[1], uses[ctx.rank][1]).backward()
+            o.step()
+            o.zero_grad()
+        for (name, p), q in zip(model.module.named_parameters(), reference.module.parameters(), strict=True):
+            if not close(p, q):
+                bad.append(f"step {step} {name}: {(p - q).abs().max().item():.3g}")
+    ours, theirs = opt.state_dict()["state"], ref_opt.state_dict()["state"]
+    if sorted(ours) != sorted(theirs):
+        bad.append(f"state for parameters {sorted(ours)}, torch's for {sorted(theirs)}")
+    for i in set(ours) & set(theirs):
+        if float(ours[i]["step"]) != float(theirs[i]["step"]):
+            bad.append(f"parameter {i}: step {float(ours[i]['step'])}, torch's {float(theirs[i]['step'])}")
+        for key in ("exp_avg", "exp_avg_sq"):
+            if not close(ours[i][key], theirs[i][key]):
+                bad.append(f"parameter {i} {key}")
+    return {"bad": bad}
+
+
 def main() -> None:
     mode = sys.argv[1]
     ctx = dtcore.init(timeout=60)
@@ -266,6 +320,8 @@ def main() -> None:
         report = state(ctx, int(sys.argv[2]))
     elif mode == "unused":
         report = unused(ctx, int(sys.argv[2]))
+    elif mode == "skipped":
+        report = skipped(ctx, int(sys.argv[2]))
     else:
         report = refusals(ctx)
     report["rank"] = ctx.rank

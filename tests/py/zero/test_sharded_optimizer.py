@@ -45,6 +45,13 @@ def test_find_unused_parameters_with_zero_trains_as_unsharded(zero):
 
 
 @pytest.mark.multirank
+@pytest.mark.parametrize("zero", [1, 2])
+def test_a_parameter_no_rank_gave_a_gradient_is_skipped_as_torch_ddp_skips_it(zero):
+    for j in _run(2, "skipped", zero):
+        assert j["bad"] == [], j
+
+
+@pytest.mark.multirank
 def test_what_cannot_be_right_is_refused():
     for j in _run(2, "refusals"):
         e = j["errors"]
