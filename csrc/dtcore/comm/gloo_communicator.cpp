@@ -61,33 +61,32 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
   // The submitter handed it to Gloo; `received` is a reduce-scatter's all-to-all output, reduced
   // into the output on completion (See Note [Reduce-scatter on Gloo]).
   void submitted(c10::intrusive_ptr<c10d::Work> work, at::Tensor received = {}) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      work_ = work;
-      received_ = std::move(received);
-    }
-    cv_.notify_all();
-    // The flight recorder's end of it, whoever waits (or nobody). Some of Gloo's works (e.g.
-    // _reduce_scatter_base) have no future: their end is reported by wait() or is_completed().
-    std::weak_ptr<GlooWork> self = weak_from_this();
+    // Some of Gloo's works (e.g. _reduce_scatter_base) have no future: their end is reported by
+    // wait() or is_completed().
     c10::intrusive_ptr<c10::ivalue::Future> future;
     try {
       future = work->getFuture();
     } catch (const std::exception&) {
-      return;
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
-      has_future_ = true;
+      work_ = work;
+      received_ = std::move(received);
+      has_future_ = future.defined();
     }
+    cv_.notify_all();
+    if (!future.defined()) return;
+    // The flight recorder's end of it, whoever waits (or nobody), and the wake-up of a wait that
+    // polls the heartbeat's finding. Never mu_: a wait holds it while Gloo completes the future.
+    std::weak_ptr<GlooWork> self = weak_from_this();
     future->addCallback([self](c10::ivalue::Future& f) {
       if (auto w = self.lock()) {
         w->report_finished(!f.hasError());
         {
-          std::lock_guard<std::mutex> lock(w->mu_);
+          std::lock_guard<std::mutex> lock(w->done_mu_);
           w->gloo_done_ = true;
         }
-        w->cv_.notify_all();
+        w->done_cv_.notify_all();
       }
     });
   }
@@ -127,13 +126,17 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
     DTCORE_CHECK(failure_.empty(), CommError, failure_);
     // While Gloo works, the heartbeat may find that the ranks called different collectives: this
     // wait then fails at once instead of at the timeout. See Note [Collective signature].
-    while (has_future_ && !gloo_done_ && Clock::now() < deadline) {
-      cv_.wait_until(lock, std::min(deadline, Clock::now() + kDivergencePoll), [this] { return gloo_done_; });
-      if (gloo_done_) break;
-      std::string diverged = divergence_();
-      if (!diverged.empty()) {
-        lock.unlock();
-        fail_diverged(diverged);
+    if (has_future_) {
+      std::unique_lock<std::mutex> done(done_mu_);  // after mu_: the callback takes done_mu_ alone
+      while (!gloo_done_ && Clock::now() < deadline) {
+        done_cv_.wait_until(done, std::min(deadline, Clock::now() + kDivergencePoll), [this] { return gloo_done_; });
+        if (gloo_done_) break;
+        std::string diverged = divergence_();
+        if (!diverged.empty()) {
+          done.unlock();
+          lock.unlock();
+          fail_diverged(diverged);
+        }
       }
     }
     c10::intrusive_ptr<c10d::Work> work = work_;
@@ -217,9 +220,13 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
   c10::intrusive_ptr<c10d::Work> work_;  // set once handed to Gloo
   at::Tensor received_;                  // a reduce-scatter's all-to-all output, until reduced
   std::string failure_;                  // set when it never will be
-  bool has_future_ = false;              // Gloo's work has a future, which sets gloo_done_
-  bool gloo_done_ = false;               // Gloo finished it (ok or not)
+  bool has_future_ = false;              // Gloo's work has a future, whose callback sets gloo_done_
   bool done_ = false;
+  // Gloo finished it (ok or not): set by the future's callback, which must not take mu_ (a wait
+  // holds mu_ while Gloo completes the future).
+  std::mutex done_mu_;
+  std::condition_variable done_cv_;
+  bool gloo_done_ = false;  // guarded by done_mu_
 };
 
 GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Backend> backend, const Options& options)
