@@ -121,3 +121,40 @@ TEST(Health, SuccessiveDiagnosesShareTheWatch) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);              // not 8 x dead_after()
   expect_contains(first, {"root cause: ranks 1-2 (dead or stopped)"});  // rank 1: none here
 }
+
+// See Note [Collective signature]: ranks whose signatures part are found through the heartbeat,
+// and every rank then names the first collective that differs and each rank's call there.
+TEST(Health, RanksThatCalledDifferentCollectivesAreFoundThroughTheHeartbeat) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<PeerInfo> two{{"host-a", 11}, {"host-a", 12}};
+  HealthMonitor m0(store, store, 0, two, 50ms, "rank 0"), m1(store, store, 1, two, 50ms, "rank 0");
+  m0.record_started(1, "barrier #1", 0x11);
+  m1.record_started(1, "barrier #1", 0x11);
+  m0.record_started(2, "all_reduce #2 (torch.float32[1000], sum)", 0x22);
+  m1.record_started(2, "all_reduce #2 (torch.float32[1000], max)", 0x23);
+  m0.record_started(3, "barrier #3", 0x33);
+  m1.record_started(3, "barrier #3", 0x34);  // the chain differs from #2 on
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (!(m0.diverged() && m1.diverged()) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  for (auto* m : {&m0, &m1}) {
+    ASSERT_TRUE(m->diverged());
+    expect_contains(m->divergence(),
+                    {"the ranks called different collectives at #2:", "rank 0: all_reduce (torch.float32[1000], sum)",
+                     "rank 1: all_reduce (torch.float32[1000], max)", "Fix:"});
+    expect_contains(m->diagnose(3, "barrier"), {"the ranks called different collectives at #2:"});
+  }
+}
+
+TEST(Health, RanksThatAgreeAreNeverFoundToDiffer) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  HealthMonitor m0(store, store, 0, peers(), 20ms, "rank 0"), m1(store, store, 1, peers(), 20ms, "rank 0"),
+      m2(store, store, 2, peers(), 20ms, "rank 0");
+  for (uint64_t seq = 1; seq <= 50; ++seq) {
+    for (auto* m : {&m0, &m1, &m2}) m->record_started(seq, "all_reduce #" + std::to_string(seq), 0x100 + seq);
+    std::this_thread::sleep_for(2ms);  // the ranks' beats catch them at different numbers
+  }
+  std::this_thread::sleep_for(150ms);
+  for (auto* m : {&m0, &m1, &m2}) EXPECT_FALSE(m->diverged()) << m->divergence();
+}

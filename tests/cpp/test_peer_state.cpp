@@ -13,8 +13,8 @@ using namespace dtcore;
 using dtcore::testing::expect_contains;
 
 TEST(Beat, RoundTripsAndRefusesForeignValues) {
-  Beat b{41, 17, 16, Beat::State::kFailed, 17};
-  EXPECT_EQ(b.encode(), "41:17:16:f:17");
+  Beat b{41, 17, 16, Beat::State::kFailed, 17, 0xabc0};
+  EXPECT_EQ(b.encode(), "41:17:16:f:17:abc0");
   auto back = Beat::decode(b.encode());
   ASSERT_TRUE(back);
   EXPECT_EQ(back->count, 41u);
@@ -22,8 +22,10 @@ TEST(Beat, RoundTripsAndRefusesForeignValues) {
   EXPECT_EQ(back->finished, 16u);
   EXPECT_EQ(back->state, Beat::State::kFailed);
   EXPECT_EQ(back->failed, 17u);
+  EXPECT_EQ(back->signature, 0xabc0u);
   EXPECT_TRUE(back->in_collective());
-  for (const char* bad : {"", "3:4", "1:2:3:r", "1:2:3:q:0", "1:2:3:rr:0", "a:2:3:r:0", "1:2:3:r:0:9", "-1:2:3:r:0"}) {
+  for (const char* bad : {"", "3:4", "1:2:3:r", "1:2:3:q:0", "1:2:3:rr:0", "a:2:3:r:0:1", "1:2:3:r:0:9:1",
+                          "-1:2:3:r:0:1", "1:2:3:r:0", "1:2:3:r:0:xyz"}) {
     EXPECT_FALSE(Beat::decode(bad)) << bad;
   }
 }

@@ -57,6 +57,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def routable_address() -> str | None:
+    """An address of this host that is not loopback (a job of several nodes refuses loopback), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # UDP: picks the outgoing address, sends nothing
+        except OSError:
+            return None
+        address = s.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
 def torchrun_style(rank: int, world: int, port: int) -> dict[str, str]:
     return {
         "RANK": str(rank),

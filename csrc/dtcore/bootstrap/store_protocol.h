@@ -38,6 +38,16 @@
 // that is not a dtcore store or has another job's secret. Authentication only: frames are not
 // encrypted, so the store carries no secrets of its own.
 //
+// Why the frames after the handshake carry no MAC: the boundary is the authenticated TCP
+// connection on an interface only the job uses (loopback for one node, the master address for
+// several; Note [Store address]). To act on such a connection a stranger must be on its path,
+// able to read and forge its TCP sequence numbers: root on a host of the job, or the network
+// between its hosts. That stranger also reaches the collectives' own connections (Gloo's and
+// NCCL's carry every gradient, with no authentication at all) and reads every store value as it
+// passes, so a MAC on each store frame would guard the one channel that matters least while the
+// others stay open. A network where strangers sit on the path needs its protection below dtcore
+// (a private network, VPN or IPsec between the job's hosts), which covers every channel at once.
+//
 // Requests, after the handshake (one frame each):
 //   op u8 | key count u32 | keys | value count u32 | values | number i64
 // Responses (one frame per request, in order):

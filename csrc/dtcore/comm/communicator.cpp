@@ -221,15 +221,25 @@ std::string Communicator::mismatch_message(const Collective& c) const {
   std::string calls = health_ ? health_->gather_calls(c.seq, mine) : std::string();
   if (calls.empty())
     calls = detail::cat("\n  - rank ", job_rank(), ": ", mine, " (the others' calls could not be read)");
-  return detail::cat("the ranks called different collectives at #", c.seq,
-                     " (or earlier; see the flight recorder):", calls,
-                     "\nNo data was exchanged for it. Fix: every rank must issue the same collectives in the same "
-                     "order, with the same sizes, dtypes, reductions and roots; find where the ranks' code paths "
-                     "part (a condition on the rank, or uneven data). `python -m dtcore.check --analyze LOG_DIR` "
-                     "lines the ranks' flight records up.");
+  return divergence_message(c.seq, false, calls, "No data was exchanged for it.");
+}
+
+std::function<std::string()> Communicator::divergence_probe() const {
+  std::shared_ptr<HealthMonitor> health;
+  {
+    std::lock_guard<std::mutex> lock(issue_mu_);  // an engine's thread may ask while set_health() runs
+    health = health_;
+  }
+  return [health = std::move(health)] { return health ? health->divergence() : std::string(); };
 }
 
 std::shared_ptr<Work> Communicator::issue(Collective c) {
+  // The ranks were found to differ (See Note [Collective signature]): nothing more runs.
+  if (health_ && health_->diverged()) {
+    if (!divergence_dumped_.exchange(true)) recorder_->dump("the ranks called different collectives");
+    DTCORE_CHECK(false, CommError, describe(c), " was not started on rank ", rank_, ": an earlier collective failed. ",
+                 health_->divergence());
+  }
   {
     // Numbered and signed under one lock, so that the signature chain follows the numbers.
     std::lock_guard<std::mutex> lock(issue_mu_);
@@ -240,7 +250,7 @@ std::shared_ptr<Work> Communicator::issue(Collective c) {
   std::string detail = call_detail(c);
   c.what = with_detail(detail::cat(name, " #", c.seq), detail);  // "all_reduce #12 (torch.float32[4096], avg)"
   recorder_->issued(CollectiveRecord{c.seq, std::string(name), std::move(detail), c.label, c.signature});
-  if (health_) health_->record_started(c.seq, c.what);
+  if (health_) health_->record_started(c.seq, c.what, c.signature);
   c.finished = [recorder = recorder_, health = health_, seq = c.seq](bool ok) {
     recorder->finished(seq, ok);
     if (health) health->record_finished(seq, ok);

@@ -50,13 +50,23 @@ std::string_view collective_name(CollectiveKind kind);  // "all_reduce", "reduce
 // Ranks must issue the same collectives in the same order: the same kind, reduction, root, dtype
 // and element counts, collective by collective. Each rank folds every collective it issues into
 // a running 64-bit signature, s_n = mix(s_{n-1}, seq, kind, op, root, dtype, numels), so that two
-// ranks agree on s_n exactly when they agreed on collectives 1..n. Gloo checks s_n across ranks
-// before collective n moves any data (a mismatched size would otherwise kill a rank inside Gloo,
-// and a mismatched dtype or op give a wrong result silently). A mismatch is a CommError on every
-// rank naming each rank's collective, and every later collective fails too. NCCL does not check
-// yet: the check needs a host round trip per call there, and the heartbeat comparison that would
-// catch it asynchronously is still to come; DTCORE_CHECK_COLLECTIVES=1 is refused on NCCL rather
-// than ignored, and a mismatch on NCCL is debugged on CPU with backend="gloo".
+// ranks agree on s_n exactly when they agreed on collectives 1..n. It is checked two ways:
+// - Before each call (CollectiveCheck, Gloo only): Gloo compares s_n across ranks before
+//   collective n moves any data (a mismatched size would otherwise kill a rank inside Gloo, and a
+//   mismatched dtype or op give a wrong result silently). It costs one small allreduce per call.
+// - Always, asynchronously, on any backend: the heartbeat carries s at the rank's latest
+//   collective, and each rank's health monitor compares its two neighbours' with its own history
+//   (SignatureHistory) every interval, off the collectives' path; every adjacent pair is compared
+//   by whichever is ahead. The first rank to see a difference announces it in the store; the two
+//   ranks publish their signature lists, every rank finds the first number at which they differ
+//   and publishes its call there. From then on every collective raises CommError naming each
+//   rank's call and that number, a diagnosis of a failing or timed-out wait names it, and NCCL's
+//   watchdog aborts the communicator so that its waits in flight fail. The mismatched collective
+//   itself has run by then (its result may be wrong): the finding comes about one interval
+//   later, at the next collective or wait. This is NCCL's check (a per-call one needs a host round
+//   trip per collective), and Gloo's under DTCORE_CHECK_COLLECTIVES=0.
+// Either way a mismatch is a CommError on every rank naming each rank's collective, and every
+// later collective fails too.
 
 // Note [Subgroup communicators]
 // torch DDP reduces over any process group, e.g. the data-parallel replicas beside tensor
@@ -138,9 +148,10 @@ class Work {
 
 // How a communicator checks that ranks call the same collectives; See Note [Collective signature].
 enum class CollectiveCheck {
-  kAuto,    // before every call on Gloo, where a mismatch would kill a rank; not on NCCL (not yet)
-  kAlways,  // before every call, everywhere: refused on NCCL until it checks
-  kNever,   // never: a mismatch on Gloo may then abort a rank or give a wrong result
+  kAuto,    // before every call on Gloo, where a mismatch would kill a rank; on NCCL the heartbeat's only
+  kAlways,  // before every call, everywhere: refused on NCCL, which checks through the heartbeat only
+  kNever,   // not before each call: a mismatch on Gloo may then abort a rank, or run and be found by the
+            // heartbeat about one interval later
 };
 
 struct CommunicatorOptions {
@@ -182,7 +193,10 @@ class Communicator {
 
   // With a monitor, every collective records its sequence number there, and a failure's
   // message names the dead or stalled ranks. Set once, before the first collective.
-  void set_health(std::shared_ptr<HealthMonitor> health) { health_ = std::move(health); }
+  void set_health(std::shared_ptr<HealthMonitor> health) {
+    std::lock_guard<std::mutex> lock(issue_mu_);  // an engine's thread may read it meanwhile: divergence()
+    health_ = std::move(health);
+  }
 
   // The collectives. `label` names one for the flight recorder (e.g. "bucket 3/5").
   // In place: every rank's `tensor` becomes the reduction over ranks.
@@ -229,6 +243,12 @@ class Communicator {
   // collective, since they all see the same mismatch.
   std::string mismatch_message(const Collective& c) const;
 
+  // The health monitor's finding that the ranks called different collectives, "" while none (or
+  // without a monitor). Calling the result never blocks: an engine's Work polls it while it waits,
+  // and a watchdog to fail the work in flight. It holds the monitor, as diagnosis_for() does.
+  // See Note [Collective signature].
+  std::function<std::string()> divergence_probe() const;
+
   // What the health monitor will say about collective `seq` failing ("" without a monitor).
   // Calling the result blocks for about two heartbeat intervals: only on the failure path.
   // It holds the monitor, not the communicator, so a Work may outlive its communicator.
@@ -258,6 +278,7 @@ class Communicator {
   uint64_t seq_ = 0;
   uint64_t signature_ = 0;
   std::shared_ptr<HealthMonitor> health_;
+  std::atomic<bool> divergence_dumped_{false};  // the flight record was dumped for it
 };
 
 }  // namespace dtcore

@@ -24,6 +24,9 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return c10d::ReduceOp::SUM;
 }
 
+// How often a wait looks at the heartbeat's finding while Gloo works.
+constexpr auto kDivergencePoll = std::chrono::milliseconds(100);
+
 double seconds_since(Clock::time_point t) {
   return static_cast<double>(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count() / 100) /
          10.0;
@@ -90,12 +93,13 @@ class GlooWorkGroup final : public c10d::Work {
 class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork> {
  public:
   GlooWork(Collective c, int rank /* the job rank, for messages */, int size, std::function<std::string()> diagnosis,
-           std::chrono::milliseconds timeout)
+           std::function<std::string()> divergence, std::chrono::milliseconds timeout)
       : Work(timeout, c.finished),
         c_(std::move(c)),
         rank_(rank),
         size_(size),
         diagnosis_(std::move(diagnosis)),
+        divergence_(std::move(divergence)),
         issued_(Clock::now()) {}
 
   const Collective& collective() const { return c_; }
@@ -103,23 +107,33 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
   // The submitter handed it to Gloo; `received` is a reduce-scatter's all-to-all output, reduced
   // into the output on completion (See Note [Reduce-scatter on Gloo]).
   void submitted(c10::intrusive_ptr<c10d::Work> work, at::Tensor received = {}) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      work_ = work;
-      received_ = std::move(received);
-    }
-    cv_.notify_all();
-    // The flight recorder's end of it, whoever waits (or nobody). Some of Gloo's works (e.g.
-    // _reduce_scatter_base) have no future: their end is reported by wait() or is_completed().
-    std::weak_ptr<GlooWork> self = weak_from_this();
+    // Some of Gloo's works (e.g. _reduce_scatter_base) have no future: their end is reported by
+    // wait() or is_completed().
     c10::intrusive_ptr<c10::ivalue::Future> future;
     try {
       future = work->getFuture();
     } catch (const std::exception&) {
-      return;
     }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      work_ = work;
+      received_ = std::move(received);
+      has_future_ = future.defined();
+    }
+    cv_.notify_all();
+    if (!future.defined()) return;
+    // The flight recorder's end of it, whoever waits (or nobody), and the wake-up of a wait that
+    // polls the heartbeat's finding. Never mu_: a wait holds it while Gloo completes the future.
+    std::weak_ptr<GlooWork> self = weak_from_this();
     future->addCallback([self](c10::ivalue::Future& f) {
-      if (auto w = self.lock()) w->report_finished(!f.hasError());
+      if (auto w = self.lock()) {
+        w->report_finished(!f.hasError());
+        {
+          std::lock_guard<std::mutex> lock(w->done_mu_);
+          w->gloo_done_ = true;
+        }
+        w->done_cv_.notify_all();
+      }
     });
   }
 
@@ -156,6 +170,21 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
                    knobs::kTimeout.name, ".");
     }
     DTCORE_CHECK(failure_.empty(), CommError, failure_);
+    // While Gloo works, the heartbeat may find that the ranks called different collectives: this
+    // wait then fails at once instead of at the timeout. See Note [Collective signature].
+    if (has_future_) {
+      std::unique_lock<std::mutex> done(done_mu_);  // after mu_: the callback takes done_mu_ alone
+      while (!gloo_done_ && Clock::now() < deadline) {
+        done_cv_.wait_until(done, std::min(deadline, Clock::now() + kDivergencePoll), [this] { return gloo_done_; });
+        if (gloo_done_) break;
+        std::string diverged = divergence_();
+        if (!diverged.empty()) {
+          done.unlock();
+          lock.unlock();
+          fail_diverged(diverged);
+        }
+      }
+    }
     c10::intrusive_ptr<c10d::Work> work = work_;
     const auto left = std::max(std::chrono::milliseconds(1),
                                std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
@@ -167,6 +196,8 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
       lock.unlock();
       report_finished(false);  // first: the peers' diagnoses then see this rank failed, not died
       std::string who = diagnosis_();
+      // A peer that found the ranks' collectives differ raised and left: that is the cause.
+      if (std::string diverged = divergence_(); !diverged.empty()) fail_diverged(diverged);
       DTCORE_CHECK(false, CommError, c_.what, " ", timed_out ? "timed out" : "failed", rank_text(), " after ",
                    seconds_since(issued_), " s (timeout ", timeout.count() / 1000.0, " s): ", msg,
                    who.empty() ? std::string() : "\n" + who,
@@ -192,6 +223,14 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
 
  private:
   std::string rank_text() const { return detail::cat(" on rank ", rank_); }
+
+  // The heartbeat found that the ranks called different collectives (See Note [Collective
+  // signature]): this wait fails with that finding.
+  void fail_diverged(const std::string& divergence) {
+    report_finished(false);
+    DTCORE_CHECK(false, CommError, c_.what, " failed", rank_text(), " after ", seconds_since(issued_),
+                 " s: ", divergence);
+  }
 
   // A reduce-scatter's shards are reduced, and for Avg the sum divided, exactly once.
   void complete_locked() {
@@ -219,6 +258,7 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
   const int rank_;
   const int size_;
   const std::function<std::string()> diagnosis_;
+  const std::function<std::string()> divergence_;  // never blocks: Communicator::divergence_probe()
   const Clock::time_point issued_;
 
   std::mutex mu_;  // the division must happen exactly once; guards the state below
@@ -226,7 +266,13 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
   c10::intrusive_ptr<c10d::Work> work_;  // set once handed to Gloo
   at::Tensor received_;                  // a reduce-scatter's all-to-all output, until reduced
   std::string failure_;                  // set when it never will be
+  bool has_future_ = false;              // Gloo's work has a future, whose callback sets gloo_done_
   bool done_ = false;
+  // Gloo finished it (ok or not): set by the future's callback, which must not take mu_ (a wait
+  // holds mu_ while Gloo completes the future).
+  std::mutex done_mu_;
+  std::condition_variable done_cv_;
+  bool gloo_done_ = false;  // guarded by done_mu_
 };
 
 GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Backend> backend, const Options& options)
@@ -237,7 +283,7 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Backend> backend, co
 GlooCommunicator::~GlooCommunicator() { close(); }
 
 std::shared_ptr<Work> GlooCommunicator::start(const Collective& c) {
-  auto work = std::make_shared<GlooWork>(c, job_rank(), size(), diagnosis_for(c), timeout());
+  auto work = std::make_shared<GlooWork>(c, job_rank(), size(), diagnosis_for(c), divergence_probe(), timeout());
   {
     std::lock_guard<std::mutex> lock(mu_);
     DTCORE_CHECK(backend_, CommError, c.what, " cannot start on rank ", job_rank(),

@@ -14,6 +14,8 @@
 // allreduce of the signatures) and then the collective itself: the caller never waits for the
 // check, and every rank hands Gloo the same sequence of calls, which Gloo's message tags need. A
 // mismatch fails that collective and every later one, on every rank, naming each rank's call.
+// Under kNever the heartbeat's comparison still finds a mismatch, after it ran: a wait polls the
+// health monitor's finding while Gloo works, and fails with it.
 //
 // Ownership: holds a reference to the backend and owns the submitter thread; a Work holds only
 // its own state and may outlive the communicator. Thread safety: see communicator.h.

@@ -1,6 +1,8 @@
 #include "dtcore/comm/health.h"
 
 #include <algorithm>
+#include <cinttypes>
+#include <cstdio>
 #include <map>
 #include <string>
 
@@ -21,6 +23,22 @@ using Clock = std::chrono::steady_clock;
 
 std::string key_of(size_t rank) { return "health/" + std::to_string(rank); }
 
+// Set by the first rank that finds two ranks' signatures differ: "seq:rank:rank" (the two ranks).
+const std::string kDivergedKey = "health/diverged";
+// A rank's signature list (SignatureHistory::encode()), published when it is one of those two.
+std::string signatures_key(int rank) { return "health/signatures/" + std::to_string(rank); }
+
+std::string text_of(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+// "all_reduce (torch.float32[8], sum)" from "all_reduce #12 (torch.float32[8], sum)".
+std::string without_number(const std::string& what) {
+  const size_t hash = what.find(" #");
+  if (hash == std::string::npos) return what;
+  const size_t end = what.find(' ', hash + 2);
+  return what.substr(0, hash) + (end == std::string::npos ? "" : what.substr(end));
+}
+
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 // A wait is worth a warning on the console after this long.
@@ -31,6 +49,14 @@ constexpr auto kWarnEvery = std::chrono::seconds(30);
 constexpr auto kKeepWatching = std::chrono::seconds(30);
 
 }  // namespace
+
+std::string divergence_message(uint64_t seq, bool exact, const std::string& calls, std::string_view consequence) {
+  return detail::cat("the ranks called different collectives at #", seq,
+                     exact ? ":" : " (or earlier; see the flight recorder):", calls, "\n", consequence,
+                     " Fix: every rank must issue the same collectives in the same order, with the same sizes, dtypes, "
+                     "reductions and roots; find where the ranks' code paths part (a condition on the rank, or uneven "
+                     "data). `python -m dtcore.check --analyze LOG_DIR` lines the ranks' flight records up.");
+}
 
 HealthMonitor::HealthMonitor(c10::intrusive_ptr<c10d::Store> beat_store, c10::intrusive_ptr<c10d::Store> sample_store,
                              int rank, std::vector<PeerInfo> peers, std::chrono::milliseconds interval,
@@ -109,11 +135,18 @@ void HealthMonitor::close() {
   if (watch_thread_.joinable()) watch_thread_.join();
 }
 
-void HealthMonitor::record_started(uint64_t seq, const std::string& what) {
+void HealthMonitor::record_started(uint64_t seq, const std::string& what, uint64_t signature) {
   std::lock_guard<std::mutex> lock(mu_);
   if (in_flight_.empty()) waiting_since_ = Clock::now();
   in_flight_.emplace(seq, what);
   started_ = std::max(started_, seq);
+  if (signature != 0) history_.add(seq, signature, without_number(what));
+}
+
+std::string HealthMonitor::divergence() {
+  if (!diverged()) return "";
+  std::lock_guard<std::mutex> lock(mu_);
+  return divergence_;
 }
 
 void HealthMonitor::record_finished(uint64_t seq, bool ok) {
@@ -136,6 +169,7 @@ Beat HealthMonitor::beat_now(Beat::State state) {
   b.finished = in_flight_.empty() ? started_ : in_flight_.begin()->first - 1;
   b.failed = failed_;
   b.state = state != Beat::State::kRunning ? state : failed_ != 0 ? Beat::State::kFailed : Beat::State::kRunning;
+  b.signature = history_.signature_at(started_).value_or(0);
   return b;
 }
 
@@ -176,18 +210,38 @@ void HealthMonitor::watch_loop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     const auto now = Clock::now();
-    if (!should_watch_locked(now)) {
-      watch_ = Watch{};  // a new watch starts afresh: silence is measured from its first sample
-      cv_.wait_for(lock, interval_, [this] { return stop_ || wanted_ > 0; });
-      continue;
-    }
-    lock.unlock();
     c10::intrusive_ptr<c10d::Store> store;
     {
       std::lock_guard<std::mutex> guard(sample_mu_);
       store = sample_store_;
     }
-    if (store) sample_once(store);
+    if (!should_watch_locked(now)) {
+      watch_ = Watch{};  // a new watch starts afresh: silence is measured from its first sample
+      cv_.wait_for(lock, interval_, [this] { return stop_ || wanted_ > 0; });
+      if (stop_ || !store || started_ == 0 || diverged()) continue;
+      lock.unlock();
+      // Between watches, the two neighbours' beats: every pair of adjacent ranks is compared by
+      // whichever of the two is ahead, so a difference anywhere shows. See Note [Collective signature].
+      const int world = static_cast<int>(peers_.size());
+      const std::vector<int> neighbours{(rank_ + 1) % world, (rank_ + world - 1) % world};
+      try {
+        check_signatures(*store, sample(*store, neighbours));
+      } catch (const std::exception& e) {
+        log::debug("health: reading the neighbours' heartbeats failed (will retry): ", error_text(e));
+      }
+      lock.lock();
+      continue;
+    }
+    lock.unlock();
+    if (store) {
+      sample_once(store);
+      std::vector<std::optional<Beat>> beats;
+      {
+        std::lock_guard<std::mutex> guard(mu_);
+        for (const PeerView& v : watch_.views) beats.push_back(v.seen ? std::optional<Beat>(v.beat) : std::nullopt);
+      }
+      if (!diverged()) check_signatures(*store, beats);
+    }
     warn_if_waiting();
     lock.lock();
     cv_.notify_all();  // diagnoses waiting for a sample
@@ -197,21 +251,112 @@ void HealthMonitor::watch_loop() {
   }
 }
 
-std::vector<std::optional<Beat>> HealthMonitor::sample(c10d::Store& store) const {
-  const size_t world = peers_.size();
+std::vector<std::optional<Beat>> HealthMonitor::sample(c10d::Store& store, const std::vector<int>& ranks) const {
+  std::vector<int> which = ranks;
+  if (which.empty()) {
+    for (size_t r = 0; r < peers_.size(); ++r) which.push_back(static_cast<int>(r));
+  }
   std::vector<std::string> keys;
-  for (size_t r = 0; r < world; ++r) keys.push_back(key_of(r));
-  std::vector<std::vector<uint8_t>> values(world);
+  for (int r : which) keys.push_back(key_of(static_cast<size_t>(r)));
+  std::vector<std::vector<uint8_t>> values(keys.size());
   if (store.check(keys)) {
     values = store.multiGet(keys);  // one round trip: the common case
   } else {
-    for (size_t r = 0; r < world; ++r) {
-      if (store.check({keys[r]})) values[r] = store.get(keys[r]);  // never get() a missing key: it blocks
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (store.check({keys[i]})) values[i] = store.get(keys[i]);  // never get() a missing key: it blocks
     }
   }
-  std::vector<std::optional<Beat>> out(world);
-  for (size_t r = 0; r < world; ++r) out[r] = Beat::decode(std::string(values[r].begin(), values[r].end()));
+  std::vector<std::optional<Beat>> out(peers_.size());
+  for (size_t i = 0; i < keys.size(); ++i) out[static_cast<size_t>(which[i])] = Beat::decode(text_of(values[i]));
   return out;
+}
+
+void HealthMonitor::check_signatures(c10d::Store& store, const std::vector<std::optional<Beat>>& beats) {
+  std::string found;
+  try {
+    if (store.check({kDivergedKey})) found = text_of(store.get(kDivergedKey));  // another rank found one
+    if (found.empty()) {
+      std::string mine;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (size_t r = 0; r < beats.size() && found.empty(); ++r) {
+          const auto& b = beats[r];
+          if (static_cast<int>(r) == rank_ || !b || b->signature == 0) continue;
+          // Compared where this rank still knows its own signature: the peer at or behind it.
+          std::optional<uint64_t> own = history_.signature_at(b->started);
+          if (!own || *own == b->signature) continue;
+          found = detail::cat(b->started, ":", std::min<size_t>(r, rank_), ":", std::max<size_t>(r, rank_));
+          mine = history_.encode(b->started);
+        }
+      }
+      if (found.empty()) return;
+      store.set(signatures_key(rank_), bytes_of(mine));  // before the announcement, so it is there when read
+      store.set(kDivergedKey, bytes_of(found));
+    }
+  } catch (const std::exception& e) {
+    log::debug("health: comparing the collective signatures failed (will retry): ", error_text(e));
+    return;
+  }
+  settle_divergence(store, found);
+}
+
+void HealthMonitor::settle_divergence(c10d::Store& store, const std::string& found) {
+  uint64_t seq = 0;
+  int a = -1, b = -1;
+  const int world = static_cast<int>(peers_.size());
+  if (std::sscanf(found.c_str(), "%" SCNu64 ":%d:%d", &seq, &a, &b) != 3 || a < 0 || b < 0 || a >= world ||
+      b >= world) {
+    log::debug("health: a malformed divergence record '", found, "' in the store; ignored");
+    return;
+  }
+  // The two ranks publish their signature lists; every rank reads both and finds the same first
+  // difference, then each publishes its call there (gather_calls()).
+  FirstDifference first{seq, false};
+  try {
+    if (rank_ == a || rank_ == b) {
+      std::string mine;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        mine = history_.encode(seq);
+      }
+      store.set(signatures_key(rank_), bytes_of(mine));
+    }
+    const std::vector<std::string> keys{signatures_key(a), signatures_key(b)};
+    const auto deadline = Clock::now() + std::max(interval_ * 3, std::chrono::milliseconds(3000));
+    Backoff backoff(std::chrono::milliseconds(5), std::chrono::milliseconds(200));
+    while (!store.check(keys) && Clock::now() < deadline) backoff.pause();
+    if (store.check(keys)) {
+      auto lists = store.multiGet(keys);
+      auto la = SignatureList::decode(text_of(lists[0])), lb = SignatureList::decode(text_of(lists[1]));
+      if (la && lb) first = first_difference(*la, *lb).value_or(first);
+    }
+  } catch (const std::exception& e) {
+    log::debug("health: reading the signature lists of ranks ", named(a), " and ", named(b),
+               " failed: ", error_text(e));
+  }
+  std::string mine;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    mine = history_.call_at(first.seq).value_or("(no longer in this rank's history)");
+  }
+  std::string calls = gather_calls(first.seq, mine);
+  if (calls.empty())
+    calls = detail::cat("\n  - rank ", named(rank_), ": ", mine, " (the others' calls could not be read)");
+  std::string text = divergence_message(
+      first.seq, first.exact, calls,
+      detail::cat("Found by comparing the ranks' heartbeats, after it ran (found by ranks ", named(a), " and ",
+                  named(b), " at #", seq,
+                  "): on a backend that does not check each call before it runs, it may have exchanged "
+                  "data of another size, dtype or reduction, so its results and those since are wrong; every "
+                  "collective from now on fails."));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!divergence_.empty()) return;
+    divergence_ = text;
+    diverged_flag_.store(true, std::memory_order_release);
+  }
+  cv_.notify_all();
+  log::error(text);
 }
 
 void HealthMonitor::sample_once(const c10::intrusive_ptr<c10d::Store>& store) {
@@ -327,6 +472,7 @@ std::string HealthMonitor::gather_calls(uint64_t seq, const std::string& mine) {
 
 std::string HealthMonitor::diagnose(uint64_t failing_seq, const std::string& op_name) {
   if (closed_) return "";
+  if (diverged()) return divergence();  // the cause of any failure since
   std::unique_lock<std::mutex> lock(mu_);
   const auto asked = Clock::now();
   ++wanted_;
@@ -344,6 +490,9 @@ std::string HealthMonitor::diagnose(uint64_t failing_seq, const std::string& op_
   });
   --wanted_;
   if (stop_ || closed_) return "";  // shut down meanwhile: not a finding
+  // A peer that found the ranks' collectives differ raises and leaves: the watch's samples have
+  // settled that finding by now (check_signatures()), and it, not the peer's exit, is the cause.
+  if (diverged()) return divergence_;
   if (!ready) {
     return detail::cat("health check: the rendezvous store did not answer within ", seconds(bound), " s, so ",
                        store_owner_, " is stopped or its host is unreachable; look at it first.");

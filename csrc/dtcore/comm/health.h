@@ -11,6 +11,13 @@
 // has (at once after a timeout, within about two intervals after a sudden failure), so that every
 // bucket failing in one backward shares one diagnosis. See Note [Heartbeat].
 //
+// The watch thread also compares the ranks' collective signatures, always, every interval: the
+// beat carries this rank's latest one, and the two neighbours' beats are read and compared with
+// this rank's history. A difference is settled on every rank (the first collective at which the
+// ranks differ, and each rank's call there) and from then on divergence() says so: the
+// communicator raises it at the next collective, and a diagnosis names it. See Note [Collective
+// signature].
+//
 // Ownership: owns its threads and its two store connections. Thread safety: record_started() and
 // record_finished() may be called from any thread; diagnose() from several at once.
 #pragma once
@@ -28,8 +35,13 @@
 
 #include "dtcore/bootstrap/rendezvous.h"
 #include "dtcore/comm/peer_state.h"
+#include "dtcore/comm/signature_history.h"
 
 namespace dtcore {
+
+// The message for ranks that called different collectives, first at `seq` (`exact` false: at
+// `seq` or earlier): `calls` are gather_calls()'s lines, `consequence` what became of the data.
+std::string divergence_message(uint64_t seq, bool exact, const std::string& calls, std::string_view consequence);
 
 struct PeerInfo {
   std::string host;
@@ -56,8 +68,9 @@ class HealthMonitor {
   HealthMonitor(const HealthMonitor&) = delete;
   HealthMonitor& operator=(const HealthMonitor&) = delete;
 
-  // This rank started collective `seq` (`what`: "all_reduce #12 (torch.float32[8], sum)").
-  void record_started(uint64_t seq, const std::string& what);
+  // This rank started collective `seq` (`what`: "all_reduce #12 (torch.float32[8], sum)"), whose
+  // running signature is `signature` (0: none, not compared). See Note [Collective signature].
+  void record_started(uint64_t seq, const std::string& what, uint64_t signature = 0);
   // Collective `seq` finished here, successfully or not.
   void record_finished(uint64_t seq, bool ok);
 
@@ -72,6 +85,12 @@ class HealthMonitor {
   // thread's samples; blocks only until they span dead_after() (about two intervals after a
   // sudden failure), at most that plus two store timeouts when the store does not answer.
   std::string diagnose(uint64_t failing_seq, const std::string& op_name);
+
+  // Whether the ranks were found to have called different collectives; never blocks.
+  bool diverged() const { return diverged_flag_.load(std::memory_order_acquire); }
+  // The message naming the first collective at which they differ and each rank's call there;
+  // "" while none was found.
+  std::string divergence();
 
   // A beat that has not advanced for this long means the process is dead or stopped.
   std::chrono::milliseconds dead_after() const { return interval_ * 2 + interval_ / 5; }
@@ -92,7 +111,8 @@ class HealthMonitor {
     std::string store_error;                                      // the last sample failed: the store is unreachable
   };
 
-  std::vector<std::optional<Beat>> sample(c10d::Store& store) const;
+  // The beats of `ranks` (every rank when empty), by rank; nullopt for one not (yet) there.
+  std::vector<std::optional<Beat>> sample(c10d::Store& store, const std::vector<int>& ranks = {}) const;
   Beat beat_now(Beat::State state);
   void beat_once(Beat::State state = Beat::State::kRunning);
   void beat_loop();
@@ -107,6 +127,12 @@ class HealthMonitor {
   bool confirmed_locked() const;
   // The judgement of the current watch at `seq`; mu_ held.
   std::string judge_locked(uint64_t seq, const std::string& op_name);
+  // Compares this rank's signatures with the peers' in `beats` (by rank), and looks for a
+  // difference another rank found; settles one found either way. Takes mu_ itself; store errors
+  // are logged at debug level (the next interval tries again).
+  void check_signatures(c10d::Store& store, const std::vector<std::optional<Beat>>& beats);
+  // Every rank's part of settling a difference that `found` ("seq:rank:rank") announced.
+  void settle_divergence(c10d::Store& store, const std::string& found);
   // Logs a warning about the collective this rank waits in, when it has waited long enough and
   // the judgement changed or 30 s passed since the last one.
   void warn_if_waiting();
@@ -122,6 +148,7 @@ class HealthMonitor {
   const std::string store_owner_;                  // "rank 0 (host a)" or "the torchrun agent", for messages
 
   std::atomic<bool> closed_{false};
+  std::atomic<bool> diverged_flag_{false};  // divergence_ is set: read on every collective, without mu_
 
   // Why two connections: a diagnosis waits on replies (check, get), which c10d's client does not
   // bound when the server is stopped; the heartbeat only sends (set), so it never waits behind one.
@@ -139,6 +166,8 @@ class HealthMonitor {
   // Progress: the collectives started and not finished, with their names; the first failure.
   uint64_t started_ = 0, failed_ = 0;
   std::map<uint64_t, std::string> in_flight_;
+  SignatureHistory history_;                             // this rank's last collectives' signatures and calls
+  std::string divergence_;                               // set once: see divergence()
   std::chrono::steady_clock::time_point waiting_since_;  // when the oldest in-flight one started
   // Diagnosis: how many wait for a sample, and until when to keep watching after one.
   int wanted_ = 0;

@@ -252,6 +252,7 @@ class NcclWork final : public Work {
       if (status == kFailed) {
         std::string failure = state_->failure();
         std::string who = diagnosis_();
+        if (who == failure) who.clear();  // the communicator was aborted for what the diagnosis says
         DTCORE_CHECK(false, CommError, what_, " failed on ", state_->where(), ": ",
                      failure.empty() ? "the communicator was closed (close() or dtcore.shutdown()) before the "
                                        "collective completed. Fix: wait on every collective before dtcore.shutdown()."
@@ -353,8 +354,9 @@ NcclCommunicator::NcclCommunicator(const c10::intrusive_ptr<c10d::Store>& store,
       device_(device) {
   DTCORE_CHECK(options.check != CollectiveCheck::kAlways, ConfigError, knobs::kCheckCollectives.name,
                "=1 asks to check every collective across ranks before it runs, which dtcore's NCCL communicator "
-               "does not do yet. Fix: unset it for NCCL, and find a mismatch on CPU (dtcore.init(backend='gloo'), "
-               "where every call is checked).");
+               "does not do (it would cost a host round trip per call); on NCCL a mismatch is found through the "
+               "heartbeat about one interval after it ran. Fix: unset it for NCCL, or find a mismatch on CPU "
+               "(dtcore.init(backend='gloo'), where every call is checked before it runs).");
   const std::chrono::milliseconds timeout = options.timeout;
   NcclState& s = *state_;
   DeviceScope scope(device);
@@ -647,6 +649,9 @@ void NcclCommunicator::watchdog_loop() {
       }
     }
     finished.clear();
+    // The ranks called different collectives (found through the heartbeat): the works in flight
+    // would hang or return wrong data. See Note [Collective signature].
+    if (reason.empty() && s.failure().empty()) reason = divergence_probe()();
     if (!reason.empty()) {
       s.abort(reason);  // waits for an enqueue in progress, which is itself bounded by timeout()
       continue;

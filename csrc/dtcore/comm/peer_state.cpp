@@ -10,8 +10,8 @@
 namespace dtcore {
 namespace {
 
-bool parse_u64(std::string_view text, uint64_t& out) {
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+bool parse_u64(std::string_view text, uint64_t& out, int base = 10) {
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out, base);
   return ec == std::errc() && end == text.data() + text.size() && !text.empty();
 }
 
@@ -28,7 +28,10 @@ enum Tier { kSilent, kLeftEarly, kBusy, kBehind, kFailed, kNone };
 }  // namespace
 
 std::string Beat::encode() const {
-  return detail::cat(count, ":", started, ":", finished, ":", static_cast<char>(state), ":", failed);
+  char sig[17];
+  auto [end, ec] = std::to_chars(sig, sig + sizeof sig, signature, 16);
+  return detail::cat(count, ":", started, ":", finished, ":", static_cast<char>(state), ":", failed, ":",
+                     std::string_view(sig, static_cast<size_t>(end - sig)));
 }
 
 std::optional<Beat> Beat::decode(std::string_view text) {
@@ -40,9 +43,9 @@ std::optional<Beat> Beat::decode(std::string_view text) {
     start = colon + 1;
   }
   Beat b;
-  if (parts.size() != 5 || parts[3].size() != 1) return std::nullopt;
+  if (parts.size() != 6 || parts[3].size() != 1) return std::nullopt;
   if (!parse_u64(parts[0], b.count) || !parse_u64(parts[1], b.started) || !parse_u64(parts[2], b.finished) ||
-      !parse_u64(parts[4], b.failed)) {
+      !parse_u64(parts[4], b.failed) || !parse_u64(parts[5], b.signature, 16)) {
     return std::nullopt;
   }
   switch (parts[3][0]) {

@@ -25,8 +25,11 @@ namespace dtcore {
 // finished, so a peer can tell a rank waiting in the same collective (a victim, never accused)
 // from one that has not reached it (busy in its own code, or on another path). A rank whose
 // collective failed says so ('f', with the number); one that shut down says so last ('x'), so
-// that the ranks outliving it do not take an orderly exit for a death. Peers sample the beats
+// that the ranks outliving it do not take an orderly exit for a death. Peers sample all the beats
 // only while one of their collectives waits longer than an interval, or to diagnose a failure.
+// The beat also carries the running signature of the last collective started, which each rank
+// compares with its own at that number, reading its two neighbours' beats every interval (See
+// Note [Collective signature]).
 struct Beat {
   enum class State : char { kRunning = 'r', kFailed = 'f', kLeft = 'x' };
 
@@ -34,9 +37,11 @@ struct Beat {
   uint64_t started = 0;   // the last collective issued here (0: none yet)
   uint64_t finished = 0;  // the last collective finished here, ok or not
   State state = State::kRunning;
-  uint64_t failed = 0;  // the first collective that failed here (0: none)
+  uint64_t failed = 0;     // the first collective that failed here (0: none)
+  uint64_t signature = 0;  // the running signature at `started` (0: none)
 
-  // "count:started:finished:state:failed", e.g. "41:17:16:r:0".
+  // "count:started:finished:state:failed:signature" (the signature in hexadecimal), e.g.
+  // "41:17:16:r:0:9e3779b97f4a7c15".
   std::string encode() const;
   // nullopt for anything else (a foreign or older value).
   static std::optional<Beat> decode(std::string_view text);

@@ -18,6 +18,7 @@ from launch_helpers import (
     leftover_processes,
     mpich_style,
     openmpi_style,
+    routable_address,
     run_processes,
     run_ranks,
     slurm_style,
@@ -254,20 +255,9 @@ def test_console_shows_rank0_and_every_rank_writes_its_file(tmp_path):
     assert "[rank 1/2 " in files["rank1.log"].read_text()
 
 
-def _routable_address() -> str | None:
-    """An address of this host that is not loopback (a job of several nodes refuses loopback), or None."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("192.0.2.1", 9))  # UDP: picks the outgoing address, sends nothing
-        except OSError:
-            return None
-        address = s.getsockname()[0]
-    return None if address.startswith("127.") else address
-
-
 def test_two_nodes_of_one_process_on_one_machine_train():
     """NODE_RANK 0 and 1, LOCAL_RANK 0 on both, one host: on CPU they share no device, so they train."""
-    address = _routable_address()
+    address = routable_address()
     if address is None:
         pytest.skip("this machine has no address other than loopback")
     port = free_port()

@@ -26,6 +26,7 @@ from launch_helpers import (
     describe,
     free_port,
     leftover_processes,
+    routable_address,
     run_processes,
     run_ranks,
     torchrun_style,
@@ -278,3 +279,33 @@ def test_e_a_one_node_job_serves_at_loopback_whatever_master_addr_says(tmp_path)
     with live_job(bare, drop=("LOCAL_RANK", "LOCAL_WORLD_SIZE"), MASTER_ADDR=address) as (port, _):
         assert _reachable(family, address, port)
         assert not _reachable(socket.AF_INET, "127.0.0.1", port)
+
+
+@pytest.mark.parametrize("secret", [None, "a-secret-shared-by-the-nodes"])
+def test_b_a_job_of_several_nodes_without_a_secret_is_warned_once_on_rank_0(secret):
+    """Without DTCORE_JOB_SECRET a job of several nodes has no private channel for a secret, so its
+    store's secret is one anyone running dtcore can derive (Note [Job secret]): rank 0 says so once,
+    at warning level, naming DTCORE_JOB_SECRET as the fix; with the variable set, nothing is said."""
+    address = routable_address()
+    if address is None:
+        pytest.skip("this machine has no address other than loopback")
+    port = free_port()
+    extra = {"DTCORE_JOB_SECRET": secret} if secret else {}
+    envs = [
+        clean_env(
+            **dict(torchrun_style(rank, 2, port), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR=address),
+            NODE_RANK=str(rank),
+            **extra,
+        )
+        for rank in range(2)
+    ]
+    results, sessions = run_ranks("allreduce_worker.py", envs, timeout=120)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    warnings = [[line for line in r.stderr.splitlines() if "authenticates nobody" in line] for r in results]
+    if secret:
+        assert warnings == [[], []], describe(results)
+    else:
+        assert len(warnings[0]) == 1 and warnings[1] == [], describe(results)
+        assert "[W] [rank 0/2 " in warnings[0][0] and "Fix: " in warnings[0][0], warnings[0][0]
+        assert "export DTCORE_JOB_SECRET=$(openssl rand -hex 32)" in warnings[0][0], warnings[0][0]
+    assert not leftover_processes(sessions)

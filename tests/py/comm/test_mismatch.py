@@ -46,6 +46,30 @@ def test_a_mismatch_is_a_comm_error_on_every_rank_naming_both_calls(case, tmp_pa
     assert "rank 0 (host " in report and "all_reduce (torch.float32[1000], sum)" in report, report
 
 
+@pytest.mark.parametrize("case", ["op", "dtype"])
+def test_without_the_check_before_each_call_the_heartbeat_finds_a_mismatch(case, tmp_path):
+    """The two silent-wrong cases (sum against max; float32 against int32 of the same size) with no
+    check before each call, as on NCCL: the call runs, and the ranks' signatures compared through the
+    heartbeat end the job with a CommError on both ranks naming both calls (Note [Collective signature])."""
+    port = free_port()
+    envs = [
+        clean_env(DTCORE_LOG_DIR=str(tmp_path), DTCORE_CHECK_COLLECTIVES="0", **torchrun_style(rank, 2, port))
+        for rank in range(2)
+    ]
+    results, sessions = run_ranks("mismatch_worker.py", envs, args=(case, "heartbeat"), timeout=90)
+    assert [r.returncode for r in results] == [0, 0], describe(results)
+    for r in results:
+        j = r.json()
+        assert "error" not in j, j  # no check before the call: it ran
+        message = j["later"]
+        assert "the ranks called different collectives at #2:" in message, message
+        assert "rank 0: all_reduce (torch.float32[1000], sum)" in message, message
+        assert f"rank 1: {RANK1[case]}" in message, message
+        assert "Found by comparing the ranks' heartbeats" in message and "Fix:" in message, message
+        assert j["after"] < 10, j  # about one heartbeat interval, never the timeout
+    assert leftover_processes(sessions) == []
+
+
 def test_analyze_names_a_rank_that_fell_behind_and_refuses_an_empty_folder(tmp_path):
     def record(rank, seq, state, signature):
         return (
