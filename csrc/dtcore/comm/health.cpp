@@ -117,6 +117,7 @@ void HealthMonitor::close() {
   }
   cv_.notify_all();
   if (beat_thread_.joinable()) beat_thread_.join();
+  linger_for_readers();
   try {
     beat_once(Beat::State::kLeft);  // the others now know this rank left, and did not die
   } catch (const std::exception& e) {
@@ -133,6 +134,32 @@ void HealthMonitor::close() {
   // The watch thread may sit in a store call for up to request_bound_; it holds its own
   // reference to the connection, and this object outlives it only if joined.
   if (watch_thread_.joinable()) watch_thread_.join();
+}
+
+void HealthMonitor::linger_for_readers() {
+  // A mismatch ends the job: this rank raises and may exit, and on rank 0 the store goes with it
+  // while a peer still reads this rank's call to name it. So a rank that gathered the ranks' calls
+  // waits, bounded, until every peer has read them too (each acknowledges in gather_calls()).
+  std::string prefix;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    prefix = gathered_prefix_;
+  }
+  c10::intrusive_ptr<c10d::Store> store;
+  {
+    std::lock_guard<std::mutex> lock(sample_mu_);
+    store = sample_store_;
+  }
+  if (prefix.empty() || !store) return;
+  std::vector<std::string> keys;
+  for (size_t r = 0; r < peers_.size(); ++r) keys.push_back(prefix + "read/" + std::to_string(r));
+  const auto deadline = Clock::now() + std::max(interval_ * 3, std::chrono::milliseconds(3000));
+  Backoff backoff(std::chrono::milliseconds(5), std::chrono::milliseconds(100));
+  try {
+    while (!store->check(keys) && Clock::now() < deadline) backoff.pause();
+  } catch (const std::exception& e) {
+    log::debug("health: waiting for the others to read the ranks' calls failed: ", error_text(e));
+  }
 }
 
 void HealthMonitor::record_started(uint64_t seq, const std::string& what, uint64_t signature) {
@@ -462,6 +489,15 @@ std::string HealthMonitor::gather_calls(uint64_t seq, const std::string& mine) {
   } catch (const std::exception& e) {
     log::debug("health: reading the ranks' calls at #", seq, " failed: ", error_text(e));
     return "";
+  }
+  try {
+    store->set(prefix + "read/" + std::to_string(rank_), std::vector<uint8_t>{1});  // see close()
+  } catch (const std::exception& e) {
+    log::debug("health: acknowledging the ranks' calls at #", seq, " failed: ", error_text(e));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    gathered_prefix_ = prefix;
   }
   std::string out;
   for (const auto& [call, ranks] : by_call) {

@@ -133,6 +133,8 @@ class HealthMonitor {
   void check_signatures(c10d::Store& store, const std::vector<std::optional<Beat>>& beats);
   // Every rank's part of settling a difference that `found` ("seq:rank:rank") announced.
   void settle_divergence(c10d::Store& store, const std::string& found);
+  // close(): after gather_calls(), waits (bounded) until every peer has read the calls too.
+  void linger_for_readers();
   // Logs a warning about the collective this rank waits in, when it has waited long enough and
   // the judgement changed or 30 s passed since the last one.
   void warn_if_waiting();
@@ -166,8 +168,9 @@ class HealthMonitor {
   // Progress: the collectives started and not finished, with their names; the first failure.
   uint64_t started_ = 0, failed_ = 0;
   std::map<uint64_t, std::string> in_flight_;
-  SignatureHistory history_;                             // this rank's last collectives' signatures and calls
-  std::string divergence_;                               // set once: see divergence()
+  SignatureHistory history_;     // this rank's last collectives' signatures and calls
+  std::string divergence_;       // set once: see divergence()
+  std::string gathered_prefix_;  // the last gather_calls()'s keys: close() lets the others read them
   std::chrono::steady_clock::time_point waiting_since_;  // when the oldest in-flight one started
   // Diagnosis: how many wait for a sample, and until when to keep watching after one.
   int wanted_ = 0;
