@@ -247,10 +247,11 @@ CASES = [
 ]
 
 
-def main() -> None:
+def run_cases(cases) -> None:
+    """Runs each case on this rank, one JSON report line: {case name: its result, or what it raised}."""
     ctx = dtcore.init(timeout=60)
     report = {"rank": ctx.rank}
-    for case in CASES:
+    for case in cases:
         try:
             report[case.__name__] = case(ctx.rank)
         except Exception:
@@ -259,6 +260,10 @@ def main() -> None:
     sys.stdout.write(json.dumps(report) + "\n")
     sys.stdout.flush()
     dtcore.shutdown()
+
+
+def main() -> None:
+    run_cases(CASES)
 
 
 if __name__ == "__main__":

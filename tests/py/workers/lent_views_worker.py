@@ -8,11 +8,9 @@ values; a parameter no rank uses keeps None.
 """
 
 import copy
-import json
-import sys
-import traceback
 
 import torch
+from ddp_semantics_worker import run_cases
 
 import dtcore
 
@@ -89,17 +87,7 @@ CASES = [set_to_none_steps]
 
 
 def main() -> None:
-    ctx = dtcore.init(timeout=60)
-    report = {"rank": ctx.rank}
-    for case in CASES:
-        try:
-            report[case.__name__] = case(ctx.rank)
-        except Exception:
-            report[case.__name__] = {"raised": traceback.format_exc()[-1500:]}
-        dtcore.barrier()
-    sys.stdout.write(json.dumps(report) + "\n")
-    sys.stdout.flush()
-    dtcore.shutdown()
+    run_cases(CASES)
 
 
 if __name__ == "__main__":
