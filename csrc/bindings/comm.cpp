@@ -31,6 +31,10 @@ void bind_comm(py::module_& m) {
           py::arg("timeout_s") = py::none(),
           "Blocks until done; CommError on failure or after the timeout "
           "(the communicator's, unless given)")
+      .def("wait_on_stream", &Work::wait_on_stream, py::call_guard<py::gil_scoped_release>(),
+           "On NCCL: the current CUDA stream waits for the collective, and this returns at once (a "
+           "failure found later aborts the communicator and its next collective raises); elsewhere "
+           "the same as wait()")
       .def("is_completed", &Work::is_completed, py::call_guard<py::gil_scoped_release>());
 
   py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")

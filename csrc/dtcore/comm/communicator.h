@@ -117,6 +117,27 @@ std::string describe(const Collective& c);
 // step's time to tell a rank's own work from waiting on the others (its straggler rule).
 double wait_seconds();
 
+// Note [Waiting on the stream]
+// Work::wait() blocks the calling thread until the collective is done, on every backend: its
+// timeout and its error are the caller's to see. On a GPU that has a cost. The thread that waits
+// at the end of backward (the reducer) is the one that queues the optimizer step and the next
+// forward; blocked until the last bucket is reduced, it lets the GPU's queue run dry, and the GPU
+// then waits for each kernel launch of the step and the forward after it: 4-9 % of a GPT-2 step at
+// world size 1 on an H100 (docs/benchmarks.md), where torch DDP's wait orders streams instead.
+// wait_on_stream() is that stream-ordered wait: the caller's current stream waits on the
+// collective's completion event and the thread goes on. Nothing is lost for failures:
+//  - a collective already known to have failed raises here, as wait() would;
+//  - one that fails or times out later is failed by the communicator's watchdog, which aborts the
+//    communicator (Note [Abort marks in-flight work failed]); its kernels end, so the stream does
+//    not hang, and the next collective or wait() on that communicator raises the failure, naming
+//    the collective. Results computed after the failed collective on that stream are garbage, as
+//    with torch DDP, and never leave the process through dtcore: a checkpoint save and every
+//    reduction of a loss or metric go through the aborted communicator and raise.
+//  - the tensors stay alive until the GPU is done with them: the communicator's in-flight list
+//    holds them, whoever drops the Work.
+// The reducer (finalize, and zero=2's bound on buckets in flight) and ShardedOptimizer's
+// all-gathers use it; user-facing waits (dtcore.all_reduce, Work.wait in Python) block, since a
+// script that reads the result on the host expects it.
 class Work {
  public:
   explicit Work(std::chrono::milliseconds default_timeout, std::function<void(bool ok)> finished = {})
@@ -128,6 +149,11 @@ class Work {
   void wait(std::chrono::milliseconds timeout);
   // The same with the communicator's timeout.
   void wait() { wait(default_timeout_); }
+  // Orders the caller's later work after the collective, without blocking this thread where the
+  // engine can: on NCCL the caller's current CUDA stream waits for the collective's completion
+  // event; elsewhere this is wait(). Raises at once for a collective already known to have failed.
+  // See Note [Waiting on the stream].
+  virtual void wait_on_stream() { wait(); }
   // True once the collective has finished, successfully or not (wait() then returns or raises
   // at once). Never blocks.
   virtual bool is_completed() = 0;
@@ -165,11 +191,18 @@ struct CommunicatorOptions {
 
   // The options `settings` ask for (timeout, DTCORE_CHECK_COLLECTIVES, DTCORE_FLIGHT_RECORDER).
   static CommunicatorOptions from(const Settings& settings);
+  // The defaults with this timeout.
+  static CommunicatorOptions with_timeout(std::chrono::milliseconds timeout) {
+    CommunicatorOptions o;
+    o.timeout = timeout;
+    return o;
+  }
 };
 
 class Communicator {
  public:
-  Communicator(int rank, int size, std::chrono::milliseconds timeout) : Communicator(rank, size, Options{timeout}) {}
+  Communicator(int rank, int size, std::chrono::milliseconds timeout)
+      : Communicator(rank, size, Options::with_timeout(timeout)) {}
   using Options = CommunicatorOptions;
   // ConfigError when options.ranks is given but does not hold `size` job ranks.
   Communicator(int rank, int size, const Options& options);

@@ -40,7 +40,7 @@ class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(c10::intrusive_ptr<c10d::Backend> backend, const Options& options);
   GlooCommunicator(c10::intrusive_ptr<c10d::Backend> backend, std::chrono::milliseconds timeout)
-      : GlooCommunicator(std::move(backend), Options{timeout}) {}
+      : GlooCommunicator(std::move(backend), Options::with_timeout(timeout)) {}
   ~GlooCommunicator() override;  // close()
 
   std::string_view backend() const override { return "gloo"; }

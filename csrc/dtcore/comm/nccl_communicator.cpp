@@ -280,6 +280,12 @@ class NcclWork final : public Work {
     }
   }
 
+  // See Note [Waiting on the stream].
+  void wait_on_stream() override {
+    if (settle() == kFailed) wait_for(std::chrono::milliseconds(0));  // raises, naming the failure
+    order_caller_stream();
+  }
+
   const std::string& what() const { return what_; }
   Clock::time_point start() const { return start_; }
   int status() const { return status_.load(); }

@@ -52,7 +52,7 @@ class NcclCommunicator final : public Communicator {
                    const Options& options);
   NcclCommunicator(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int device,
                    std::chrono::milliseconds timeout)
-      : NcclCommunicator(store, rank, size, device, Options{timeout}) {}
+      : NcclCommunicator(store, rank, size, device, Options::with_timeout(timeout)) {}
   ~NcclCommunicator() override;  // close()
 
   std::string_view backend() const override { return "nccl"; }

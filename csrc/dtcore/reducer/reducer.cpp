@@ -1,6 +1,8 @@
 #include "dtcore/reducer/reducer.h"
 
+#include <type_traits>
 #include <unordered_set>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -14,6 +16,10 @@
 #include "dtcore/common/log.h"
 
 namespace dtcore {
+
+static_assert(std::is_same_v<detail::NodePtr,
+                             decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()))>,
+              "detail::NodePtr (reducer.h) is not what this torch's grad_accumulator() returns: move its version test");
 
 namespace {
 constexpr size_t kShardedInFlight = 1;  // See Note [Buckets in flight]
@@ -495,7 +501,7 @@ void Reducer::drain_locked(size_t keep) {
     BucketState& b = buckets_[drained_];
     if (next_bucket_ - drained_ <= keep && !b.work->is_completed()) return;
     try {
-      b.work->wait();
+      b.work->wait_on_stream();  // on GPU the allocator reuses the bucket in stream order
     } catch (...) {
       reset_locked();  // this backward ends with the error; the next starts clean
       throw;
@@ -614,7 +620,7 @@ void Reducer::finalize() {
   std::exception_ptr failure;
   for (BucketState* b : launched) {
     try {
-      if (b->work) b->work->wait();
+      if (b->work) b->work->wait_on_stream();  // See Note [Waiting on the stream]
       if (b->future) {
         wait_hook_future(b->future, comm_->timeout(), "the communication hook's future for " + b->label, comm_->rank());
         at::Tensor result = hook_result(*hook_, b->future, b->buffer.numel(), b->label);

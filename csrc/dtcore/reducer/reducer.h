@@ -94,10 +94,22 @@
 #include "dtcore/reducer/comm_hook.h"
 #include "dtcore/reducer/shard_plan.h"
 
+#include <torch/headeronly/version.h>
+
 namespace torch::autograd {
 struct Node;
 struct FunctionPreHook;
 }  // namespace torch::autograd
+
+namespace dtcore::detail {
+// What torch holds an autograd node by (grad_accumulator() returns it): c10::intrusive_ptr from
+// torch 2.13 on, std::shared_ptr before. reducer.cpp checks this guess against the real return type.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
+using NodePtr = c10::intrusive_ptr<torch::autograd::Node>;
+#else
+using NodePtr = std::shared_ptr<torch::autograd::Node>;
+#endif
+}  // namespace dtcore::detail
 
 namespace dtcore {
 
@@ -196,9 +208,9 @@ class Reducer {
     at::Tensor param;
     std::string name;
     size_t bucket = 0;
-    at::Tensor view;     // the parameter's place in its bucket, shaped like the parameter; none once sharded
-    int64_t offset = 0;  // its first element in the bucket, see Note [Bucket layout]
-    c10::intrusive_ptr<torch::autograd::Node> accumulator;  // kept alive: autograd holds it weakly
+    at::Tensor view;              // the parameter's place in its bucket, shaped like the parameter; none once sharded
+    int64_t offset = 0;           // its first element in the bucket, see Note [Bucket layout]
+    detail::NodePtr accumulator;  // kept alive: autograd holds it weakly
     uintptr_t hook_key = 0;
     const torch::autograd::FunctionPreHook* lend_hook = nullptr;  // zero=0; See Note [Lent bucket views]
     bool ready = false;                                           // in the current backward

@@ -288,6 +288,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         The parameters are views of their bucket's flat buffer (Note [Flat parameters]), so the
         gather's input is this rank's shard of that buffer and its output the buffer itself. The
         buckets' gathers are all issued before the first is waited for: they overlap one another.
+        On a GPU the wait orders the current stream after each gather and does not block
+        (Note [Waiting on the stream]).
         """
         communicator = get_context().communicator
         n = len(self._buckets)
@@ -295,7 +297,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             communicator.all_gather(b.flat, b.mine, f"parameters {i + 1}/{n}") for i, b in enumerate(self._buckets)
         ]
         for work in works:
-            work.wait()
+            work.wait_on_stream()
 
 
 class _FlatBucket:
