@@ -153,7 +153,8 @@ TEST(SharedDevices, RanksHoldingOneGpuOnOneHostAreNamed) {
                            gpu(3, "b", 1, 1, "GPU-8"), gpu(4, "b", 1, 1, "GPU-8")});
   expect_contains(m, {"would share one device", "ranks 0-1 on host a would share device GPU-0",
                       "rank 0: cuda:0 at local rank 0, rank 1: cuda:0 at local rank 0",
-                      "ranks 3-4 on host b would share device GPU-8", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "Fix:"});
+                      "ranks 3-4 on host b would share device GPU-8", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES",
+                      "Fix:", "NCCL_MULTI_RANK_GPU_ENABLE=1"});
   EXPECT_EQ(m.find("ranks 2"), std::string::npos) << m;
 }
 

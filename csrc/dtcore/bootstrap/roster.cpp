@@ -161,7 +161,8 @@ std::string find_shared_devices(const std::vector<RosterEntry>& roster) {
   if (out.empty()) return out;
   return "several ranks on one host would share one device:" + out +
          "\nFix: give each process on a node a distinct LOCAL_RANK (the launcher does this when it starts them), "
-         "and if CUDA_VISIBLE_DEVICES is set per process, a distinct device in it.";
+         "and if CUDA_VISIBLE_DEVICES is set per process, a distinct device in it. (NCCL 2.30 and newer run "
+         "several ranks on one GPU when every rank sets NCCL_MULTI_RANK_GPU_ENABLE=1.)";
 }
 
 }  // namespace dtcore

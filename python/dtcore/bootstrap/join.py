@@ -276,12 +276,37 @@ def _existing_store(spec: Any, torch_distributed: bool) -> Any:
     return None
 
 
+# The first NCCL that runs several ranks on one GPU (when NCCL_MULTI_RANK_GPU_ENABLE=1); older ones
+# fail such a job in their first collective ("Duplicate GPU detected"), which the roster refuses ahead.
+MULTI_RANK_GPU_NCCL = (2, 30)
+
+
 def _device_id(device: torch.device) -> str:
     """What makes `device` one piece of hardware, for the roster's shared-device check: a GPU's UUID;
-    "" on CPU, which ranks share without harm."""
-    if device.type != "cuda":
+    "" where ranks share it without harm: on CPU, and on a GPU whose NCCL runs several ranks on one."""
+    if device.type != "cuda" or nccl_shares_gpus(_C.nccl_version(), os.environ):
         return ""
     return f"GPU-{torch.cuda.get_device_properties(device).uuid}"
+
+
+def nccl_shares_gpus(version: str, env: dict[str, str] | os._Environ) -> bool:
+    """Whether NCCL `version` ("2.30.7") runs several ranks on one GPU in this environment: it must be
+    2.30 or newer, and NCCL_MULTI_RANK_GPU_ENABLE=1 must ask for it. Asked of an older NCCL, it says
+    so at warning level, since the roster then refuses the ranks that share a GPU."""
+    if env.get("NCCL_MULTI_RANK_GPU_ENABLE", "") != "1":
+        return False
+    parts = version.split(".")
+    if len(parts) >= 2 and all(x.isdigit() for x in parts[:2]):
+        if (int(parts[0]), int(parts[1])) >= MULTI_RANK_GPU_NCCL:
+            return True
+    log.warning(
+        "NCCL_MULTI_RANK_GPU_ENABLE=1 is set, but this NCCL (%s) is older than %d.%d, the first to run several "
+        "ranks on one GPU: ranks that share a GPU will be refused. Fix: install nvidia-nccl-cu13>=2.30 and "
+        "rebuild dtcore against it, or give each rank a GPU of its own.",
+        version or "not built in",
+        *MULTI_RANK_GPU_NCCL,
+    )
+    return False
 
 
 def _torch_process_group(backend: str, store: Any, rank: int, world: int, timeout: float, device: torch.device) -> bool:

@@ -2,7 +2,6 @@
 the blocks found are the transformer layers, and training with the KV cache at its default
 (use_cache=True) gives the loss and gradients of training without checkpointing, for every policy."""
 
-import logging
 import re
 
 import pytest
@@ -109,31 +108,17 @@ def test_training_with_the_default_kv_cache_matches_no_checkpointing(kind, atten
         assert offloader.packed > 0
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 @pytest.mark.parametrize("kind,block", [("gpt2", "GPT2Block"), ("llama", "LlamaDecoderLayer")])
-def test_the_cache_left_out_of_checkpointed_blocks_is_logged_once(kind, block, monkeypatch):
+def test_the_cache_left_out_of_checkpointed_blocks_is_logged_once(kind, block, monkeypatch, log_messages):
     monkeypatch.setattr(kv_cache, "_said", set())
-    records = _Records()
-    logger = logging.getLogger("dtcore.activation")
-    logger.addHandler(records)
-    try:
-        model = _model(kind)
-        dtcore.checkpoint_activations(model, "all")
-        for _ in range(2):
-            _step(model, _batch())
-    finally:
-        logger.removeHandler(records)
-    assert len(records.messages) == 1, records.messages
-    assert "use_cache=True is incompatible with checkpointing" in records.messages[0]
-    assert f"checkpointed {block} blocks run with use_cache=False and no past_key_values" in records.messages[0]
+    messages = log_messages("dtcore.activation")
+    model = _model(kind)
+    dtcore.checkpoint_activations(model, "all")
+    for _ in range(2):
+        _step(model, _batch())
+    assert len(messages) == 1, messages
+    assert "use_cache=True is incompatible with checkpointing" in messages[0]
+    assert f"checkpointed {block} blocks run with use_cache=False and no past_key_values" in messages[0]
 
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])

@@ -56,3 +56,20 @@ def test_check_world_returns_items_for_the_checker():
     assert [p.variable for p in problems] == ["LOCAL_RANK"]
     assert "invalid device ordinal" in problems[0].message
     assert "--nproc_per_node=8" in problems[0].fix
+
+
+def test_ranks_share_a_gpu_only_with_nccl_2_30_and_the_variable_set(log_messages):
+    from dtcore.bootstrap.join import nccl_shares_gpus
+
+    on = {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
+    assert nccl_shares_gpus("2.30.7", on)
+    assert nccl_shares_gpus("3.0.1", on)
+    assert not nccl_shares_gpus("2.30.7", {})
+    assert not nccl_shares_gpus("2.30.7", {"NCCL_MULTI_RANK_GPU_ENABLE": "0"})
+    messages = log_messages("dtcore")
+    assert not nccl_shares_gpus("2.28.9", on)
+    assert not nccl_shares_gpus("", on)  # a dtcore built without NCCL
+    assert len(messages) == 2, messages
+    assert "this NCCL (2.28.9) is older than 2.30" in messages[0]
+    assert "refused" in messages[0] and "Fix:" in messages[0]
+    assert "(not built in)" in messages[1]
