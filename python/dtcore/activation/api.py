@@ -22,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .. import _C
 from ..units import format_bytes, parse_bytes
+from . import selective
 from .blocks import find_blocks
 from .kv_cache import has_cache, layer_index, without_cache
 from .offload import Offloader
@@ -366,6 +367,8 @@ def _apply(
     offload: bool,
     profile_repeats: int,
 ) -> CheckpointSummary:
+    if kind == "selective" and not selective.SUPPORTED:
+        raise selective.unsupported_error(policy)
     found = find_blocks(root, blocks)
     names = [n for n, _ in found]
     block_class = type(found[0][1]).__name__ if len({type(m) for _, m in found}) == 1 else "mixed"

@@ -17,7 +17,8 @@ needs per block:
   - selective_seconds: forward_seconds times the share of the block's operator time spent outside
     those operators (timed operator by operator in one more pass), the selective recompute cost;
   - whether an operator changes a kept output in place (Note [Selective checkpoint ops]): then
-    selective is no option for that block (selective_bytes -1).
+    selective is no option for that block (selective_bytes -1), as for every block on a torch whose
+    checkpoint policy does not see operator outputs (selective.SUPPORTED).
 Everything saved outside the blocks is the fixed part (a storage saved outside and held by a block,
 such as the last block's output, counts in both). The step's real peak (LiveTensorMemory) is
 measured too: what it holds beyond the saved storages, each counted once (temporaries such as
@@ -51,6 +52,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from .. import _C
+from . import selective
 from .selective import SAVED_OPS, mutated_by
 from .selective import storage_key as _storage_key
 
@@ -301,16 +303,16 @@ def profile_blocks(
     for i, (name, _) in enumerate(blocks):
         seconds = statistics.median(hooks.seconds[i][:repeats]) if hooks.seconds[i] else 0.0
         share = 1.0 - op_clock.kept_seconds[i] / op_clock.all_seconds[i] if op_clock.all_seconds[i] > 0 else 1.0
-        mutated = kept_ops.mutated[i]  # selective is no option: -1
+        no_selective = kept_ops.mutated[i] or not selective.SUPPORTED  # selective is no option: -1
         profiles.append(
             _C.BlockProfile(
                 name,
                 activation[i],
                 input_bytes[i],
                 seconds,
-                -1 if mutated else input_bytes[i] + kept_ops.kept_bytes[i],
+                -1 if no_selective else input_bytes[i] + kept_ops.kept_bytes[i],
                 seconds * share,
-                -1 if mutated else input_bytes[i] + kept_ops.shared_bytes[i],
+                -1 if no_selective else input_bytes[i] + kept_ops.shared_bytes[i],
             )
         )
     saved = sum(sizes.values())  # every input and saved storage once

@@ -7,12 +7,13 @@ kept outputs weigh and what the rest costs to recompute.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import CheckpointPolicy, SelectiveCheckpointContext, create_selective_checkpoint_contexts
 
 from .. import _C
 
@@ -69,6 +70,22 @@ def mutated_by(op: Any, args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
         for t in tree_flatten(value)[0]:
             if isinstance(t, torch.Tensor):
                 yield t
+
+
+# The in-place check of selective_context() reads each kept operator's output in the policy, which
+# torch 2.13 calls after the operator with it (SelectiveCheckpointContext.op_output); earlier
+# releases call the policy before the operator runs. Without it selective checkpointing is refused:
+# policy 'selective' raises unsupported_error(), and 'budget:' plans whole-block checkpoints only.
+SUPPORTED = "op_output" in inspect.signature(SelectiveCheckpointContext.__init__).parameters
+
+
+def unsupported_error(policy: str) -> _C.ConfigError:
+    return _C.ConfigError(
+        f"checkpoint_activations(policy={policy!r}): selective checkpointing needs torch 2.13 or newer, whose "
+        "checkpoint policy sees each operator's output (dtcore needs it to refuse an in-place change of a kept "
+        f"output); this is torch {torch.__version__}. Fix: use policy 'all' or 'budget:<size>' (which then "
+        "checkpoints whole blocks only), or upgrade torch."
+    )
 
 
 def storage_key(t: torch.Tensor) -> int:

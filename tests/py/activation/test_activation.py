@@ -391,6 +391,25 @@ def test_selective_refuses_in_place_changes_of_kept_outputs_and_budget_plans_avo
             assert torch.equal(p.grad, q.grad)
 
 
+def test_on_a_torch_whose_policy_sees_no_outputs_selective_is_refused_and_budgets_plan_whole_blocks(monkeypatch):
+    from dtcore.activation import selective
+
+    monkeypatch.setattr(selective, "SUPPORTED", False)
+    model = _model()
+    x, y = _batch()
+    with pytest.raises(
+        dtcore.ConfigError, match=r"policy='selective'.*needs torch 2\.13 or newer.*Fix: use policy 'all'"
+    ):
+        dtcore.checkpoint_activations(model, "selective")
+    assert _wrapped(model) == []  # refused before anything was wrapped
+    profile = dtcore.checkpoint_activations(model, "all", example_inputs=(x, y))
+    assert all(b.selective_bytes is None for b in profile.blocks)
+    summary = dtcore.checkpoint_activations(
+        model, f"budget:{int(profile.baseline_peak_bytes * 0.9)}", example_inputs=(x, y)
+    )
+    assert "selective" not in [b.mode for b in summary.blocks] and "full" in [b.mode for b in summary.blocks]
+
+
 @pytest.mark.parametrize("order", ["checkpoint_then_compile", "compile_then_checkpoint"])
 @pytest.mark.parametrize("policy", ["all", "selective"])
 def test_torch_compile_in_either_order(order, policy):
