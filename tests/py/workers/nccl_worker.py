@@ -1,0 +1,140 @@
+"""One rank on a GPU: dtcore with NCCL, end to end (init, collectives, the reducer, ZeRO, activation offload).
+
+nccl_worker.py    (1 or 2 ranks; prints {case: result} as JSON, a result being what the test checks)
+
+Each rank feeds its own data; the references are a plain model's gradients averaged with
+torch.distributed's NCCL group (which dtcore.init() set up on the same store), so they share no
+code with dtcore's reducer.
+"""
+
+import copy
+
+import torch
+import torch.distributed as dist
+from ddp_semantics_worker import run_cases
+
+import dtcore
+from dtcore.train.gpt import GPT, GPTConfig
+
+
+def _device() -> torch.device:
+    return dtcore.get_context().device  # the rank's GPU, set by init()
+
+
+def setup(rank: int) -> dict:
+    ctx = dtcore.get_context()
+    return {
+        "backend": ctx.backend,
+        "device": str(ctx.device),
+        "nccl": dtcore._C.nccl_version(),
+        "torch_backend": dist.get_backend(),
+        "world": ctx.world_size,
+    }
+
+
+def collectives(rank: int) -> dict:
+    n = dtcore.get_context().world_size
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        t = torch.full((1000,), float(rank + 1), device=_device(), dtype=dtype)
+        dtcore.all_reduce(t, op="avg")
+        out[f"avg {dtype}"] = t.float().unique().tolist() == [(n + 1) / 2]
+    t = torch.arange(5, device=_device(), dtype=torch.int64) * (rank + 1)
+    dtcore.all_reduce(t, op="max")
+    out["max int64"] = t.tolist() == [i * n for i in range(5)]
+    t = torch.full((3,), float(rank), device=_device())
+    dtcore.broadcast(t, src=n - 1)
+    out["broadcast"] = t.tolist() == [float(n - 1)] * 3
+    g = dtcore.all_gather(torch.tensor([rank, 10 * rank], device=_device()))
+    out["all_gather"] = g.tolist() == [[q, 10 * q] for q in range(n)]
+    rs = dtcore.reduce_scatter(torch.arange(2.0 * n, device=_device()).reshape(n, 2) * (rank + 1))
+    out["reduce_scatter"] = rs.tolist() == [[2.0 * rank * n * (n + 1) / 2, (2.0 * rank + 1) * n * (n + 1) / 2]]
+    work = dtcore.all_reduce(torch.ones(1 << 20, device=_device()), async_op=True)
+    work.wait(30.0)
+    out["async"] = work.is_completed()
+    return out
+
+
+def _gpt() -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=96, n_layer=2, n_head=2, n_embd=64, block_size=32)).to(_device())
+
+
+def _batch(rank: int, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator(device="cpu").manual_seed(1000 * rank + step)
+    x = torch.randint(0, 96, (4, 32), generator=g)
+    return x.to(_device()), torch.roll(x, -1, 1).to(_device())
+
+
+def _averaged_grads(model: torch.nn.Module) -> list[torch.Tensor]:
+    grads = [p.grad.clone() for p in model.parameters()]
+    for g in grads:
+        dist.all_reduce(g)
+        g /= dist.get_world_size()
+    return grads
+
+
+def reducer(rank: int) -> dict:
+    """dtcore.wrap's averaged gradients against a plain model's, averaged by torch.distributed."""
+    plain = _gpt()
+    model = dtcore.wrap(copy.deepcopy(plain), bucket_mb=0.05)  # several buckets, overlapped with backward
+    errors = []
+    for step in range(3):
+        x, y = _batch(rank, step)
+        plain.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
+        plain(x, y).backward()
+        model(x, y).backward()
+        want = _averaged_grads(plain)
+        errors.append(max((p.grad - w).abs().max().item() for p, w in zip(model.parameters(), want)))
+    return {"max_error": max(errors), "grads_on_gpu": all(p.grad.is_cuda for p in model.parameters())}
+
+
+def zero(rank: int) -> dict:
+    """ZeRO-1 and -2 with AdamW against torch AdamW on the plain model's averaged gradients, 5 steps."""
+    out = {}
+    for stage in (1, 2):
+        plain = _gpt()
+        model = dtcore.wrap(copy.deepcopy(plain), zero=stage, bucket_mb=0.05)
+        opt = dtcore.ShardedOptimizer(model, torch.optim.AdamW, lr=1e-3, weight_decay=0.1)
+        ref = torch.optim.AdamW(plain.parameters(), lr=1e-3, weight_decay=0.1)
+        for step in range(5):
+            x, y = _batch(rank, step)
+            opt.zero_grad()
+            ref.zero_grad()
+            model(x, y).backward()
+            opt.step()
+            plain(x, y).backward()
+            for p, g in zip(plain.parameters(), _averaged_grads(plain)):
+                p.grad = g
+            ref.step()
+        out[f"zero={stage} max_error"] = max(
+            (p - q).abs().max().item() for p, q in zip(model.parameters(), plain.parameters())
+        )
+    return out
+
+
+def offload(rank: int) -> dict:
+    """Activation checkpointing with the kept inputs offloaded to pinned host memory: the same
+    gradients as without, and the inputs went to the host and came back."""
+    plain = _gpt()
+    model = copy.deepcopy(plain)
+    summary = dtcore.checkpoint_activations(model, "all", offload=True)
+    x, y = _batch(rank)
+    plain(x, y).backward()
+    model(x, y).backward()
+    torch.cuda.synchronize()
+    error = max((p.grad - q.grad).abs().max().item() for p, q in zip(model.parameters(), plain.parameters()))
+    offloader = dtcore.activation.api.offloader_for(_device())
+    return {
+        "summary": summary.offload,
+        "max_error": error,
+        "packed": offloader.packed,
+        "prefetched": offloader.prefetched,
+    }
+
+
+CASES = [setup, collectives, reducer, zero, offload]
+
+if __name__ == "__main__":
+    run_cases(CASES)
