@@ -133,8 +133,13 @@ double wait_seconds();
 //    the collective. Results computed after the failed collective on that stream are garbage, as
 //    with torch DDP, and never leave the process through dtcore: a checkpoint save and every
 //    reduction of a loss or metric go through the aborted communicator and raise.
-//  - the tensors stay alive until the GPU is done with them: the communicator's in-flight list
-//    holds them, whoever drops the Work.
+//  - the collective's tensors go back to the caching allocator at wait_on_stream() when the
+//    waiting stream is the one that launched the collective: it now runs after the collective,
+//    and the allocator hands a freed block out again in the order of the stream it was allocated
+//    on, which for the reducer's buckets is that stream (torch's NCCL process group assumes the
+//    same at wait()). Otherwise the communicator's in-flight list holds them until its watchdog
+//    sees the collective done, up to 100 ms later: on a fast GPU, a whole step of zero=2's
+//    per-step gradient buckets.
 // The reducer (finalize, and zero=2's bound on buckets in flight) and ShardedOptimizer's
 // all-gathers use it; user-facing waits (dtcore.all_reduce, Work.wait in Python) block, since a
 // script that reads the result on the host expects it.

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <mutex>
 #include <optional>
 
 #include <ATen/ATen.h>
@@ -225,11 +226,12 @@ class NcclWork final : public Work {
   enum Status : int { kPending, kSucceeded, kFailed };
 
   NcclWork(std::shared_ptr<NcclState> state, std::string what, std::vector<at::Tensor> keep_alive, cudaEvent_t done,
-           std::function<std::string()> diagnosis, std::function<void(bool)> finished)
+           c10::Stream caller, std::function<std::string()> diagnosis, std::function<void(bool)> finished)
       : Work(state->timeout, std::move(finished)),
         state_(std::move(state)),
         what_(std::move(what)),
         keep_alive_(std::move(keep_alive)),
+        caller_(caller),
         done_(done),
         diagnosis_(std::move(diagnosis)),
         start_(Clock::now()) {}
@@ -248,7 +250,10 @@ class NcclWork final : public Work {
     for (;;) {
       cudaError_t query = cudaSuccess;
       int status = settle(&query);  // the status first, the event second: see the Note
-      if (status == kSucceeded) return order_caller_stream();
+      if (status == kSucceeded) {
+        order_caller_stream();
+        return;
+      }
       if (status == kFailed) {
         std::string failure = state_->failure();
         std::string who = diagnosis_();
@@ -283,7 +288,13 @@ class NcclWork final : public Work {
   // See Note [Waiting on the stream].
   void wait_on_stream() override {
     if (settle() == kFailed) wait_for(std::chrono::milliseconds(0));  // raises, naming the failure
-    order_caller_stream();
+    if (order_caller_stream() == caller_) {
+      // The stream that launched the collective now waits for it, so its tensors may go back to the
+      // allocator now rather than when the watchdog next sees the work done (every 100 ms: a whole
+      // step of zero=2's gradient buckets on a fast GPU). See Note [Waiting on the stream].
+      std::lock_guard<std::mutex> lock(keep_alive_mu_);
+      keep_alive_.clear();
+    }
   }
 
   const std::string& what() const { return what_; }
@@ -312,20 +323,26 @@ class NcclWork final : public Work {
 
  private:
   // The result is usable on the caller's current stream: order that stream after the collective.
-  void order_caller_stream() {
+  // Returns that stream.
+  c10::Stream order_caller_stream() {
     try {
       auto* impl = cuda_impl();
-      impl->block(static_cast<void*>(done_), impl->getStream(c10::Device(c10::DeviceType::CUDA, state_->device)));
+      c10::Stream current = impl->getStream(c10::Device(c10::DeviceType::CUDA, state_->device));
+      impl->block(static_cast<void*>(done_), current);
+      return current;
     } catch (const c10::Error& e) {
       DTCORE_CHECK(false, CommError, what_, " completed on ", state_->where(),
                    ", but ordering the caller's current stream after it failed: ", e.what_without_backtrace(),
                    ". Fix: the GPU may be in an error state; find the first CUDA error in this rank's log.");
     }
+    return caller_;  // unreachable
   }
 
   std::shared_ptr<NcclState> state_;  // shared: the work may outlive its communicator
   std::string what_;
-  std::vector<at::Tensor> keep_alive_;  // referenced until the work is gone (not recordStream)
+  std::mutex keep_alive_mu_;
+  std::vector<at::Tensor> keep_alive_;  // referenced until the work is gone or waited on (not recordStream)
+  c10::Stream caller_;                  // the caller's current stream at launch
   cudaEvent_t done_;                    // recorded on the NCCL stream after the collective
   std::function<std::string()> diagnosis_;
   Clock::time_point start_;
@@ -562,9 +579,11 @@ std::shared_ptr<Work> NcclCommunicator::launch(const Collective& c, std::vector<
   DeviceScope scope(device_);
   // The collective's inputs are produced on the caller's stream: wait for them there.
   cudaError_t waited = cudaSuccess;
+  c10::Stream caller = c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::DeviceType::CUDA, device_));
   try {
     auto* impl = cuda_impl();
     c10::Stream current = impl->getStream(c10::Device(c10::DeviceType::CUDA, device_));
+    caller = current;
     void* ready = nullptr;
     impl->record(&ready, current, device_, c10::EventFlag::PYTORCH_DEFAULT);
     waited = cudaStreamWaitEvent(s.stream, static_cast<cudaEvent_t>(ready), 0);
@@ -583,7 +602,8 @@ std::shared_ptr<Work> NcclCommunicator::launch(const Collective& c, std::vector<
   // owns it from here on.
   cudaEvent_t done = nullptr;
   s.check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-  auto work = std::make_shared<NcclWork>(state_, what, std::move(keep_alive), done, diagnosis_for(c), c.finished);
+  auto work =
+      std::make_shared<NcclWork>(state_, what, std::move(keep_alive), done, caller, diagnosis_for(c), c.finished);
 
   ncclResult_t rc = enqueue(s.comm, s.stream);
   // Non-blocking: ncclInProgress means NCCL may not have put the kernel on the stream yet, so the

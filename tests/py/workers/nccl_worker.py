@@ -91,9 +91,12 @@ def reducer(rank: int) -> dict:
 
 
 def zero(rank: int) -> dict:
-    """ZeRO-1 and -2 with AdamW against torch AdamW on the plain model's averaged gradients, 5 steps."""
-    out = {}
+    """ZeRO-1 and -2 with AdamW against torch AdamW on the plain model's averaged gradients, 5 steps;
+    and the bytes each stage holds after its steps (the reference's included, the same for both)."""
+    out = {"param_bytes": sum(p.numel() * p.element_size() for p in _gpt().parameters())}
     for stage in (1, 2):
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
         plain = _gpt()
         model = dtcore.wrap(copy.deepcopy(plain), zero=stage, bucket_mb=0.05)
         opt = dtcore.ShardedOptimizer(model, torch.optim.AdamW, lr=1e-3, weight_decay=0.1)
@@ -111,6 +114,9 @@ def zero(rank: int) -> dict:
         out[f"zero={stage} max_error"] = max(
             (p - q).abs().max().item() for p, q in zip(model.parameters(), plain.parameters())
         )
+        torch.cuda.synchronize()
+        out[f"zero={stage} held_bytes"] = torch.cuda.memory_allocated() - before
+        del model, opt, plain, ref
     return out
 
 
