@@ -94,7 +94,7 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
           }
           return outputs;
         }));
-    if (options_.zero == 0) {  // See Note [Lent bucket views]
+    if (options_.zero == 0 && s.param.device().is_cpu()) {  // See Note [Lent bucket views]
       auto lend = std::make_unique<LambdaPreHook>([this, i] {
         try {
           lend_view(i);
