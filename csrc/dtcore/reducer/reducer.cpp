@@ -16,7 +16,7 @@
 namespace dtcore {
 
 namespace {
-constexpr size_t kShardedInFlight = 1;  // See Note [Buckets in flight]
+constexpr size_t kShardedInFlight = 0;  // See Note [Buckets in flight]
 constexpr size_t kDrainFinished = static_cast<size_t>(-1);
 
 // Runs `fn` just before its node, passing the gradients on unchanged (torch has a LambdaPostHook
