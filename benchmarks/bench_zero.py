@@ -1,7 +1,7 @@
 """ZeRO-1/2 (dtcore.wrap(zero=...) + dtcore.ShardedOptimizer) against torch DDP and torch's
 ZeroRedundancyOptimizer + DDP: peak memory per rank and step time, on Gloo.
 
-    python benchmarks/bench_zero.py memory [--world 2] [--preset 20m] [--bucket-mb 25]
+    python benchmarks/bench_zero.py memory [--world 2] [--preset 20m] [--bucket-mb 25] [--where]
     python benchmarks/bench_zero.py time [--world 2] [--preset 20m] [--steps 10] [--warmup 2] [--bucket-mb 25]
 
 --bucket-mb is every variant's bucket cap (torch DDP's bucket_cap_mb, dtcore's bucket_mb): both
@@ -10,7 +10,9 @@ sides always run with the same one.
 memory: one job per variant. Each rank records every CPU allocation and free with torch's
 profiler (profile_memory=True), from before the model is built to the end of the fourth step, and
 reports the peak of the bytes it holds during steps 3-4 (the steady state: dtcore's buckets are
-rebuilt, and zero=2's first backward is a whole allreduce, in step 1). Batch 1 x 16 tokens, so that
+rebuilt, and zero=2's first backward is a whole allreduce, in step 1). --where also lists, for rank
+0, the allocations live at that peak (1 MiB and up, by the ops that made them) and the ops running
+then: where the peak goes. Batch 1 x 16 tokens, so that
 activations are small; AdamW with foreach=False, so that its temporaries are one parameter's,
 not the whole state's. Next to the formula for fp32 AdamW with Psi parameters: DDP 16 Psi bytes,
 stage 1 8 Psi + 8 Psi / N, stage 2 4 Psi + 12 Psi / N. torch DDP runs with
@@ -88,8 +90,51 @@ def memory_worker(args) -> None:
             peak = max(peak, held)
     params = num_parameters(model.module)
     if ctx.rank == 0:
-        print(json.dumps({"variant": args.variant, "peak": peak, "held": held, "params": params}), flush=True)
+        report = {"variant": args.variant, "peak": peak, "held": held, "params": params}
+        if args.where:
+            report["where"] = live_at_peak(prof)
+        print(json.dumps(report), flush=True)
     dtcore.shutdown()
+
+
+def live_at_peak(prof) -> dict:
+    """The allocations live at the peak after the marker, 1 MiB and up, grouped by the ops that made them
+    (innermost first), with the op stack running at the peak: where the peak goes."""
+    from torch._C._profiler import _EventType
+
+    def walk(events):
+        for e in events:
+            yield e
+            yield from walk(e.children)
+
+    def ops(e) -> str:
+        names = []
+        while e is not None and len(names) < 4:
+            names.append(e.name)
+            e = e.parent
+        return " < ".join(names)
+
+    allocs = sorted(
+        (e for e in walk(prof.profiler.kineto_results.experimental_event_tree()) if e.tag == _EventType.Allocation),
+        key=lambda e: e.start_time_ns,
+    )
+    live: dict[int, tuple[int, str]] = {}
+    held, peak, steady, at_peak, running = 0, -1, False, {}, ""
+    for e in allocs:
+        size = e.extra_fields.alloc_size
+        held += size
+        if size > 0:
+            live[e.extra_fields.ptr] = (size, ops(e.parent))
+        else:
+            live.pop(e.extra_fields.ptr, None)
+        steady = steady or size == _MARK
+        if steady and held > peak:
+            peak, at_peak, running = held, dict(live), ops(e.parent)
+    groups: dict[str, list[int]] = {}
+    for size, where in at_peak.values():
+        groups.setdefault(where if size >= 2**20 else "(under 1 MiB each)", []).append(size)
+    rows = sorted(((sum(v), len(v), k) for k, v in groups.items()), reverse=True)
+    return {"running": running, "live": [{"MiB": round(b / 2**20, 1), "count": n, "made by": k} for b, n, k in rows]}
 
 
 def time_worker(args) -> None:
@@ -126,6 +171,8 @@ def _bytes_written() -> int:
 
 def launch(args, extra: list[str]) -> dict:
     common = [args.mode, "--worker", "--preset", args.preset, "--bucket-mb", str(args.bucket_mb)]
+    if args.where:
+        common.append("--where")
     return rank0_report(__file__, args.world, [*common, *extra])
 
 
@@ -139,6 +186,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--variant", default=VARIANTS[0])
     ap.add_argument("--bucket-mb", type=float, default=25.0, help="every variant's bucket cap (MiB)")
+    ap.add_argument("--where", action="store_true", help="memory: list what is live at each variant's peak")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -151,13 +199,20 @@ def main() -> None:
         )
         print("| variant | peak (MiB) | formula (MiB) | peak / formula |")
         print("| --- | --- | --- | --- |")
+        where = {}
         for v in VARIANTS:
             r = launch(args, ["--variant", v])
+            where[v] = r.get("where")
             psi = r["params"]
             per_psi = {"ddp": 16, "dtcore zero=1": 8 + 8 / n, "dtcore zero=2": 4 + 12 / n}.get(v)
             formula = f"{per_psi * psi / 2**20:.1f}" if per_psi else ""
             ratio = f"{r['peak'] / (per_psi * psi):.3f}" if per_psi else ""
             print(f"| {v} | {r['peak'] / 2**20:.1f} | {formula} | {ratio} |")
+        for v, w in where.items():
+            if w:
+                print(f"\n{v}, rank 0, live at the peak (running: {w['running']}):")
+                for row in w["live"]:
+                    print(f"  {row['MiB']:7.1f} MiB in {row['count']:3d}: {row['made by']}")
         return
     r = launch(args, ["--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch)])
     print(

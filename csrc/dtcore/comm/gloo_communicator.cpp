@@ -32,6 +32,9 @@ double seconds_since(Clock::time_point t) {
          10.0;
 }
 
+// A view of `t`'s memory that does not own it. See Note [Borrowed buffers on Gloo].
+at::Tensor borrowed(const at::Tensor& t) { return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options()); }
+
 }  // namespace
 
 // Note [Reduce-scatter on Gloo]
@@ -43,6 +46,17 @@ double seconds_since(Clock::time_point t) {
 // the thread that waits (one sum over a (N, shard) view). Measured on loopback at 8M floats:
 // 37 ms against Gloo's 58 ms at 2 ranks, 50 ms against 117 ms at 4 (docs/benchmarks.md). It costs
 // a receive buffer the size of the input while the collective is in flight.
+
+// Note [Borrowed buffers on Gloo]
+// Gloo's work object keeps the tensors it was given until its worker thread lets go of it, which
+// may be after the collective has ended and the caller has dropped its own references: the
+// buffers are then freed late, on Gloo's thread (ZeRO-2 holds a finished bucket beside the next
+// one, and torch's profiler, which sees the frees of the rank's own threads only, counts it as
+// never freed). A reduce-scatter's buffers (its input and the all-to-all's receive buffer) are
+// transient, so Gloo gets borrowed views of them, which own nothing: the GlooWork owns them and
+// frees them with the caller's last reference (the receive buffer once reduced). A GlooWork
+// dropped before Gloo finished (an abandoned or failed wait) first waits for Gloo, with the
+// timeout; if Gloo still has not finished, the buffers are leaked rather than freed under it.
 
 // Note [In-place all-gather on Gloo]
 // torch's Gloo backend runs _allgather_base into a fresh flat output the size of the whole
@@ -100,7 +114,24 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
         size_(size),
         diagnosis_(std::move(diagnosis)),
         divergence_(std::move(divergence)),
+        timeout_(timeout),
         issued_(Clock::now()) {}
+  GlooWork(const GlooWork&) = delete;
+  GlooWork& operator=(const GlooWork&) = delete;
+
+  // See Note [Borrowed buffers on Gloo]: Gloo may still use c_'s tensors and received_.
+  // Its future's callback may hold the last reference: Gloo has finished then (gloo_done_).
+  ~GlooWork() override {
+    if (!work_ || work_->isCompleted() || gloo_done_) return;
+    try {
+      work_->wait(timeout_);
+    } catch (const std::exception&) {
+      // Failed is finished: Gloo no longer uses the buffers.
+    }
+    if (work_->isCompleted()) return;
+    log::warn(c_.what, " was dropped on rank ", rank_, " while Gloo still runs it: its buffers are kept, not freed");
+    new std::vector<at::Tensor>{c_.input, c_.output, received_};  // never freed, on purpose
+  }
 
   const Collective& collective() const { return c_; }
 
@@ -259,6 +290,7 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
   const int size_;
   const std::function<std::string()> diagnosis_;
   const std::function<std::string()> divergence_;  // never blocks: Communicator::divergence_probe()
+  const std::chrono::milliseconds timeout_;
   const Clock::time_point issued_;
 
   std::mutex mu_;  // the division must happen exactly once; guards the state below
@@ -413,7 +445,8 @@ c10::intrusive_ptr<c10d::Work> GlooCommunicator::launch(const c10::intrusive_ptr
       std::vector<int64_t> even;  // empty split sizes: N equal shards
       c10d::AllToAllOptions opts;
       opts.timeout = timeout();
-      return backend->alltoall_base(received, in, even, even, opts);
+      at::Tensor out = borrowed(received), sent = borrowed(in);  // See Note [Borrowed buffers on Gloo]
+      return backend->alltoall_base(out, sent, even, even, opts);
     }
     case CollectiveKind::AllGather: {
       at::Tensor out = c.output, in = c.input;

@@ -22,7 +22,7 @@ static_assert(std::is_same_v<detail::NodePtr,
               "detail::NodePtr (reducer.h) is not what this torch's grad_accumulator() returns: move its version test");
 
 namespace {
-constexpr size_t kShardedInFlight = 1;  // See Note [Buckets in flight]
+constexpr size_t kShardedInFlight = 0;  // See Note [Buckets in flight]
 constexpr size_t kDrainFinished = static_cast<size_t>(-1);
 
 // Runs `fn` just before its node, passing the gradients on unchanged (torch has a LambdaPostHook

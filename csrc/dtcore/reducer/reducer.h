@@ -60,12 +60,15 @@
 //
 // Note [Buckets in flight]: a zero=2 bucket buffer exists from the bucket's first gradient until
 // its reduce-scatter has finished and been added into the shard; then it is freed, not at the end
-// of backward. Before a new bucket buffer is allocated, the oldest launched bucket is waited for
-// while more than kShardedInFlight are launched and unfinished (finished ones are drained at every
-// launch without waiting). So during backward a rank holds at most kShardedInFlight + 1 bucket
-// buffers (the ones in flight and the one filling), not the whole gradient: that is the "buckets
-// in flight" term of stage 2's memory, 4 Psi + 12 Psi / N + (kShardedInFlight + 1) x bucket_mb.
-// The wait costs overlap only when the network is slower than the compute of one bucket.
+// of backward. Before a new bucket buffer is allocated, the launched buckets are waited for while
+// more than kShardedInFlight of them are unfinished (finished ones are drained at every launch
+// without waiting). kShardedInFlight is 0: during backward a rank holds one bucket buffer at a
+// time (the one in flight, or the one filling), not the whole gradient: that is the "bucket in
+// flight" term of stage 2's memory, 4 Psi + 12 Psi / N + the largest bucket. The price is overlap:
+// a bucket's reduce-scatter runs beside the backward only until the next bucket's first gradient.
+// With 1 (one in flight while the next fills), a rank holds two buckets, which at 2 ranks and
+// 25 MiB buckets is more than stage 2 saves over ZeroRedundancyOptimizer + DDP; the step time the
+// overlap bought was within the run-to-run noise on Gloo (docs/benchmarks.md, ZeRO).
 //
 // Communication hooks and uneven inputs (torch's Join): see Note [Communication hooks]
 // (comm_hook.h). A rank that ran out of data shadows the others' synced backward with

@@ -43,6 +43,19 @@ def test_flat_reduce_scatter_and_all_gather(fresh_dtcore):
         comm.all_gather(torch.empty(4), torch.arange(3.0))
 
 
+def test_gloo_keeps_no_reference_to_a_reduce_scatters_buffers(fresh_dtcore):
+    """Note [Borrowed buffers on Gloo]: Gloo gets views that own nothing, so the input's memory goes with
+    the caller's last reference, not later on Gloo's thread."""
+    comm = dtcore.init(timeout=30).communicator
+    x = torch.arange(3.0)
+    uses = lambda: torch._C._storage_Use_Count(x.untyped_storage()._cdata)  # noqa: E731
+    before = uses()
+    work = comm.reduce_scatter(torch.empty(3), x, "sum")
+    work.wait(10.0)
+    assert uses() == before  # not one more: a view held by Gloo's work
+    assert work.is_completed()
+
+
 def test_all_gather_stacks_reduce_scatter_splits_dim_0_and_objects_travel_as_json(fresh_dtcore):
     dtcore.init(timeout=30)
     x = torch.arange(6.0).reshape(2, 3)
