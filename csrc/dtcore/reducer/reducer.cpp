@@ -22,7 +22,8 @@ static_assert(std::is_same_v<detail::NodePtr,
               "detail::NodePtr (reducer.h) is not what this torch's grad_accumulator() returns: move its version test");
 
 namespace {
-constexpr size_t kShardedInFlight = 0;  // See Note [Buckets in flight]
+constexpr size_t kShardedInFlight = 0;        // See Note [Buckets in flight]
+constexpr size_t kShardedInFlightOnGpu = 1;  // ditto
 constexpr size_t kDrainFinished = static_cast<size_t>(-1);
 
 // Runs `fn` just before its node, passing the gradients on unchanged (torch has a LambdaPostHook
@@ -522,8 +523,8 @@ void Reducer::drain_locked(size_t keep) {
 void Reducer::stage_grad_locked(Slot& s) {
   BucketState& b = buckets_[s.bucket];
   if (!b.buffer.defined()) {  // the bucket's first gradient in this backward
-    drain_locked(kShardedInFlight);
     const Bucket& plan = plan_[s.bucket];
+    drain_locked(plan.device.is_cuda() ? kShardedInFlightOnGpu : kShardedInFlight);
     b.buffer = at::empty({shards_[s.bucket].padded_numel}, at::TensorOptions().dtype(plan.dtype).device(plan.device));
     b.buffer.narrow(0, plan.numel, b.buffer.numel() - plan.numel).zero_();  // the padding
   }

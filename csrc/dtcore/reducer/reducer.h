@@ -69,6 +69,10 @@
 // With 1 (one in flight while the next fills), a rank holds two buckets, which at 2 ranks and
 // 25 MiB buckets is more than stage 2 saves over ZeroRedundancyOptimizer + DDP; the step time the
 // overlap bought was within the run-to-run noise on Gloo (docs/benchmarks.md, ZeRO).
+// On a GPU it is 1 (kShardedInFlightOnGpu): there the wait orders streams (Note [Waiting on the
+// stream]), so with 0 the backward's stream would wait for each reduce-scatter just launched,
+// and communication would no longer overlap compute at all; with 1 it waits for the one before,
+// and the caching allocator hands the freed bucket out again in stream order.
 //
 // Communication hooks and uneven inputs (torch's Join): see Note [Communication hooks]
 // (comm_hook.h). A rank that ran out of data shadows the others' synced backward with
