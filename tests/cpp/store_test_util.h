@@ -10,8 +10,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "dtcore/bootstrap/store_client.h"
 #include "dtcore/bootstrap/store_protocol.h"
@@ -68,6 +70,43 @@ inline Fd raw_listener(int& port) {
   port = ntohs(addr.sin_port);
   return fd;
 }
+
+// The StoreRefused a new client of 127.0.0.1:port gets; fails the test when it is not refused.
+inline StoreRefused refusal_of(int port, const std::string& secret = kSecret, std::chrono::milliseconds timeout = 5s) {
+  try {
+    StoreClient("127.0.0.1", port, secret, timeout);
+  } catch (const StoreRefused& e) {
+    return e;
+  }
+  ADD_FAILURE() << "the client of port " << port << " was not refused";
+  return StoreRefused(store::RefuseReason::Malformed, "");
+}
+
+// A listener on loopback whose accepted connections are handed, one at a time, to `act` on a
+// thread: a stand-in for a foreign program, or for an impostor or a failing store that speaks
+// the protocol.
+class FakeListener {
+ public:
+  explicit FakeListener(std::function<void(int fd)> act) : listener_(raw_listener(port_)) {
+    thread_ = std::thread([this, act = std::move(act)] {
+      for (;;) {
+        Fd conn(::accept(listener_.get(), nullptr, nullptr));
+        if (!conn.valid()) return;
+        act(conn.get());
+      }
+    });
+  }
+  ~FakeListener() {
+    ::shutdown(listener_.get(), SHUT_RDWR);  // wakes accept()
+    thread_.join();
+  }
+  int port() const { return port_; }
+
+ private:
+  int port_ = 0;
+  Fd listener_;
+  std::thread thread_;
+};
 
 inline void send_raw(int fd, const store::Bytes& data) {
   ASSERT_EQ(::send(fd, data.data(), data.size(), MSG_NOSIGNAL), static_cast<ssize_t>(data.size()));

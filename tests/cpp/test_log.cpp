@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <regex>
 #include <sstream>
 
@@ -150,4 +151,30 @@ TEST_F(LogFile, ReconfiguringWithoutALogDirStopsWritingTheFile) {
   std::string text = read_all(path);
   EXPECT_NE(text.find("before"), std::string::npos) << text;  // flushed when the sinks were replaced
   EXPECT_EQ(text.find("after"), std::string::npos) << text;
+}
+
+TEST_F(LogFile, CppStackTracesOnStdCerrGoToTheFileAndTheirFirstLineStaysOnTheConsole) {
+  // What c10's logger writes for a c10d warning that embeds a c10::Error (Note [C++ stack traces on the console]).
+  std::string path = log::configure(config(1, 2, dir_.string()));
+  ::testing::internal::CaptureStderr();
+  std::cerr << "[W1126 12:00:00.0 TCPStore.cpp:106] [c10d] sendBytes failed on SocketImpl(fd=3): Broken pipe\n"
+               "Exception raised from sendBytes at Utils.hpp:758 (most recent call first):\n"
+               "frame #0: c10::Error::Error() + 0x9d (0x7f in libc10.so)\n"
+               "<omitting python frames>\n"
+               "frame #1: _start + 0x21 (0x55 in python)\n"
+               "\n"
+            << std::flush;
+  std::cerr << "a plain line\n" << std::flush;
+  std::cerr << "partial, flushed" << std::flush;
+  std::string console = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(console,
+            "[W1126 12:00:00.0 TCPStore.cpp:106] [c10d] sendBytes failed on SocketImpl(fd=3): Broken pipe\n"
+            "a plain line\npartial, flushed");
+  log::flush();
+  std::string text = read_all(path);
+  expect_contains(text, {"[D] [rank 1/2 testhost] C++ stack trace of the torch message \"[W1126 12:00:00.0 "
+                         "TCPStore.cpp:106] [c10d] sendBytes failed on SocketImpl(fd=3): Broken pipe\" (cut from the "
+                         "console):\nException raised from sendBytes at Utils.hpp:758",
+                         "\nframe #0: c10::Error::Error()", "\n<omitting python frames>\nframe #1: _start"});
+  EXPECT_EQ(text.find("a plain line"), std::string::npos) << text;
 }

@@ -15,6 +15,7 @@
 #include "dtcore/bootstrap/launcher.h"
 #include "dtcore/bootstrap/rendezvous.h"
 #include "dtcore/common/error.h"
+#include "store_test_util.h"
 
 using namespace dtcore;
 using namespace std::chrono_literals;
@@ -230,6 +231,61 @@ TEST(Rendezvous, OnAStoreThatHoldsTheMasterPort) {
   }
   for (auto& f : futures) EXPECT_EQ(f.get(), "");
   EXPECT_TRUE(server->check({"default_pg/dtcore/attempt_0/generation_0/roster/all"}));  // on the caller's store
+}
+
+namespace {
+
+// Rank 1's error against what serves at `port` in place of rank 0's store, with the job secret in
+// the environment.
+std::string join_rank1_error(int port, std::chrono::milliseconds timeout, double& seconds) {
+  auto start = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    Rendezvous::join(spec_for(1, 2, port), entry(1), options(timeout),
+                     Env(std::map<std::string, std::string, std::less<>>{{"DTCORE_JOB_SECRET", "s"}}));
+  } catch (const RendezvousError& e) {
+    error = e.what();
+  }
+  seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return error;
+}
+
+}  // namespace
+
+TEST(Rendezvous, AHandshakeDroppedEveryTimeIsRetriedUntilTheDeadlineAndNamedAsDropped) {
+  // A store that greets and then drops each connection (a serving process failing mid-handshake).
+  dtcore::testing::FakeListener dropper([](int fd) {
+    dtcore::testing::send_raw(fd, dtcore::testing::frame_of(store::encode_server_hello({store::kProtocolVersion, {}})));
+    dtcore::testing::read_frame(fd);
+  });
+  double seconds = 0;
+  std::string e = join_rank1_error(dropper.port(), 1500ms, seconds);
+  EXPECT_GE(seconds, 1.4);
+  EXPECT_LT(seconds, 4.0);
+  for (const char* part : {"rendezvous timed out after", "rank 0 serves the store at 127.0.0.1:",
+                           "no handshake with it completed", "was dropped during the handshake"}) {
+    EXPECT_NE(e.find(part), std::string::npos) << part << " not in: " << e;
+  }
+  EXPECT_EQ(e.find("does not have this job's secret"), std::string::npos) << e;
+  EXPECT_EQ(e.find("has its job secret from"), std::string::npos) << e;
+}
+
+TEST(Rendezvous, AStoreOutOfDescriptorsIsRetriedThenNamedWithItsFix) {
+  dtcore::testing::FakeListener refuser([](int fd) {
+    store::Refusal refusal{store::RefuseReason::OutOfDescriptors, 64,
+                           "the serving process is out of file descriptors (its open-file limit is 64)"};
+    dtcore::testing::send_raw(fd, dtcore::testing::frame_of(store::encode_refusal(refusal)));
+  });
+  double seconds = 0;
+  std::string e = join_rank1_error(refuser.port(), 1500ms, seconds);
+  EXPECT_GE(seconds, 1.4);
+  EXPECT_LT(seconds, 4.0);
+  for (const char* part :
+       {"no handshake with it completed", "out of file descriptors (its open-file limit is 64)", "ulimit -n"}) {
+    EXPECT_NE(e.find(part), std::string::npos) << part << " not in: " << e;
+  }
+  EXPECT_EQ(e.find("not a dtcore store"), std::string::npos) << e;  // the foreign-listener message of before
+  EXPECT_EQ(e.find("secret"), std::string::npos) << e;
 }
 
 TEST(Roster, EncodeDecodeAndRankFormatting) {

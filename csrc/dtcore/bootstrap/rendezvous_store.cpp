@@ -76,26 +76,45 @@ void refuse_loopback_for_many_nodes(const Context& c) {
       " name its host and port as this host can reach them."));
 }
 
-// A StoreClient for `port`, retrying within the timeout: a connection refused or closed while a
-// flood of strangers' connections makes the server drop the oldest is tried again. A refused
-// handshake ends it after a few tries, unless the secret came from a file, which may have been a
-// previous job's and is read again.
+// A StoreClient for `port`, retrying within the timeout what time may cure: a connection refused,
+// dropped in the handshake, or refused by the server for a transient reason (its load, its
+// descriptors, a flood of strangers' connections; Note [Store protocol]), warning once with the
+// server's reason. A refused job secret ends it after a few tries, unless the secret came from a
+// file, which may have been a previous job's and is read again. Other refusals end it at once.
 c10::intrusive_ptr<StoreClient> connect_client(const Context& c, const std::string& server, int port,
                                                JobSecret& secret) {
   constexpr int kHandshakeTries = 3;
   Backoff backoff = store_backoff();
+  std::string last;  // the last failure that was retried, for the message at the deadline
+  bool warned = false;
   for (int refused = 0;; backoff.pause()) {
     try {
       return c10::make_intrusive<StoreClient>(c.host, port, secret.value, c.left_ms());
-    } catch (const c10::DistNetworkError&) {
-      // The server greeted and then went away: rank 0 is restarting or gone.
-      if (Clock::now() >= c.deadline) nothing_accepts(c, server);
-    } catch (const RendezvousError& e) {
-      ++refused;
-      DTCORE_CHECK((secret.from_file || refused < kHandshakeTries) && Clock::now() < c.deadline, RendezvousError,
-                   e.what(), " (rank ", c.spec.rank.value, " has its job secret from ", secret.source,
-                   "; every rank needs the same.)");
-      reload_secret(secret);
+    } catch (const StoreRefused& e) {
+      if (e.reason() == store::RefuseReason::WrongSecret) {
+        ++refused;
+        DTCORE_CHECK((secret.from_file || refused < kHandshakeTries) && Clock::now() < c.deadline, RendezvousError,
+                     e.what(), " (rank ", c.spec.rank.value, " has its job secret from ", secret.source,
+                     "; every rank needs the same.)");
+        reload_secret(secret);
+        continue;
+      }
+      if (!e.transient()) throw;
+      last = e.what();
+      if (!warned) {
+        log::warn("rendezvous: rank ", c.spec.rank.value, ": ", last, " (", static_cast<int>(c.left()), " s left)");
+        warned = true;
+      }
+    } catch (const c10::DistNetworkError& e) {
+      last = e.what_without_backtrace();  // nothing accepts (rank 0 gone), or the handshake was dropped
+    }
+    if (Clock::now() >= c.deadline) {
+      if (warned || last.find(kDroppedInHandshake) != std::string::npos) {
+        throw RendezvousError(detail::cat("rendezvous timed out after ", static_cast<int>(c.elapsed()), " s on rank ",
+                                          c.spec.rank.value, ": ", server, " serves the store at ", c.where,
+                                          ", but no handshake with it completed; the last try: ", last));
+      }
+      nothing_accepts(c, server, last);
     }
   }
 }

@@ -13,6 +13,7 @@ using store::Bytes;
 using store::Clock;
 using store::IoResult;
 using store::Op;
+using store::RefuseReason;
 using store::Request;
 using store::Response;
 using store::Status;
@@ -37,6 +38,68 @@ std::string join_keys(const std::vector<std::string>& keys) {
   }
   if (keys.size() > 10) out += detail::cat(" and ", keys.size() - 10, " more");
   return out;
+}
+
+// What arrived where the handshake expected a frame of `expected` bytes.
+struct HandshakeFrame {
+  enum Kind {
+    Frame,    // `payload`, of the expected size (still to be decoded)
+    Refused,  // `refusal`, the server's reason (Note [Store protocol])
+    Silent,   // nothing by the deadline
+    Closed,   // closed or reset before any byte (`detail`: how)
+    Cut,      // a frame began and stopped (closed, reset or the deadline)
+    Foreign,  // a frame of a size neither expected nor a Refusal's (`detail`)
+  } kind = Frame;
+  Bytes payload;
+  store::Refusal refusal;
+  std::string detail;
+};
+
+HandshakeFrame read_handshake_frame(int fd, std::size_t expected, Clock::time_point deadline) {
+  HandshakeFrame f;
+  std::string error;
+  std::uint8_t header[store::kFrameHeaderBytes];
+  IoResult r = store::wait_readable(fd, deadline, error);
+  if (r == IoResult::Timeout) {
+    f.kind = HandshakeFrame::Silent;
+    return f;
+  }
+  if (r == IoResult::Ok) r = store::recv_exact(fd, header, 1, deadline, error);
+  if (r != IoResult::Ok) {
+    f.kind = HandshakeFrame::Closed;
+    f.detail = r == IoResult::Closed ? "closed" : error;
+    return f;
+  }
+  r = store::recv_exact(fd, header + 1, sizeof(header) - 1, deadline, error);
+  std::uint32_t length = r == IoResult::Ok ? store::read_frame_length(header) : 0;
+  if (r == IoResult::Ok && length != expected && length > store::kMaxRefusalBytes) {
+    f.kind = HandshakeFrame::Foreign;
+    f.detail = detail::cat("a frame of ", length, " bytes");
+    return f;
+  }
+  if (r == IoResult::Ok) {
+    f.payload.resize(length);
+    r = store::recv_exact(fd, f.payload.data(), length, deadline, error);
+  }
+  if (r != IoResult::Ok) {
+    f.kind = HandshakeFrame::Cut;
+    f.detail = r == IoResult::Timeout ? "stopped half way" : r == IoResult::Closed ? "closed half way" : error;
+    return f;
+  }
+  if (std::optional<store::Refusal> refusal = store::decode_refusal(f.payload)) {
+    f.kind = HandshakeFrame::Refused;
+    f.refusal = std::move(*refusal);
+  } else if (length != expected) {
+    f.kind = HandshakeFrame::Foreign;
+    f.detail = detail::cat("a frame of ", length, " bytes");
+  }
+  return f;
+}
+
+std::string version_mismatch(const std::string& where, std::int64_t server_version) {
+  return detail::cat("the rendezvous store at ", where, " speaks store protocol version ", server_version,
+                     ", this client version ", store::kProtocolVersion,
+                     ". Fix: install the same dtcore version on every host of the job.");
 }
 
 }  // namespace
@@ -79,49 +142,104 @@ void StoreClient::handshake(milliseconds timeout) {
                                 ". Nothing accepts connections there (yet): the server may not be started, or a "
                                 "firewall drops the connection."));
   }
-  auto not_a_store = [&](const std::string& what) {
+  auto foreign = [&](const std::string& what) {
     fd_.reset();
-    DTCORE_CHECK(false, RendezvousError, "the listener at ", where_,
-                 " is not a dtcore rendezvous store, or does not have this job's secret: ", what,
-                 ". Fix: give the store a port nobody else uses, and the same job secret to every rank.");
+    DTCORE_CHECK(false, RendezvousError, "the listener at ", where_, " is not a dtcore rendezvous store: ", what,
+                 ". Another program holds that port. Fix: give the store a port nobody else uses (MASTER_PORT=<port>), "
+                 "or stop the other program (`ss -ltnp 'sport = :",
+                 port_, "'` names it).");
   };
-  auto read_frame = [&](std::size_t expected, const char* stage, Bytes& payload) {
-    std::uint8_t header[store::kFrameHeaderBytes];
-    IoResult r = store::wait_readable(fd_.get(), deadline, error);
-    if (r == IoResult::Ok) r = store::recv_exact(fd_.get(), header, sizeof(header), deadline, error);
-    if (r == IoResult::Timeout) not_a_store(detail::cat("it sent no ", stage, " within ", timeout.count(), " ms"));
-    if (r != IoResult::Ok) not_a_store(detail::cat("it closed the connection instead of sending its ", stage));
-    std::uint32_t length = store::read_frame_length(header);
-    if (length != expected) not_a_store(detail::cat("its ", stage, " is not a dtcore store's (", length, " bytes)"));
-    payload.resize(length);
-    r = store::recv_exact(fd_.get(), payload.data(), length, deadline, error);
-    if (r != IoResult::Ok) not_a_store(detail::cat("its ", stage, " was cut short"));
+  // Closed, reset or cut short without a Refusal: not a judgement on this client (Note [Store protocol]).
+  auto dropped = [&](const std::string& what) {
+    fd_.reset();
+    C10_THROW_ERROR(DistNetworkError,
+                    detail::cat("the connection to the rendezvous store at ", where_, " ", kDroppedInHandshake, ": ",
+                                what, ", and the server sent no refusal saying why. A network failure, ",
+                                "a store stopping or a failing serving process does this, not a wrong job secret; the ",
+                                "rendezvous retries within its timeout."));
+  };
+  auto expect = [&](std::size_t bytes, const std::string& stage) -> Bytes {
+    HandshakeFrame f = read_handshake_frame(fd_.get(), bytes, deadline);
+    if (f.kind == HandshakeFrame::Refused) refused(f.refusal);
+    if (f.kind == HandshakeFrame::Silent && bytes == store::kServerHelloBytes) {
+      foreign(detail::cat("it sent no greeting within ", timeout.count(), " ms"));
+    }
+    if (f.kind == HandshakeFrame::Silent) dropped(detail::cat("no ", stage, " came within ", timeout.count(), " ms"));
+    if (f.kind == HandshakeFrame::Closed) dropped(detail::cat("the connection was ", f.detail, " before the ", stage));
+    if (f.kind == HandshakeFrame::Cut) dropped(detail::cat("the ", stage, " ", f.detail));
+    if (f.kind == HandshakeFrame::Foreign) {
+      foreign(detail::cat("its ", stage, " is not a dtcore store's (", f.detail, ")"));
+    }
+    return std::move(f.payload);
   };
 
-  Bytes payload;
-  read_frame(store::kServerHelloBytes, "greeting", payload);
-  auto hello = store::decode_server_hello(payload);
-  if (!hello) not_a_store("its greeting has the wrong magic");
+  auto hello = store::decode_server_hello(expect(store::kServerHelloBytes, "greeting"));
+  if (!hello) foreign("its greeting has the wrong magic");
   if (hello->version != store::kProtocolVersion) {
     fd_.reset();
-    DTCORE_CHECK(false, RendezvousError, "the rendezvous store at ", where_, " speaks store protocol version ",
-                 hello->version, ", this client version ", store::kProtocolVersion,
-                 ". Fix: install the same dtcore version on every host of the job.");
+    throw StoreRefused(RefuseReason::Version, version_mismatch(where_, hello->version));
   }
   store::ClientHello mine;
   mine.nonce = store::random_nonce();
   mine.mac = store::client_mac(secret_, hello->nonce, mine.nonce);
   Bytes frame;
   store::append_frame(frame, store::encode_client_hello(mine));
-  if (store::send_all(fd_.get(), frame.data(), frame.size(), deadline, error) != IoResult::Ok) {
-    not_a_store("it stopped reading during the handshake");
-  }
-  read_frame(store::kServerProofBytes, "proof of the job secret", payload);
-  auto proof = store::decode_server_proof(payload);
+  // A failed send is not the end: the server may have refused first, and its Refusal is read next.
+  store::send_all(fd_.get(), frame.data(), frame.size(), deadline, error);
+  auto proof = store::decode_server_proof(expect(store::kServerProofBytes, "proof of the job secret"));
   Sha256Digest expected = store::server_mac(secret_, hello->nonce, mine.nonce);
-  if (!proof || !constant_time_equal(expected, proof->mac)) not_a_store("its proof of the job secret is wrong");
-  if (proof->max_frame_bytes < 1024) not_a_store("its frame limit is implausible");
+  if (!proof || !constant_time_equal(expected, proof->mac)) {
+    fd_.reset();
+    throw StoreRefused(RefuseReason::WrongSecret,
+                       detail::cat("the rendezvous store at ", where_, " does not have this job's secret: its proof ",
+                                   "of the job secret is wrong (another job's store, or an impostor). Fix: give every ",
+                                   "rank the same job secret, and the store a port nobody else uses."));
+  }
+  if (proof->max_frame_bytes < 1024) foreign("its frame limit is implausible");
   max_frame_bytes_ = proof->max_frame_bytes;
+}
+
+void StoreClient::refused(const store::Refusal& refusal) {
+  fd_.reset();
+  std::string fix;
+  switch (refusal.reason) {
+    case RefuseReason::WrongSecret:
+      fix =
+          "this rank does not have this job's secret (the server's). Fix: give every rank the same job secret "
+          "(DTCORE_JOB_SECRET, or DTCORE_JOB_SECRET_FILE on a filesystem every node sees).";
+      break;
+    case RefuseReason::Version: throw StoreRefused(refusal.reason, version_mismatch(where_, refusal.number));
+    case RefuseReason::Malformed:
+      fix =
+          "the server did not understand this client's handshake. Fix: install the same dtcore version on every "
+          "host of the job.";
+      break;
+    case RefuseReason::HandshakeTimeout:
+      fix = detail::cat("this client's handshake did not reach the server within its ", refusal.number,
+                        " ms: this host or the network between is overloaded. It is retried within the rendezvous "
+                        "timeout; if it persists, check the load on this host and on the server's.");
+      break;
+    case RefuseReason::Crowded:
+      fix = detail::cat("more than ", refusal.number, " connections at once were in the handshake: something besides ",
+                        "this job's ranks may be connecting to the port. It is retried within the rendezvous timeout; ",
+                        "if it persists, find who connects (`ss -tnp 'dport = :", port_, "'` on the server's host).");
+      break;
+    case RefuseReason::OutOfDescriptors:
+      fix =
+          "the process that serves the store (rank 0) has no file descriptor left for this connection. Fix: raise "
+          "its open-file limit (`ulimit -n 65536` in the job script before the launcher, or LimitNOFILE= for a "
+          "service), or find what holds its descriptors (`ls /proc/<pid>/fd`). It is retried within the rendezvous "
+          "timeout meanwhile.";
+      break;
+    case RefuseReason::ShuttingDown:
+      fix = "the server is stopping. It is retried within the rendezvous timeout, in case it restarts.";
+      break;
+    default:
+      fix = detail::cat("refusal code ", static_cast<int>(refusal.reason), " is unknown to this client. Fix: install ",
+                        "the same dtcore version on every host of the job.");
+  }
+  throw StoreRefused(refusal.reason, detail::cat("the rendezvous store at ", where_,
+                                                 " refused this connection: ", refusal.message, "; ", fix));
 }
 
 void StoreClient::drop(const std::string& why) {
@@ -338,29 +456,28 @@ Probe probe(const std::string& host, int port, Clock::time_point connect_deadlin
             std::string& detail) {
   Fd fd = connect_any(host, port, connect_deadline, detail);
   if (!fd.valid()) return Probe::Nothing;
-  std::uint8_t greeting[kFrameHeaderBytes + kServerHelloBytes];
-  IoResult r = wait_readable(fd.get(), greeting_deadline, detail);
-  if (r == IoResult::Timeout) {
-    detail = "it accepted the connection and sent nothing";
-    return Probe::Silent;
+  HandshakeFrame f = read_handshake_frame(fd.get(), kServerHelloBytes, greeting_deadline);
+  switch (f.kind) {
+    case HandshakeFrame::Silent: detail = "it accepted the connection and sent nothing"; return Probe::Silent;
+    case HandshakeFrame::Closed:
+      // Closed without a greeting: a dtcore store stopping (init() right after shutdown() on the
+      // same port) does this as much as another program; the caller tries again until its timeout.
+      detail =
+          "it accepted the connection and closed it without a greeting (a store shutting down, or another "
+          "program)";
+      return Probe::Nothing;
+    case HandshakeFrame::Cut: detail = "it did not send a dtcore store's whole greeting"; return Probe::Foreign;
+    case HandshakeFrame::Foreign: break;
+    case HandshakeFrame::Refused:
+      // A dtcore store, which said why it will not serve this connection; the handshake reports it.
+      detail = "a dtcore store refused the connection: " + f.refusal.message;
+      return Probe::Store;
+    case HandshakeFrame::Frame:
+      if (decode_server_hello(f.payload)) return Probe::Store;
+      break;
   }
-  if (r == IoResult::Ok) r = recv_exact(fd.get(), greeting, sizeof(greeting), greeting_deadline, detail);
-  if (r == IoResult::Closed) {
-    // Closed without a greeting: a dtcore store stopping (init() right after shutdown() on the
-    // same port) does this as much as another program; the caller tries again until its timeout.
-    detail = "it accepted the connection and closed it without a greeting (a store shutting down, or another program)";
-    return Probe::Nothing;
-  }
-  if (r != IoResult::Ok) {
-    detail = "it did not send a dtcore store's whole greeting";
-    return Probe::Foreign;
-  }
-  if (read_frame_length(greeting) != kServerHelloBytes ||
-      !decode_server_hello({greeting + kFrameHeaderBytes, kServerHelloBytes})) {
-    detail = "it sent something other than a dtcore store's greeting";
-    return Probe::Foreign;
-  }
-  return Probe::Store;
+  detail = "it sent something other than a dtcore store's greeting";
+  return Probe::Foreign;
 }
 
 }  // namespace store

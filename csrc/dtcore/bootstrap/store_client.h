@@ -8,10 +8,13 @@
 // of zero, c10d's kNoTimeout, waits without limit). See Note [Store protocol] in store_protocol.h.
 //
 // Errors:
-//   c10::DistNetworkError  connecting failed (refused, unreachable, no answer), or the connection
-//                          was lost (the server stopped); the client is then unusable: make a new one.
-//   dtcore::RendezvousError the listener at host:port is not a dtcore store or lacks this job's
-//                          secret (the message gives the fix), or speaks another protocol version.
+//   c10::DistNetworkError  connecting failed (refused, unreachable, no answer), the connection was
+//                          dropped in the handshake without the server saying why, or it was lost
+//                          (the server stopped); the client is then unusable: make a new one.
+//   dtcore::RendezvousError the listener at host:port is not a dtcore store, or speaks another
+//                          protocol version (the message gives the fix).
+//   dtcore::StoreRefused   (a RendezvousError) the server refused the handshake and said why, or
+//                          its proof shows another job secret (reason WrongSecret).
 //   c10::DistStoreError    an operation timed out (naming the keys and the time waited, like
 //                          TCPStore), or the server refused it (e.g. its stored-bytes limit).
 //   c10::DistQueueEmptyError  queuePop(key, block=false) on an empty queue.
@@ -29,14 +32,32 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "dtcore/bootstrap/store_protocol.h"
 #include "dtcore/bootstrap/store_socket.h"
+#include "dtcore/common/error.h"
 
 namespace dtcore {
+
+// The store refused this client's handshake: the server's reason (Note [Store protocol]) and the
+// fix in the message. transient(): a retry within the rendezvous deadline may succeed.
+// In the message of the DistNetworkError for a handshake dropped without a Refusal, so that a
+// caller that retries can tell it from "nothing accepts there".
+inline constexpr std::string_view kDroppedInHandshake = "was dropped during the handshake";
+
+class StoreRefused : public RendezvousError {
+ public:
+  StoreRefused(store::RefuseReason reason, const std::string& message) : RendezvousError(message), reason_(reason) {}
+  store::RefuseReason reason() const { return reason_; }
+  bool transient() const { return store::is_transient(reason_); }
+
+ private:
+  store::RefuseReason reason_;
+};
 
 class StoreClient : public c10d::Store {
  public:
@@ -82,6 +103,7 @@ class StoreClient : public c10d::Store {
 
  private:
   void handshake(std::chrono::milliseconds timeout);
+  [[noreturn]] void refused(const store::Refusal& refusal);  // StoreRefused with the fix for its reason
   // Sends `request` and returns the server's answer (status Ok or QueueEmpty); throws otherwise.
   store::Response call(const store::Request& request, std::chrono::milliseconds timeout);
   // Reads one answer frame. Timeout only when nothing of it had arrived by `deadline`.
@@ -111,7 +133,7 @@ class StoreClient : public c10d::Store {
 namespace store {
 
 enum class Probe {
-  Store,    // a dtcore store greeted
+  Store,    // a dtcore store greeted, or refused the connection (Note [Store protocol])
   Nothing,  // nothing serves there yet (refused, unreachable, or closed at once): retry later
   Silent,   // something accepted the connection and said nothing within the wait
   Foreign,  // something accepted and sent something other than a greeting

@@ -296,6 +296,44 @@ std::optional<ServerProof> decode_server_proof(std::span<const std::uint8_t> pay
   return proof;
 }
 
+bool is_transient(RefuseReason reason) {
+  switch (reason) {
+    case RefuseReason::HandshakeTimeout:
+    case RefuseReason::Crowded:
+    case RefuseReason::OutOfDescriptors:
+    case RefuseReason::ShuttingDown: return true;
+    case RefuseReason::WrongSecret:
+    case RefuseReason::Version:
+    case RefuseReason::Malformed: return false;
+  }
+  return false;  // a code this side does not know
+}
+
+Bytes encode_refusal(const Refusal& refusal) {
+  constexpr std::size_t kFixed = kRefusalMagic.size() + 1 + 8 + 4;
+  Bytes out(kRefusalMagic.begin(), kRefusalMagic.end());
+  out.push_back(static_cast<std::uint8_t>(refusal.reason));
+  put_i64(out, refusal.number);
+  put_string(out, std::string_view(refusal.message).substr(0, kMaxRefusalBytes - kFixed));
+  return out;
+}
+
+std::optional<Refusal> decode_refusal(std::span<const std::uint8_t> payload) {
+  if (payload.size() > kMaxRefusalBytes) return std::nullopt;
+  Reader r(payload);
+  const std::uint8_t* magic = r.take(kRefusalMagic.size());
+  if (magic == nullptr || std::memcmp(magic, kRefusalMagic.data(), kRefusalMagic.size()) != 0) return std::nullopt;
+  Refusal refusal;
+  refusal.reason = static_cast<RefuseReason>(r.u8());
+  refusal.number = r.i64();
+  refusal.message = r.string();
+  if (!r.done()) return std::nullopt;
+  for (char& ch : refusal.message) {
+    if (ch < 0x20 || ch > 0x7e) ch = '?';
+  }
+  return refusal;
+}
+
 Sha256Digest client_mac(std::string_view secret, const Nonce& server_nonce, const Nonce& client_nonce) {
   return hmac_sha256(secret, mac_message("client", server_nonce, client_nonce));
 }

@@ -1,8 +1,10 @@
 #include "dtcore/bootstrap/store_server.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -29,11 +31,12 @@ using store::Bytes;
 using store::Clock;
 using store::ConnId;
 using store::Fd;
+using store::RefuseReason;
 
 constexpr std::size_t kReadChunk = 64u << 10;
 constexpr std::size_t kReadBudget = 1u << 20;  // per connection and poll round: a busy client cannot starve the rest
 constexpr int kAcceptBurst = 256;              // per poll round, for the same reason
-constexpr auto kAcceptPause = std::chrono::milliseconds(100);  // after running out of descriptors
+constexpr auto kAcceptPause = std::chrono::milliseconds(100);  // out of descriptors, and no spare to refuse with
 
 enum class CloseKind { PeerClosed, Rejected, TimedOut, Dropped, Failed, Shutdown };
 
@@ -59,12 +62,13 @@ class StoreServer::Loop {
   Loop(Fd listener, std::string secret, const StoreServerOptions& options, std::string where)
       : listener_(std::move(listener)),
         wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
+        spare_(open_spare()),
         secret_(std::move(secret)),
         options_(options),
         where_(std::move(where)),
         state_(options.max_stored_bytes, options.max_frame_bytes) {
-    DTCORE_CHECK(wake_.valid(), RendezvousError, "the rendezvous store at ", where_,
-                 " could not create its wake-up eventfd: ", std::strerror(errno),
+    DTCORE_CHECK(wake_.valid() && spare_.valid(), RendezvousError, "the rendezvous store at ", where_,
+                 " could not create its wake-up eventfd or its spare descriptor: ", std::strerror(errno),
                  ". Fix: raise the open-file limit (ulimit -n).");
   }
 
@@ -80,7 +84,7 @@ class StoreServer::Loop {
       log::error("rendezvous store at ", where_, " stopped on an internal error: ", e.what(),
                  ". Its clients get connection errors.");
     }
-    for (auto& [id, c] : conns_) close(*c, CloseKind::Shutdown, "the server stopped");
+    for (auto& [id, c] : conns_) refuse(*c, CloseKind::Shutdown, {RefuseReason::ShuttingDown, 0, "the server stopped"});
     conns_.clear();
     listener_.reset();
   }
@@ -141,14 +145,17 @@ class StoreServer::Loop {
       socklen_t len = sizeof(addr);
       int fd = ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&addr), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        int error = errno;
+        if (error == EAGAIN || error == EWOULDBLOCK) return;
+        if (error == EMFILE || error == ENFILE || error == ENOBUFS || error == ENOMEM) {
           if (!warned_descriptors_) {
-            log::warn("rendezvous store at ", where_, ": cannot accept connections: ", std::strerror(errno),
-                      ". Fix: raise the open-file limit (ulimit -n) of the process that serves the store.");
+            log::warn("rendezvous store at ", where_, ": cannot accept connections: ", std::strerror(error),
+                      " (open-file limit ", open_file_limit(), "). Fix: raise the open-file limit (ulimit -n) of the ",
+                      "process that serves the store.");
             warned_descriptors_ = true;
           }
-          accept_paused_until_ = Clock::now() + kAcceptPause;
+          if ((error == EMFILE || error == ENFILE) && refuse_with_spare(error)) continue;
+          accept_paused_until_ = Clock::now() + kAcceptPause;  // no spare: the backlog waits, poll does not spin
           return;
         }
         continue;  // ECONNABORTED, EINTR, a network error on that one connection
@@ -174,7 +181,10 @@ class StoreServer::Loop {
                     "than this job's ranks connects to this port.");
           warned_flood_ = true;
         }
-        close(*conns_.at(unauthenticated_.front()), CloseKind::Dropped, "too many unauthenticated connections");
+        refuse(*conns_.at(unauthenticated_.front()), CloseKind::Dropped,
+               {RefuseReason::Crowded, static_cast<std::int64_t>(options_.max_unauthenticated),
+                detail::cat("more than ", options_.max_unauthenticated,
+                            " connections at once had not finished the handshake, and this was the oldest")});
       }
     }
   }
@@ -209,7 +219,9 @@ class StoreServer::Loop {
       if (c.authenticated && c.pending() >= options_.max_frame_bytes) break;  // answers first
       std::uint32_t length = store::read_frame_length(c.in.data() + c.in_pos);
       if (!c.authenticated && length != store::kClientHelloBytes) {
-        return reject(c, detail::cat("its first frame (", length, " bytes) is not a handshake"));
+        return refuse(
+            c, CloseKind::Rejected,
+            {RefuseReason::Malformed, 0, detail::cat("its first frame (", length, " bytes) is not a handshake")});
       }
       if (length == 0 || length > options_.max_frame_bytes) {
         return reject(c, detail::cat("a frame of ", length, " bytes, over the limit of ", options_.max_frame_bytes));
@@ -231,14 +243,24 @@ class StoreServer::Loop {
 
   void handle_hello(Conn& c, std::span<const std::uint8_t> payload) {
     auto hello = store::decode_client_hello(payload);
-    if (!hello) return reject(c, "its handshake has the wrong magic");
+    if (!hello) {
+      return refuse(c, CloseKind::Rejected, {RefuseReason::Malformed, 0, "its handshake has the wrong magic"});
+    }
     if (hello->version != store::kProtocolVersion) {
-      return reject(c, detail::cat("it speaks store protocol version ", hello->version, ", this server ",
-                                   store::kProtocolVersion));
+      return refuse(c, CloseKind::Rejected,
+                    {RefuseReason::Version, store::kProtocolVersion,
+                     detail::cat("the client speaks store protocol version ", hello->version, ", this server ",
+                                 store::kProtocolVersion)});
     }
     Sha256Digest expected = store::client_mac(secret_, c.server_nonce, hello->nonce);
-    if (!constant_time_equal(expected, hello->mac)) return reject(c, "wrong MAC: it does not have this job's secret");
-    if (c.in.size() > c.in_pos) return reject(c, "it sent data before the handshake was done");
+    if (!constant_time_equal(expected, hello->mac)) {
+      return refuse(c, CloseKind::Rejected,
+                    {RefuseReason::WrongSecret, 0, "the client's proof does not match this store's job secret"});
+    }
+    if (c.in.size() > c.in_pos) {
+      return refuse(c, CloseKind::Rejected,
+                    {RefuseReason::Malformed, 0, "the client sent data before the handshake was done"});
+    }
     c.authenticated = true;
     std::erase(unauthenticated_, c.id);
     --unauthenticated_open_;
@@ -292,6 +314,57 @@ class StoreServer::Loop {
 
   void reject(Conn& c, const std::string& why) { close(c, CloseKind::Rejected, why); }
 
+  // Closes a connection still in the handshake with a Refusal first, so that its client learns
+  // why (Note [Store protocol]); an authenticated one reads answers, so it is only closed.
+  void refuse(Conn& c, CloseKind kind, const store::Refusal& refusal) {
+    if (c.closing) return;
+    Fd fd = std::move(c.fd);  // closed on return, after the counters: they are current once the client knows
+    Bytes pending(c.out.begin() + static_cast<std::ptrdiff_t>(c.out_pos), c.out.end());  // the greeting, if unsent
+    bool tell = !c.authenticated;
+    close(c, kind, refusal.message);
+    if (tell) send_refusal(fd.get(), std::move(pending), refusal);
+  }
+
+  // One non-blocking send of `pending` and the Refusal: a few dozen bytes into a send buffer that
+  // holds at most the greeting, so it fits; if the peer is gone, there is nobody left to tell.
+  static void send_refusal(int fd, Bytes pending, const store::Refusal& refusal) {
+    store::append_frame(pending, store::encode_refusal(refusal));
+    [[maybe_unused]] ssize_t n = ::send(fd, pending.data(), pending.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+
+  // Out of descriptors: frees the spare, accepts one connection with it, sends it the Refusal in
+  // place of the greeting, closes it and takes the spare again. False when nothing could be
+  // accepted that way (or the spare could not be taken back): then the caller pauses accepting.
+  bool refuse_with_spare(int error) {
+    if (!spare_.valid()) spare_ = open_spare();  // lost last time: descriptors may be back
+    if (!spare_.valid()) return false;
+    spare_.reset();
+    Fd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+    bool refused = fd.valid();
+    if (refused) {
+      ++accepted_;  // before the client knows, as in refuse()
+      ++rejected_;
+      std::int64_t limit = open_file_limit();
+      send_refusal(
+          fd.get(), {},
+          {RefuseReason::OutOfDescriptors, limit,
+           error == EMFILE
+               ? detail::cat("the serving process is out of file descriptors (its open-file limit is ", limit, ")")
+               : std::string("this host's file table is full (ENFILE: fs.file-max)")});
+      fd.reset();
+    }
+    spare_ = open_spare();
+    return refused && spare_.valid();
+  }
+
+  static Fd open_spare() { return Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC)); }
+
+  static std::int64_t open_file_limit() {
+    rlimit limit{};
+    if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return -1;
+    return static_cast<std::int64_t>(limit.rlim_cur);
+  }
+
   void close(Conn& c, CloseKind kind, const std::string& why) {
     if (c.closing) return;
     c.closing = true;
@@ -315,14 +388,16 @@ class StoreServer::Loop {
     while (!unauthenticated_.empty()) {
       Conn& c = *conns_.at(unauthenticated_.front());
       if (c.deadline > now) return;
-      close(c, CloseKind::TimedOut,
-            detail::cat("no handshake within ", options_.handshake_timeout.count(),
-                        " ms (StoreServerOptions::", "handshake_timeout)"));
+      refuse(c, CloseKind::TimedOut,
+             {RefuseReason::HandshakeTimeout, options_.handshake_timeout.count(),
+              detail::cat("no handshake within ", options_.handshake_timeout.count(),
+                          " ms (StoreServerOptions::handshake_timeout)")});
     }
   }
 
   Fd listener_;
-  Fd wake_;  // eventfd: stop() writes it to end the poll loop
+  Fd wake_;   // eventfd: stop() writes it to end the poll loop
+  Fd spare_;  // /dev/null, held so that at EMFILE one connection can still be accepted and told why
   const std::string secret_;
   const StoreServerOptions options_;
   const std::string where_;  // "host:port", for messages

@@ -5,7 +5,8 @@
 // clients that prove the job's secret (StoreClient, store_client.h). Everything a stranger can
 // make it hold is bounded: frame size, stored bytes, the handshake deadline and the number of
 // unauthenticated connections (the oldest are dropped first). Malformed input closes that one
-// connection, logged at debug level. See Note [Store protocol] in store_protocol.h.
+// connection, logged at debug level; in the handshake the client is first told why (a Refusal),
+// even when the process is out of descriptors. See Note [Store protocol] in store_protocol.h.
 //
 // Ownership: owns its listening socket, its connections and one thread, which runs a poll()
 // loop over non-blocking sockets and owns all stored data (StoreState), so the data path takes
@@ -42,7 +43,7 @@ struct StoreServerOptions {
 struct StoreServerStats {
   std::uint64_t accepted = 0;         // connections accepted
   std::uint64_t authenticated = 0;    // connections that passed the handshake
-  std::uint64_t rejected = 0;         // closed for a failed handshake or malformed input
+  std::uint64_t rejected = 0;         // refused in the handshake (or at EMFILE), or closed for malformed input
   std::uint64_t timed_out = 0;        // closed at the handshake deadline
   std::uint64_t dropped = 0;          // unauthenticated, dropped for newer ones
   std::uint64_t open = 0;             // connections open now

@@ -11,10 +11,14 @@
 #include <atomic>
 #include <cctype>
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <iostream>
 #include <memory>
 #include <mutex>
+#include <streambuf>
+#include <string>
 
 #include <unistd.h>
 
@@ -36,6 +40,73 @@ spdlog::level::level_enum to_spdlog(Level level) {
 std::mutex g_mutex;
 std::shared_ptr<spdlog::logger> g_logger;
 std::atomic<int> g_min_level{static_cast<int>(Level::Info)};  // lowest level any sink takes
+
+// See Note [C++ stack traces on the console] in log.h.
+bool is_trace_line(std::string_view line) {
+  return line.starts_with("frame #") || line.starts_with("Exception raised from ") ||
+         line.starts_with("<omitting python frames>");
+}
+
+// A streambuf in front of std::cerr's own: whole lines to the console, trace lines to the log.
+class TraceFilter : public std::streambuf {
+ public:
+  explicit TraceFilter(std::streambuf* console) : console_(console) {}
+
+ protected:
+  int_type overflow(int_type ch) override {
+    if (traits_type::eq_int_type(ch, traits_type::eof())) return traits_type::not_eof(ch);
+    char c = traits_type::to_char_type(ch);
+    xsputn(&c, 1);
+    return ch;
+  }
+
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (std::streamsize i = 0; i < n; ++i) {
+      line_.push_back(s[i]);
+      if (s[i] == '\n') end_line();
+    }
+    return n;
+  }
+
+  int sync() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!line_.empty() && !is_trace_line(line_)) {  // a partial line flushed on purpose: show it now
+      console_->sputn(line_.data(), static_cast<std::streamsize>(line_.size()));
+      last_ = line_;
+      line_.clear();
+    }
+    end_block();
+    return console_->pubsync();
+  }
+
+ private:
+  void end_line() {
+    std::string_view text(line_.data(), line_.size() - 1);  // without the '\n'
+    if (is_trace_line(text) || (!block_.empty() && text.empty())) {
+      if (block_.empty()) block_ = "C++ stack trace of the torch message \"" + last_ + "\" (cut from the console):";
+      if (!text.empty()) block_.append("\n").append(text);
+    } else {
+      end_block();
+      console_->sputn(line_.data(), static_cast<std::streamsize>(line_.size()));
+      last_.assign(text);
+    }
+    line_.clear();
+  }
+
+  void end_block() {
+    if (block_.empty()) return;
+    write(Level::Debug, block_);
+    flush();  // the process that printed it is often about to die
+    block_.clear();
+  }
+
+  std::streambuf* console_;
+  std::mutex mutex_;   // torch logs from many threads
+  std::string line_;   // the line being written
+  std::string last_;   // the last line shown: the message a trace belongs to
+  std::string block_;  // the trace lines so far, as one log record
+};
 
 std::string pattern_for(const Config& c) {
   std::string who = c.rank < 0 ? std::string("?") : std::to_string(c.rank);
@@ -94,7 +165,19 @@ std::string_view level_name(Level level) {
   return kNames[static_cast<int>(level)];
 }
 
+// Puts TraceFilter in front of std::cerr, once (see Note [C++ stack traces on the console]).
+static void install_cerr_filter() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* show = std::getenv("TORCH_SHOW_CPP_STACKTRACES");
+    if (show != nullptr && std::string_view(show) == "1") return;
+    static TraceFilter filter(std::cerr.rdbuf());
+    std::cerr.rdbuf(&filter);
+  });
+}
+
 std::string configure(const Config& config) {
+  install_cerr_filter();
   std::vector<spdlog::sink_ptr> sinks;
   auto console = std::make_shared<spdlog::sinks::stderr_sink_mt>();
   console->set_level(to_spdlog(config.console_level));

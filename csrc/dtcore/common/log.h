@@ -36,6 +36,23 @@ std::string configure(const Config& config);
 Level parse_level(std::string_view text, std::string_view source);
 std::string_view level_name(Level level);  // "debug", "info", "warn", "error"
 
+// torch's C++ code logs through c10's logger, which writes to std::cerr; several of its warnings
+// embed a c10::Error's text, with the stack trace of where it was thrown (15-30 "frame #N" lines).
+// c10d's TCPStore client prints one each time a request fails on a store whose server died
+// (`[c10d] sendBytes failed on ...: Broken pipe`), so a rank whose peer served the store got
+// dozens of such blocks on its stderr beside dtcore's own error.
+//
+// Note [C++ stack traces on the console]
+// Once configure() has run, each line written to std::cerr goes to the console unchanged, except
+// a stack trace: "Exception raised from ...", "frame #N: ..." and "<omitting python frames>"
+// lines, and the blank line that ends them. Those go to dtcore's log at debug level (the log file
+// when a log directory is set; the console only at DTCORE_LOG_LEVEL=debug) as one record naming
+// the line they belong to. So the console keeps the first line of each torch warning, and the
+// file the whole of it. TORCH_SHOW_CPP_STACKTRACES=1 (the user asked for C++ traces) leaves
+// std::cerr as it is. Python's own output (sys.stderr, tracebacks, dtcore's errors) never passes
+// through std::cerr, so nothing of dtcore's is hidden.
+// The filter is installed once per process and stays until exit: torch may log until then.
+
 void write(Level level, std::string_view message);
 bool enabled(Level level);  // cheap: use before building an expensive message
 void flush();

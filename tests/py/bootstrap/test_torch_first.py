@@ -1,15 +1,20 @@
 """Real processes on loopback: a script that sets up torch.distributed itself, before or after
 dtcore.init(), and launch set-ups that put several "nodes" on one machine."""
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from launch_helpers import (
+    WORKERS,
     accelerate_style,
     clean_env,
     describe,
     free_port,
     leftover_processes,
     openmpi_style,
+    run_processes,
     run_ranks,
     slurm_style,
     torchrun_style,
@@ -60,3 +65,24 @@ def test_accelerator_after_init_uses_its_group():
         assert (j["rank"], j["launcher"], j["accelerator"]) == (rank, "accelerate", [rank, 2]), j
         assert j["bad"] == [] and j["owns"] is True, j
         assert j["group_after_shutdown"] is False, j  # dtcore's group, ended with it
+
+
+def test_a_dead_peer_that_served_the_store_leaves_no_cpp_stack_traces_on_the_console(tmp_path):
+    """Rank 0 serves the script's TCPStore and is SIGKILLed mid-training. Every store request of
+    rank 1's dtcore threads then fails inside c10d, which warns with the C++ stack trace of the
+    failure (`[c10d] sendBytes failed ... Broken pipe` and 15-30 "frame #N" lines, each time).
+    Rank 1's console keeps dtcore's error and the first line of each warning; the frames go to its
+    log file (Note [C++ stack traces on the console])."""
+    port = free_port()
+    envs = [clean_env(**_plain(rank, 2, port)) for rank in range(2)]
+    envs[1]["DTCORE_LOG_DIR"] = str(tmp_path)
+    cmd = [sys.executable, str(WORKERS / "peer_kill_worker.py"), "torch-first"]
+    results, sessions = run_processes([cmd, cmd], envs, timeout=90)
+    survivor = results[1]
+    assert results[0].returncode == -9 and survivor.returncode == 1, describe(results)
+    assert survivor.json()["type"] == "CommError", describe(results)
+    assert "CommError: all_reduce #" in survivor.stderr, survivor.stderr[-3000:]
+    assert "frame #" not in survivor.stderr and "Exception raised from" not in survivor.stderr, survivor.stderr[-3000:]
+    logs = "".join(p.read_text() for p in Path(tmp_path).glob("dtcore-*-rank1.log"))
+    assert "C++ stack trace of the torch message" in logs and "frame #0: " in logs, logs[-3000:]
+    assert not leftover_processes(sessions)
