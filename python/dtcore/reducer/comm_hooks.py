@@ -40,10 +40,14 @@ def require_default_group(what: str) -> None:
         )
 
 
+class HookNotCallable(_C.ConfigError, TypeError):
+    """A communication hook that is not callable: a TypeError too, as torch DDP raises."""
+
+
 def _check_hook(hook: Any) -> None:
     """torch DDP's checks of a hook's signature, with dtcore's errors."""
     if not callable(hook):
-        raise _C.ConfigError(
+        raise HookNotCallable(
             f"register_comm_hook(hook={hook!r}): a communication hook must be callable as hook(state, bucket) -> "
             "torch.futures.Future[torch.Tensor]. Fix: pass a function such as torch's default_hooks.allreduce_hook."
         )
@@ -93,7 +97,7 @@ class CommHooks:
         """As torch DDP's: `hook(state, {name: buffer})` syncs the buffers instead of the broadcast from rank 0,
         before or after each synced forward; futures it returns are waited for before backward ends."""
         if not callable(hook):
-            raise _C.ConfigError(
+            raise HookNotCallable(
                 f"_register_buffer_comm_hook(hook={hook!r}): the hook must be callable as hook(state, buffers). Fix: "
                 "pass a function."
             )

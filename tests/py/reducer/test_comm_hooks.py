@@ -68,8 +68,11 @@ def test_hooks_that_cannot_be_honoured_are_refused(fresh_dtcore):
         dtcore.wrap(_model(), zero=1).register_comm_hook(None, default_hooks.allreduce_hook)
     with pytest.raises(dtcore.ConfigError, match="comm_dtype=torch.bfloat16: the hook decides what is sent"):
         dtcore.wrap(_model(), comm_dtype=torch.bfloat16).register_comm_hook(None, default_hooks.allreduce_hook)
-    with pytest.raises(dtcore.ConfigError, match="must be callable"):
-        dtcore.wrap(_model()).register_comm_hook(None, "allreduce")
+    with pytest.raises(TypeError, match="must be callable") as e:  # torch DDP's error class
+        dtcore.DistributedDataParallel(_model()).register_comm_hook({}, {})
+    assert isinstance(e.value, dtcore.ConfigError)
+    with pytest.raises(TypeError, match="must be callable"):
+        dtcore.wrap(_model())._register_buffer_comm_hook(None, "broadcast")
     with pytest.raises(dtcore.ConfigError, match="built-in hooks are ALLREDUCE and FP16_COMPRESS"):
         dtcore.wrap(_model())._register_builtin_comm_hook("ALLREDUCE")
 
