@@ -75,6 +75,7 @@ void bind_reducer(py::module_& m) {
           py::arg("futures"))
       .def("set_divisor", &Reducer::set_divisor, py::arg("ranks"))
       .def("check_joinable", &Reducer::check_joinable)
+      .def("release_parameters", &Reducer::release_parameters)
       .def("shadow_backward", &Reducer::shadow_backward, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("reductions", &Reducer::reductions)
       .def_property_readonly("zero", &Reducer::zero)

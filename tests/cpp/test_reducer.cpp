@@ -239,6 +239,23 @@ TEST(Reducer, FrozenParametersAreLeftOut) {
   EXPECT_FALSE(params[1].grad().defined());
 }
 
+TEST(Reducer, ReleasedParametersAreTakenOverByANewReducer) {  // Note [One reducer per parameter]
+  Fixture f;
+  auto expected = reference_grads(f.params, f.x);
+  f.step();
+  auto make_second = [&] { return std::make_unique<Reducer>(f.params, kNames, f.comm, Reducer::Options{}); };
+  expect_contains(error_of<ConfigError>(make_second), {"already carries another reducer's gradient hook"});
+  f.reducer->release_parameters();
+  auto second = make_second();
+  for (auto& p : f.params) p.grad().zero_();
+  second->prepare_for_backward(true);
+  loss_of(f.params, f.x).backward();  // only the second reducer's hooks run
+  expect_grads(f.params, expected);
+  EXPECT_EQ(second->reductions(), 1);
+  EXPECT_EQ(f.reducer->reductions(), 1);
+  EXPECT_EQ(f.comm->count(CollectiveKind::AllReduce), 2);
+}
+
 // ZeRO at world size 1: the shard is the whole (padded) bucket, so the reducer's own logic is what is tested.
 
 // Every bucket's gradient shard laid out as the plan says, compared with plain autograd's gradients.

@@ -103,13 +103,26 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   log::debug("reducer: ", slots_.size(), " gradients in ", plan_.size(), " bucket(s)");
 }
 
-Reducer::~Reducer() {
+Reducer::~Reducer() { remove_hooks_locked(); }
+
+void Reducer::remove_hooks_locked() {
   for (Slot& s : slots_) {
     if (!s.accumulator) continue;
     s.accumulator->del_post_hook(s.hook_key);
     auto& pre = s.accumulator->pre_hooks();  // torch offers no del_pre_hook: found by identity
     std::erase_if(pre, [&s](const auto& hook) { return hook.get() == s.lend_hook; });
+    s.accumulator.reset();
   }
+}
+
+void Reducer::release_parameters() {
+  std::lock_guard<std::mutex> lock(mu_);
+  DTCORE_CHECK(!backward_started_, ConfigError,
+               "a new dtcore wrapper of these parameters was built while a backward pass through the earlier one is "
+               "reducing gradients on rank ",
+               comm_->rank(), ". Fix: wrap again after loss.backward() has returned.");
+  remove_hooks_locked();
+  reset_locked();
 }
 
 void Reducer::build_buckets(const std::vector<size_t>& order) {

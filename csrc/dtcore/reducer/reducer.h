@@ -71,7 +71,11 @@
 // and no other. torch DDP's and FSDP's reducers hook the same node, and two reducers writing one
 // .grad give wrong gradients, so a hook already there is a ConfigError at construction, and one
 // added later (torch DDP built over the module dtcore wrapped) at the next backward, before the
-// step. The Python side names a dtcore wrapper first (python/dtcore/reducer/stacking.py).
+// step. The Python side names a dtcore wrapper first (python/dtcore/reducer/stacking.py). A second
+// dtcore wrapper of the same parameters takes them over, as torch allows a module to be wrapped
+// again: the earlier wrapper's reducer removes its hooks (release_parameters()) before the new one
+// adds its own, and the earlier wrapper refuses any further forward or backward, saying it was
+// replaced. Only dtcore's own wrappers are taken over: a foreign hook is still refused.
 //
 // Ownership: holds the parameters, the bucket buffers and the communicator; removes its hooks
 // on destruction. Thread safety: hooks may run on autograd worker threads; all state is guarded
@@ -165,6 +169,11 @@ class Reducer {
   // ConfigError unless uneven inputs can be shadowed (zero=0).
   void check_joinable() const;
 
+  // See Note [One reducer per parameter]: a newer wrapper takes these parameters over. Removes this
+  // reducer's hooks (as the destructor does) so that the newer reducer's can be added; the wrapper
+  // refuses any further use of this one. ConfigError during a backward.
+  void release_parameters();
+
   const std::vector<Bucket>& buckets() const { return plan_; }
   // Backward passes fully reduced so far.
   int64_t reductions() const;
@@ -224,6 +233,7 @@ class Reducer {
   void finalize();                                          // queued with the engine when the last bucket starts
   [[noreturn]] void raise(std::exception_ptr error) const;  // through rethrow_
   void reset_locked();
+  void remove_hooks_locked();      // the destructor's and release_parameters()'s
   void launch_ready_locked();      // starts buckets next_bucket_, ... while they are complete
   void restore_globally_unused();  // see Note [Unused parameters keep None]
   HookFuture run_hook_locked(size_t bucket, const at::Tensor& contents);  // the hook on a bucket's contents

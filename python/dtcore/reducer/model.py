@@ -65,7 +65,12 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
 
     torch DDP's communication hooks (register_comm_hook, comm_hooks.py) and uneven inputs (join(),
     uneven.py) work as there.
+
+    Wrapping the same parameters again (as torch's tests do in a loop) makes the new wrapper take them
+    over: this one then refuses forward and backward with a ConfigError that says it was replaced.
     """
+
+    _replacement: str | None = None  # set when a newer wrapper took the parameters over (_replaced_by)
 
     def __init__(
         self,
@@ -166,6 +171,7 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
     def _attach(self) -> None:
         """Builds this model's reducer on the current context (at wrap, or in a copy at first use)."""
         named = self._named_parameters()
+        stacking.take_over(self, [p for _, p in named])
         options = _C.ReducerOptions(**self._options)
         self._live_reducer = _C.Reducer([p for _, p in named], [n for n, _ in named], self._comm, options)
         self._trainable = [p for _, p in named if p.requires_grad]  # the reducer's indices (bucket_layout)
@@ -174,8 +180,22 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
         if self._options["zero"] == 2:
             zero_guard.guard(self.module)
 
+    def _replaced_by(self, newer: torch.nn.Module) -> None:
+        """A newer dtcore wrapper takes this one's parameters over (stacking.take_over): this one's
+        hooks go, and every later use of its reducer raises ConfigError."""
+        self._live_reducer.release_parameters()
+        self._live_reducer = self._trainable = None  # its buckets go with it
+        self._replacement = f"a newer {type(newer).__name__} of {type(newer.module).__name__}"
+
     @property
     def _reducer(self) -> Any:
+        if self._replacement is not None:
+            raise _C.ConfigError(
+                f"this {type(self).__name__} of {type(self.module).__name__} was replaced by {self._replacement} "
+                "built over the same parameters, which took them over: this one no longer averages gradients, so "
+                "it refuses forward and backward. Fix: use the newer wrapper (the one the later dtcore.wrap or "
+                "DistributedDataParallel call returned) everywhere."
+            )
         if self._live_reducer is None:  # an unpickled copy: its reducer is built on first use
             if not is_initialized():
                 raise _C.ConfigError(

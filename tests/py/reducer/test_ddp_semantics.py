@@ -1,6 +1,7 @@
 """dtcore.DistributedDataParallel behaves as torch DDP where a difference would be silent: unused
 parameters, reassigned buffers, static graphs, ignored parameters, process groups, the error
-phrases and the compatibility surface. One 2-rank job (workers/ddp_semantics_worker.py) runs them all."""
+phrases, the compatibility surface and wrapping a module again. One 2-rank job
+(workers/ddp_semantics_worker.py) runs them all."""
 
 import pytest
 
@@ -98,3 +99,12 @@ def test_compatibility_surface(ranks):
         assert j["bucket_bytes_cap_list"] == [[2**20, 2 * 2**20], []]  # as torch's: empty when not given
         assert "bucket_cap_mb_list=[1, 2, 3]" in j["uneven_list"] and "Fix: pass [first, rest]" in j["uneven_list"]
         assert j["copy"] == {"process_group": True, "averaged": True, "grad": [1.5, 1.5]}
+
+
+def test_a_module_wrapped_again_is_taken_over_by_the_new_wrapper_and_the_old_refuses(ranks):
+    for r in ranks:
+        j = r["rewrapped"]
+        assert j["grads"] == [36.0, 36.0, 36.0]  # 8 elements x 3 rows x the ranks' mean input (1.5)
+        for refused in j["refused"]:
+            assert refused.startswith("this DistributedDataParallel of TwoLayers was replaced by a newer "), refused
+            assert "refuses forward and backward" in refused

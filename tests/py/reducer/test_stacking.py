@@ -45,22 +45,42 @@ def test_dtcore_wrap_of_a_torch_ddp_or_dtcore_model_names_both(fresh_dtcore):
         dtcore.wrap(dtcore.DistributedDataParallel(mlp()))
 
 
-def test_parameters_a_live_dtcore_model_reduces_are_refused_until_it_is_dropped(fresh_dtcore):
+def test_a_second_dtcore_wrapper_takes_the_parameters_over_and_the_first_refuses(fresh_dtcore):
     dtcore.init(timeout=30)
     net = mlp()
     first = dtcore.wrap(net)
-    with pytest.raises(dtcore.ConfigError) as e:
-        dtcore.wrap(net)  # the same module again
-    assert "parameter '0.weight' is already reduced by a DistributedModel of Sequential that is still alive" in str(
-        e.value
-    )
-    holder = Holder(net)  # the plain module inside another: its parameters carry first's hooks
-    with pytest.raises(dtcore.ConfigError, match=r"parameter 'inner.0.weight' is already reduced"):
-        dtcore.wrap(holder)
-    del first  # its reducer and hooks go with it
-    second = dtcore.wrap(holder)
+    first(torch.ones(2, 3)).sum().backward()
+    kept = net[0].weight.grad.clone()
+    second = dtcore.DistributedDataParallel(net, find_unused_parameters=True)  # the same module again
+    assert torch.equal(net[0].weight.grad, kept)  # the gradients move into the new buckets
     second(torch.ones(2, 3)).sum().backward()
+    assert torch.equal(net[0].weight.grad, 2 * kept)  # one reducer accumulates: only the second's hooks run
+    for use in (lambda: first(torch.ones(2, 3)), lambda: first.zero_grad()):
+        with pytest.raises(dtcore.ConfigError) as e:
+            use()
+        assert str(e.value).startswith(
+            "this DistributedModel of Sequential was replaced by a newer DistributedDataParallel of Sequential built "
+            "over the same parameters"
+        )
+        assert "Fix: use the newer wrapper" in str(e.value)
+    third = dtcore.wrap(Holder(net))  # the plain module inside another: taken over from the second too
+    with pytest.raises(dtcore.ConfigError, match="was replaced by a newer DistributedModel of Holder"):
+        second(torch.ones(2, 3))
+    third(torch.ones(2, 3)).sum().backward()
     assert net[0].weight.grad is not None
+
+
+def test_a_zero_wrapper_is_not_taken_over(fresh_dtcore):
+    dtcore.init(timeout=30)
+    net = mlp()
+    first = dtcore.wrap(net, zero=1)  # noqa: F841  (alive: its ShardedOptimizer would step from its shards)
+    with pytest.raises(dtcore.ConfigError) as e:
+        dtcore.wrap(net)
+    assert (
+        "parameter '0.weight' is already reduced by a DistributedModel(zero=1) of Sequential that is still alive"
+        in (str(e.value))
+    )
+    assert "drop every reference to the earlier wrapper (and its optimizer) first" in str(e.value)
 
 
 def test_torch_ddp_around_a_dtcore_model_fails_at_construction(fresh_dtcore):

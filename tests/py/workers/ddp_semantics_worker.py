@@ -234,6 +234,26 @@ def compatibility(rank: int) -> dict:
     return result
 
 
+def rewrapped(rank: int) -> dict:
+    """The same module wrapped again while the earlier wrapper is alive (torch's tests do so in a loop):
+    each new wrapper takes the parameters over and averages across ranks; the earlier one refuses."""
+    torch.manual_seed(0)
+    module, earlier, grads, refused = TwoLayers(), None, [], []
+    for find_unused in (True, False, True):
+        model = DDP(module, find_unused_parameters=find_unused)
+        module.zero_grad()
+        model(batch(rank), use_spare=True).sum().backward()
+        grads.append(module.used.weight.grad.sum().item())
+        if earlier is not None:
+            try:
+                earlier(batch(rank))
+                refused.append(None)
+            except dtcore.ConfigError as e:
+                refused.append(str(e))
+        earlier = model
+    return {"grads": grads, "refused": refused}
+
+
 CASES = [
     unused_everywhere,
     functional_call,
@@ -244,6 +264,7 @@ CASES = [
     unfinished_reduction,
     groups,
     compatibility,
+    rewrapped,
 ]
 
 
