@@ -1,5 +1,6 @@
 #include "dtcore/reducer/reducer.h"
 
+#include <chrono>
 #include <unordered_set>
 
 #include <ATen/ATen.h>
@@ -17,6 +18,11 @@ namespace dtcore {
 
 namespace {
 constexpr size_t kShardedInFlight = 1;  // See Note [Buckets in flight]
+
+int64_t now_ns() {  // See Note [Backward timeline]
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 constexpr size_t kDrainFinished = static_cast<size_t>(-1);
 
 // Runs `fn` just before its node, passing the gradients on unchanged (torch has a LambdaPostHook
@@ -233,6 +239,16 @@ int64_t Reducer::reductions() const {
   return reductions_;
 }
 
+Reducer::BackwardTimes Reducer::last_backward_times() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return times_;
+}
+
+std::vector<size_t> Reducer::last_ready_order() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return grad_order_;
+}
+
 void Reducer::prepare_for_backward(bool sync) {
   std::vector<std::shared_ptr<Work>> launched;
   std::vector<HookFuture> futures;
@@ -365,6 +381,7 @@ void Reducer::launch_ready_locked() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     const size_t index = next_bucket_++;
     BucketState& b = buckets_[index];
+    if (index == 0) times_.comm_start_ns = now_ns();  // See Note [Backward timeline]
     at::Tensor payload = b.buffer;
     if (options_.comm_dtype && *options_.comm_dtype != b.buffer.scalar_type()) {
       b.sent = b.buffer.to(*options_.comm_dtype);  // copied back into the buffer in finalize()
@@ -385,6 +402,7 @@ void Reducer::launch_ready_locked() {
       b.work = comm_->all_reduce(payload, ReduceOp::Avg, b.label);
     }
     if (next_bucket_ == buckets_.size()) {
+      times_.compute_end_ns = now_ns();       // every gradient is ready: the last bucket starts
       if (options_.find_unused_parameters) {  // See Note [Unused parameters keep None]
         std::vector<float> used(slots_.size());
         for (size_t i = 0; i < slots_.size(); ++i) used[i] = slots_[i].used || slots_[i].used_unsynced ? 1.0f : 0.0f;
@@ -400,6 +418,8 @@ void Reducer::launch_ready_locked() {
         } catch (...) {
           raise(std::current_exception());
         }
+        std::lock_guard<std::mutex> lock(mu_);
+        times_.comm_end_ns = now_ns();
       });
     }
   }
@@ -556,6 +576,7 @@ void Reducer::mark_ready_locked(size_t index) {
   s.ready = true;
   if (!s.used) s.grad_was_none = !s.param.grad().defined();  // marked by find_unused(), not by a gradient
   if (!plan_final_) ready_order_.push_back(index);
+  grad_order_.push_back(index);
   if (sharded_grads_) {
     stage_grad_locked(s);
   } else {
@@ -597,6 +618,8 @@ void Reducer::on_grad_ready(size_t index) {
   }
   if (!backward_started_) {
     backward_started_ = true;
+    times_ = BackwardTimes{};
+    grad_order_.clear();
     for (size_t u : unused_) mark_ready_locked(u);  // see find_unused()
   }
   slots_[index].used = true;

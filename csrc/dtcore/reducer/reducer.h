@@ -178,6 +178,22 @@ class Reducer {
   // Backward passes fully reduced so far.
   int64_t reductions() const;
 
+  // Note [Backward timeline]: what torch DDP's logging data reports of a backward, for the last
+  // synced backward, on the host clock in nanoseconds since the epoch (Python's time.time_ns()):
+  // when the first bucket's collective started, when the last gradient was ready (the last bucket
+  // starts then) and when the reduction was complete (finalize() returned); 0 for an event that
+  // backward did not reach. The wrapper adds the forward's times and samples them as torch does
+  // (python/dtcore/reducer/logging_data.py).
+  struct BackwardTimes {
+    int64_t comm_start_ns = 0;
+    int64_t compute_end_ns = 0;
+    int64_t comm_end_ns = 0;
+  };
+  BackwardTimes last_backward_times() const;
+  // The parameters (as in Bucket::params) in the order they were marked ready in the last reduced
+  // backward; parameters find_unused() found unused come first.
+  std::vector<size_t> last_ready_order() const;
+
   // --- ZeRO (zero >= 1): the sharded optimizer's view. Not during a backward. ---
   int zero() const { return options_.zero; }
   // True once the buckets will not be rebuilt again (after the first reduced backward); per-shard
@@ -268,6 +284,8 @@ class Reducer {
   size_t next_bucket_ = 0;                // the next bucket to launch, in plan order
   size_t drained_ = 0;                    // zero=2: buckets before this one are in their shards, buffers freed
   std::vector<size_t> ready_order_;       // slots in the order they became ready (until the rebuild)
+  std::vector<size_t> grad_order_;        // the same in every reduced backward, kept after it; last_ready_order()
+  BackwardTimes times_;                   // See Note [Backward timeline]; cleared when a backward starts
   bool plan_final_ = false;               // the one rebuild was tried: buckets stay as they are
   bool sharded_grads_ = false;            // zero=2 after shard_gradients_locked()
   int64_t reductions_ = 0;

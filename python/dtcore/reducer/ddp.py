@@ -131,7 +131,6 @@ class DistributedDataParallel(DistributedModel):
             forward_sync = init_sync_buffers = True if broadcast_buffers is None else broadcast_buffers
         if check_reduction:
             warnings.warn(_CHECK_REDUCTION_DEPRECATED, FutureWarning, stacklevel=2)
-        del gradient_as_bucket_view  # honoured as it is (see docstring)
         options = dict(
             bucket_mb=_DEFAULTS.bucket_mb,
             first_bucket_mb=_DEFAULTS.first_bucket_mb,
@@ -150,6 +149,8 @@ class DistributedDataParallel(DistributedModel):
             init_sync_buffers=init_sync_buffers,
             process_group=group,
         )
+        # The argument, as torch's logging data reports it: dtcore's gradients are bucket views either way.
+        self._ddp_log.data["gradient_as_bucket_view"] = int(gradient_as_bucket_view)
         if bucket_cap_mb_list:
             self.bucket_bytes_cap_list = [int(mb * 2**20) for mb in bucket_cap_mb_list]
         if device_mesh is not None:

@@ -25,6 +25,7 @@ from ..comm.collectives import broadcast_tensors
 from ..comm.subgroup import communicator_for
 from . import stacking, zero_guard
 from .comm_hooks import CommHooks
+from .logging_data import DdpLogging, records_errors
 from .torch_face import TorchDDPFace
 from .uneven import Uneven
 
@@ -49,7 +50,7 @@ def _tensors_in(value: Any) -> list[torch.Tensor]:
     return []
 
 
-class DistributedModel(CommHooks, Uneven, TorchDDPFace):
+class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
     """Wraps `module`; `forward` passes through, `.module` is the original. See dtcore.wrap.
 
     bucket_mb / first_bucket_mb: bucket caps in MiB (2^20 bytes, as torch DDP's bucket_cap_mb); the
@@ -63,8 +64,8 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
     (torch_face.py). copy.deepcopy and torch.save/torch.load give a working copy with a reducer of
     its own on the current dtcore context.
 
-    torch DDP's communication hooks (register_comm_hook, comm_hooks.py) and uneven inputs (join(),
-    uneven.py) work as there.
+    torch DDP's communication hooks (register_comm_hook, comm_hooks.py), uneven inputs (join(),
+    uneven.py) and logging data (_get_ddp_logging_data, logging_data.py) work as there.
 
     Wrapping the same parameters again (as torch's tests do in a loop) makes the new wrapper take them
     over: this one then refuses forward and backward with a ConfigError that says it was replaced.
@@ -154,6 +155,7 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
         self.bucket_bytes_cap_list: list[int] = []  # torch's: per-bucket caps, when bucket_cap_mb_list was given
         self.broadcast_bucket_size = 250 * 2**20  # torch's, for callers of torch.distributed.utils._sync_module_states
         self._attach()
+        self._start_logging()
 
     def _named_parameters(self) -> list[tuple[str, torch.Tensor]]:
         """The parameters this model reduces: the module's (tied ones once), less the ignored ones."""
@@ -222,6 +224,7 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
             self._comm = get_context().communicator
             self._attach()
 
+    @records_errors
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         stacking.refuse_outer_ddp(self)
         # Only a forward with grad enabled prepares a reduction, and only a synced one talks to the
@@ -230,6 +233,8 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
         synced = torch.is_grad_enabled() and sync
         self.require_forward_param_sync = synced
         reducer = self._reducer
+        if synced:  # torch DDP's iteration
+            self._log_forward_start()
         if torch.is_grad_enabled():
             reducer.prepare_for_backward(sync)
         src = self._join_before_forward(synced)  # with join(): Note [Shadowed collectives]
@@ -239,6 +244,8 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
         out = self.module(*args, **kwargs)
         if sync_buffers:
             self._sync_forward_buffers(src, post_forward=True)
+        if synced:
+            self._log_forward_end()
         if synced and (self.find_unused_parameters or self.static_graph):
             reducer.find_unused(_tensors_in(out))
         return out
@@ -264,6 +271,7 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
                 "the first backward."
             )
         self.static_graph = True
+        self._ddp_log.data["static_graph"] = 1  # as torch's logging data
         self._options["find_unused_parameters"] = True  # what a static graph lets the reducer do (Note above)
         if self._live_reducer is not None:
             self._live_reducer.find_unused_parameters = True

@@ -254,6 +254,40 @@ def rewrapped(rank: int) -> dict:
     return {"grads": grads, "refused": refused}
 
 
+def logging_data(rank: int) -> dict:
+    """torch DDP's _get_ddp_logging_data: construction facts, sampled iterations and timings, the comm
+    hook's name and the last error."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    torch.manual_seed(0)
+    model = DDP(TwoLayers())
+    result = {"at_construction": model._get_ddp_logging_data()}
+    model._set_ddp_runtime_logging_sample_rate(2)
+    result["iterations"] = []
+    for _ in range(13):
+        model(batch(rank), use_spare=True).sum().backward()
+        result["iterations"].append(model._get_ddp_logging_data()["iteration"])
+    result["after"] = model._get_ddp_logging_data()
+    hooked = DDP(TwoLayers())
+    hooked.register_comm_hook(None, default_hooks.allreduce_hook)
+    builtin = DDP(TwoLayers())
+    builtin._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
+    result["hooks"] = [
+        hooked._get_ddp_logging_data().get("comm_hook"),
+        builtin._get_ddp_logging_data().get("comm_hook"),
+        str(dist.BuiltinCommHookType.FP16_COMPRESS),
+    ]
+    broken = DDP(TwoLayers())
+    broken(batch(rank)).sum().backward()  # spare gets no gradient: the reduction cannot finish
+    try:
+        broken(batch(rank))
+        result["error"] = None
+    except dtcore.ConfigError as e:
+        result["error"] = str(e)
+    result["error_logged"] = broken._get_ddp_logging_data().get("error")
+    return result
+
+
 CASES = [
     unused_everywhere,
     functional_call,
@@ -265,6 +299,7 @@ CASES = [
     groups,
     compatibility,
     rewrapped,
+    logging_data,
 ]
 
 
