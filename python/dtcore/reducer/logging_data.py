@@ -118,7 +118,8 @@ class DdpLogging:
         backward_compute_comm_overlap_time, their avg_* over the sampled iterations, and the events'
         host times *_start / *_end); a timing whose events that iteration did not reach is 0.
 
-        Left out, as dtcore does not have the fact: gloo_num_threads, unused_parameter_size,
+        With Gloo, gloo_num_threads is the thread count of the process group dtcore's communicator drives.
+        Left out, as dtcore does not have the fact: unused_parameter_size,
         initial_bucket_size_limits and rebuilt_bucket_size_limits, can_set_static_graph, and errors
         raised inside backward (they reach the caller of backward() only)."""
         return dict(self._ddp_log.data)
@@ -168,6 +169,9 @@ class DdpLogging:
         }
         for name in _ENV + _BACKEND_ENV.get(comm.backend, ()):
             data[name.lower()] = _env(name)
+        threads = getattr(getattr(comm.engine, "options", None), "_threads", None)  # Gloo's process group's
+        if threads is not None:
+            data["gloo_num_threads"] = threads
         self._ddp_log = _Log(data=data)
 
     def _bucket_sizes(self) -> str:

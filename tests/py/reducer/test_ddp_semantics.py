@@ -122,6 +122,7 @@ def test_torch_logging_data_reports_real_values(ranks):
         assert built["gradient_as_bucket_view"] == 0 and built["broadcast_buffers"] == 1  # the arguments given
         assert built["device_ids"] == "" and built["output_device"] == -1 and built["has_sync_bn"] == 0
         assert "comm_hook" not in built and "forward_compute_time" not in built
+        assert built["gloo_num_threads"] == 2  # torch's ProcessGroupGloo default, which dtcore's Gloo runs on
         # Sampled as torch: the first 10 iterations, then one in 2 (the rate set), at the next forward.
         assert j["iterations"] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 10, 12]
         after = j["after"]
