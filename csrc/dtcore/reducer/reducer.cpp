@@ -122,13 +122,9 @@ void Reducer::remove_hooks_locked() {
 }
 
 void Reducer::release_parameters() {
-  std::lock_guard<std::mutex> lock(mu_);
-  DTCORE_CHECK(!backward_started_, ConfigError,
-               "a new dtcore wrapper of these parameters was built while a backward pass through the earlier one is "
-               "reducing gradients on rank ",
-               comm_->rank(), ". Fix: wrap again after loss.backward() has returned.");
+  std::unique_lock<std::mutex> lock(mu_);
+  if (backward_started_) drain_unfinished(lock);  // a backward that raised: as prepare_for_backward() does
   remove_hooks_locked();
-  reset_locked();
 }
 
 void Reducer::build_buckets(const std::vector<size_t>& order) {
@@ -249,44 +245,46 @@ std::vector<size_t> Reducer::last_ready_order() const {
   return grad_order_;
 }
 
-void Reducer::prepare_for_backward(bool sync) {
+void Reducer::drain_unfinished(std::unique_lock<std::mutex>& lock) {
   std::vector<std::shared_ptr<Work>> launched;
   std::vector<HookFuture> futures;
-  std::vector<std::pair<size_t, std::string>> missing;  // (index, name)
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!backward_started_) {  // nothing pending: arm for the coming backward
-      reset_locked();
-      expect_hooks_ = sync;
-      return;
-    }
-    for (auto& b : buckets_) {
-      if (b.work) launched.push_back(b.work);
-      if (b.future) futures.push_back(b.future);
-    }
-    if (used_work_) launched.push_back(used_work_);
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      if (!slots_[i].ready) missing.emplace_back(i, slots_[i].name);
-    }
+  for (auto& b : buckets_) {
+    if (b.work) launched.push_back(b.work);
+    if (b.future) futures.push_back(b.future);
   }
-  // Drained before raising, so that no collective still writes into .grad afterwards.
+  if (used_work_) launched.push_back(used_work_);
+  lock.unlock();
+  // Waited (each with the timeout), so that no collective still writes into .grad afterwards;
+  // their errors are not the ones to act on: the caller's is.
   for (auto& w : launched) {
     try {
       w->wait();
     } catch (const std::exception&) {
-      // The error below is the one to act on.
     }
   }
   for (auto& f : futures) {
     try {
       wait_hook_future(f, comm_->timeout(), "a communication hook", comm_->rank());
     } catch (const std::exception&) {
-      // The error below is the one to act on.
     }
   }
+  lock.lock();
+  reset_locked();
+}
+
+void Reducer::prepare_for_backward(bool sync) {
+  std::vector<std::pair<size_t, std::string>> missing;  // (index, name)
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    reset_locked();
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!backward_started_) {  // nothing pending: arm for the coming backward
+      reset_locked();
+      expect_hooks_ = sync;
+      return;
+    }
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (!slots_[i].ready) missing.emplace_back(i, slots_[i].name);
+    }
+    drain_unfinished(lock);
   }
   // torch DDP's key phrases (scripts and tests match them), with the indices and names it gives.
   std::string indices, names;

@@ -169,9 +169,11 @@ class Reducer {
   // ConfigError unless uneven inputs can be shadowed (zero=0).
   void check_joinable() const;
 
-  // See Note [One reducer per parameter]: a newer wrapper takes these parameters over. Removes this
-  // reducer's hooks (as the destructor does) so that the newer reducer's can be added; the wrapper
-  // refuses any further use of this one. ConfigError during a backward.
+  // See Note [One reducer per parameter]: a newer wrapper takes these parameters over (or torch
+  // DDP's _remove_autograd_hooks()). Removes this reducer's hooks (as the destructor does) so that
+  // the newer reducer's can be added; the wrapper refuses any further use of this one. A backward
+  // that started reducing and did not complete (it raised) is drained first, as by
+  // prepare_for_backward().
   void release_parameters();
 
   const std::vector<Bucket>& buckets() const { return plan_; }
@@ -249,6 +251,9 @@ class Reducer {
   void finalize();                                          // queued with the engine when the last bucket starts
   [[noreturn]] void raise(std::exception_ptr error) const;  // through rethrow_
   void reset_locked();
+  // With `lock` held on entry and return: waits (unlocked, with the timeout) for the collectives and
+  // hook futures an unfinished backward launched, then resets.
+  void drain_unfinished(std::unique_lock<std::mutex>& lock);
   void remove_hooks_locked();      // the destructor's and release_parameters()'s
   void launch_ready_locked();      // starts buckets next_bucket_, ... while they are complete
   void restore_globally_unused();  // see Note [Unused parameters keep None]

@@ -71,7 +71,7 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
     over: this one then refuses forward and backward with a ConfigError that says it was replaced.
     """
 
-    _replacement: str | None = None  # set when a newer wrapper took the parameters over (_replaced_by)
+    _retired: tuple[str, str] | None = None  # (what happened, the fix) once its hooks are gone: _retire
 
     def __init__(
         self,
@@ -182,21 +182,30 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
         if self._options["zero"] == 2:
             zero_guard.guard(self.module)
 
-    def _replaced_by(self, newer: torch.nn.Module) -> None:
-        """A newer dtcore wrapper takes this one's parameters over (stacking.take_over): this one's
-        hooks go, and every later use of its reducer raises ConfigError."""
-        self._live_reducer.release_parameters()
+    def _retire(self, what: str, fix: str) -> None:
+        """This model's hooks go (a newer wrapper takes its parameters over, stacking.take_over, or
+        _remove_autograd_hooks()); every later use of its reducer raises ConfigError saying `what`."""
+        if self._retired is not None:
+            return
+        if self._live_reducer is not None:
+            self._live_reducer.release_parameters()
         self._live_reducer = self._trainable = None  # its buckets go with it
-        self._replacement = f"a newer {type(newer).__name__} of {type(newer.module).__name__}"
+        self._retired = (what, fix)
+
+    def _remove_autograd_hooks(self) -> None:
+        """As torch DDP's: the reducer's hooks leave the parameters; this model then refuses forward and backward."""
+        self._retire(
+            "had its gradient hooks removed (_remove_autograd_hooks())",
+            "wrap the module again (dtcore.wrap or DistributedDataParallel) to train it data-parallel.",
+        )
 
     @property
     def _reducer(self) -> Any:
-        if self._replacement is not None:
+        if self._retired is not None:
+            what, fix = self._retired
             raise _C.ConfigError(
-                f"this {type(self).__name__} of {type(self.module).__name__} was replaced by {self._replacement} "
-                "built over the same parameters, which took them over: this one no longer averages gradients, so "
-                "it refuses forward and backward. Fix: use the newer wrapper (the one the later dtcore.wrap or "
-                "DistributedDataParallel call returned) everywhere."
+                f"this {type(self).__name__} of {type(self.module).__name__} {what}: it no longer averages "
+                f"gradients, so it refuses forward and backward. Fix: {fix}"
             )
         if self._live_reducer is None:  # an unpickled copy: its reducer is built on first use
             if not is_initialized():

@@ -83,9 +83,10 @@ def check_wrappable(module: torch.nn.Module) -> None:
 
 
 def _live_owner(p: torch.Tensor) -> torch.nn.Module | None:
-    """The live DistributedModel whose reducer hooks `p`, or None."""
+    """The live DistributedModel whose reducer hooks `p` (not one that gave its hooks up), or None."""
     ref, owner_ref = _owners.get(id(p), (None, None))
-    return owner_ref() if ref is not None and ref() is p else None
+    owner = owner_ref() if ref is not None and ref() is p else None
+    return owner if owner is not None and owner._retired is None else None
 
 
 def _owner_of(p: torch.Tensor) -> tuple[str, str, int] | None:
@@ -102,9 +103,12 @@ def take_over(model: torch.nn.Module, params: list[torch.Tensor]) -> None:
     further use. Called just before `model`'s reducer adds its own hooks."""
     earlier = {id(o): o for o in map(_live_owner, params) if o is not None and o is not model}
     for owner in earlier.values():
-        owner._replaced_by(model)
-    for p in params:
-        _owners.pop(id(p), None)
+        owner._retire(
+            f"was replaced by a newer {type(model).__name__} of {type(model.module).__name__} built over the same "
+            "parameters, which took them over",
+            "use the newer wrapper (the one the later dtcore.wrap or DistributedDataParallel call returned) "
+            "everywhere.",
+        )
 
 
 def claim(model: torch.nn.Module, params: list[torch.Tensor]) -> None:

@@ -50,6 +50,7 @@ _OWN = frozenset(
         "forward",
         "no_sync",
         "_set_static_graph",
+        "_remove_autograd_hooks",
         # logging_data.py
         "_get_ddp_logging_data",
         "_set_ddp_runtime_logging_sample_rate",

@@ -159,3 +159,38 @@ def test_accelerate_prepare_and_dtcore_wrap_in_either_order_are_refused_and_dtco
         assert "torch.nn.parallel.DistributedDataParallel over a model already wrapped by dtcore's" in prepare_wrapped
         for e in (wrap_prepared, prepare_wrapped):
             assert WRONG in e and "pass only the optimizer and data loaders to accelerator.prepare()" in e
+
+
+class _Fails(torch.autograd.Function):
+    """Passes its input on; its backward raises (after the layers above it got their gradients)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("backward failed on purpose")
+
+
+def test_after_a_backward_that_raised_remove_autograd_hooks_and_a_new_wrapper_work(fresh_dtcore):
+    dtcore.init(timeout=30)
+    net = mlp()
+    first = dtcore.DistributedDataParallel(net)
+    with pytest.raises(RuntimeError, match="backward failed on purpose"):
+        first(_Fails.apply(torch.ones(2, 3, requires_grad=True))).sum().backward()  # its reduction started
+    first._remove_autograd_hooks()  # as torch DDP's (torch's test_ddp_remove_autograd_hooks)
+    with pytest.raises(dtcore.ConfigError) as e:
+        first(torch.ones(2, 3))
+    assert str(e.value).startswith(
+        "this DistributedDataParallel of Sequential had its gradient hooks removed (_remove_autograd_hooks()): it no "
+        "longer averages gradients, so it refuses forward and backward. Fix: wrap the module again"
+    )
+    net.zero_grad()
+    second = dtcore.DistributedDataParallel(net)
+    second(torch.ones(2, 3)).sum().backward()
+    assert net[0].weight.grad is not None
+    third = dtcore.wrap(net)  # and one that raised, taken over without _remove_autograd_hooks
+    with pytest.raises(RuntimeError, match="backward failed on purpose"):
+        third(_Fails.apply(torch.ones(2, 3, requires_grad=True))).sum().backward()
+    dtcore.wrap(net)(torch.ones(2, 3)).sum().backward()
