@@ -14,6 +14,7 @@ import torch
 
 from .. import _C
 from ..bootstrap.context import get_context
+from . import stacking
 from .model import _DEFAULTS, DistributedModel
 
 # Accepted at torch's default (None or False) only.
@@ -87,6 +88,7 @@ class DistributedDataParallel(DistributedModel):
             if value is not None and value is not False:  # torch's defaults are None or False
                 why = _UNSUPPORTED_DDP.get(name) or _HARMLESS_DDP[name]
                 raise _C.ConfigError(f"DistributedDataParallel({name}={value!r}) is not supported: {why}.")
+        stacking.check_wrappable(module)  # first: a dtcore wrapper refuses to have its attributes read
         ignored = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
         if not any(p.requires_grad for n, p in module.named_parameters() if n not in ignored):
             raise _C.ConfigError(  # torch's words first: scripts match them

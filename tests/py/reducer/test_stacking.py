@@ -43,6 +43,8 @@ def test_dtcore_wrap_of_a_torch_ddp_or_dtcore_model_names_both(fresh_dtcore):
         dtcore.wrap(Holder(dtcore.wrap(mlp())))
     with pytest.raises(dtcore.ConfigError, match=r"already wrapped by dtcore's DistributedDataParallel \(the module"):
         dtcore.wrap(dtcore.DistributedDataParallel(mlp()))
+    with pytest.raises(dtcore.ConfigError, match=r"already wrapped by dtcore's DistributedDataParallel \(the module"):
+        dtcore.DistributedDataParallel(dtcore.DistributedDataParallel(mlp()))  # not named torch DDP's
 
 
 def test_a_second_dtcore_wrapper_takes_the_parameters_over_and_the_first_refuses(fresh_dtcore):
