@@ -44,6 +44,14 @@ void bind_comm(py::module_& m) {
       .def_property_readonly("ranks", &Communicator::job_ranks,
                              "The members' job ranks, by rank in this communicator (a subgroup's rank list)")
       .def_property_readonly("timeout_s", [](const Communicator& c) { return c.timeout().count() / 1000.0; })
+      .def_property_readonly(
+          "engine",
+          [](Communicator& c) -> py::object {
+            auto* gloo = dynamic_cast<GlooCommunicator*>(&c);
+            auto engine = gloo ? gloo->engine() : nullptr;
+            return engine ? py::cast(engine) : py::none();
+          },
+          "The torch.distributed.ProcessGroupGloo a Gloo communicator drives; None with NCCL or once closed")
       .def(
           "all_reduce",
           [](Communicator& c, const at::Tensor& t, const std::string& op) {

@@ -75,8 +75,15 @@ void bind_reducer(py::module_& m) {
           py::arg("futures"))
       .def("set_divisor", &Reducer::set_divisor, py::arg("ranks"))
       .def("check_joinable", &Reducer::check_joinable)
+      .def("release_parameters", &Reducer::release_parameters)
       .def("shadow_backward", &Reducer::shadow_backward, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("reductions", &Reducer::reductions)
+      .def("last_backward_times",
+           [](const Reducer& r) {  // (comm start, compute end, comm end); See Note [Backward timeline]
+             const auto t = r.last_backward_times();
+             return std::make_tuple(t.comm_start_ns, t.compute_end_ns, t.comm_end_ns);
+           })
+      .def("last_ready_order", &Reducer::last_ready_order)
       .def_property_readonly("zero", &Reducer::zero)
       .def_property_readonly("plan_final", &Reducer::plan_final)
       .def_property_readonly("plan_version", &Reducer::plan_version)

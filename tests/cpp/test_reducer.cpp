@@ -9,6 +9,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "dtcore/common/error.h"
 #include "dtcore/reducer/reducer.h"
@@ -237,6 +238,43 @@ TEST(Reducer, FrozenParametersAreLeftOut) {
   ASSERT_EQ(r.buckets().size(), 1u);
   EXPECT_EQ(r.buckets()[0].numel, 5);  // 2 + 3
   EXPECT_FALSE(params[1].grad().defined());
+}
+
+TEST(Reducer, ReleasedParametersAreTakenOverByANewReducer) {  // Note [One reducer per parameter]
+  Fixture f;
+  auto expected = reference_grads(f.params, f.x);
+  f.step();
+  auto make_second = [&] { return std::make_unique<Reducer>(f.params, kNames, f.comm, Reducer::Options{}); };
+  expect_contains(error_of<ConfigError>(make_second), {"already carries another reducer's gradient hook"});
+  f.reducer->release_parameters();
+  auto second = make_second();
+  for (auto& p : f.params) p.grad().zero_();
+  second->prepare_for_backward(true);
+  loss_of(f.params, f.x).backward();  // only the second reducer's hooks run
+  expect_grads(f.params, expected);
+  EXPECT_EQ(second->reductions(), 1);
+  EXPECT_EQ(f.reducer->reductions(), 1);
+  EXPECT_EQ(f.comm->count(CollectiveKind::AllReduce), 2);
+}
+
+TEST(Reducer, TheLastSyncedBackwardsTimelineAndReadyOrder) {  // Note [Backward timeline]
+  Fixture f(two_buckets());
+  auto times = f.reducer->last_backward_times();
+  EXPECT_EQ(times.comm_start_ns + times.compute_end_ns + times.comm_end_ns, 0);
+  EXPECT_TRUE(f.reducer->last_ready_order().empty());
+  const auto before =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  f.step();
+  times = f.reducer->last_backward_times();
+  EXPECT_LE(before, times.comm_start_ns);
+  EXPECT_LE(times.comm_start_ns, times.compute_end_ns);
+  EXPECT_LE(times.compute_end_ns, times.comm_end_ns);
+  auto order = f.reducer->last_ready_order();
+  std::sort(order.begin(), order.end());
+  EXPECT_EQ(order, (std::vector<size_t>{0, 1, 2}));
+  f.step(/*sync=*/false);  // a no_sync backward leaves the last synced one's
+  EXPECT_EQ(f.reducer->last_backward_times().comm_end_ns, times.comm_end_ns);
+  EXPECT_EQ(f.reducer->last_ready_order().size(), 3u);
 }
 
 // ZeRO at world size 1: the shard is the whole (padded) bucket, so the reducer's own logic is what is tested.

@@ -326,6 +326,11 @@ std::shared_ptr<Work> GlooCommunicator::start(const Collective& c) {
   return work;
 }
 
+c10::intrusive_ptr<c10d::Backend> GlooCommunicator::engine() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return backend_;
+}
+
 void GlooCommunicator::close() {
   std::deque<std::shared_ptr<GlooWork>> orphans;
   {

@@ -47,6 +47,9 @@ class GlooCommunicator final : public Communicator {
   // Stops the submitter (collectives not yet handed to Gloo fail as closed) and drops the
   // backend. Idempotent.
   void close() override;
+  // The c10d process group this communicator drives (its options, such as Gloo's thread count,
+  // are reported in torch DDP's logging data); null once closed.
+  c10::intrusive_ptr<c10d::Backend> engine();
 
  protected:
   std::shared_ptr<Work> start(const Collective& c) override;

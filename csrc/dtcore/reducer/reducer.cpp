@@ -1,5 +1,6 @@
 #include "dtcore/reducer/reducer.h"
 
+#include <chrono>
 #include <type_traits>
 #include <unordered_set>
 #include <utility>
@@ -22,8 +23,13 @@ static_assert(std::is_same_v<detail::NodePtr,
               "detail::NodePtr (reducer.h) is not what this torch's grad_accumulator() returns: move its version test");
 
 namespace {
-constexpr size_t kShardedInFlight = 0;        // See Note [Buckets in flight]
+constexpr size_t kShardedInFlight = 0;       // See Note [Buckets in flight]
 constexpr size_t kShardedInFlightOnGpu = 1;  // ditto
+
+int64_t now_ns() {  // See Note [Backward timeline]
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 constexpr size_t kDrainFinished = static_cast<size_t>(-1);
 
 // Runs `fn` just before its node, passing the gradients on unchanged (torch has a LambdaPostHook
@@ -110,13 +116,22 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   log::debug("reducer: ", slots_.size(), " gradients in ", plan_.size(), " bucket(s)");
 }
 
-Reducer::~Reducer() {
+Reducer::~Reducer() { remove_hooks_locked(); }
+
+void Reducer::remove_hooks_locked() {
   for (Slot& s : slots_) {
     if (!s.accumulator) continue;
     s.accumulator->del_post_hook(s.hook_key);
     auto& pre = s.accumulator->pre_hooks();  // torch offers no del_pre_hook: found by identity
     std::erase_if(pre, [&s](const auto& hook) { return hook.get() == s.lend_hook; });
+    s.accumulator.reset();
   }
+}
+
+void Reducer::release_parameters() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (backward_started_) drain_unfinished(lock);  // a backward that raised: as prepare_for_backward() does
+  remove_hooks_locked();
 }
 
 void Reducer::build_buckets(const std::vector<size_t>& order) {
@@ -227,44 +242,56 @@ int64_t Reducer::reductions() const {
   return reductions_;
 }
 
-void Reducer::prepare_for_backward(bool sync) {
+Reducer::BackwardTimes Reducer::last_backward_times() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return times_;
+}
+
+std::vector<size_t> Reducer::last_ready_order() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return grad_order_;
+}
+
+void Reducer::drain_unfinished(std::unique_lock<std::mutex>& lock) {
   std::vector<std::shared_ptr<Work>> launched;
   std::vector<HookFuture> futures;
-  std::vector<std::pair<size_t, std::string>> missing;  // (index, name)
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!backward_started_) {  // nothing pending: arm for the coming backward
-      reset_locked();
-      expect_hooks_ = sync;
-      return;
-    }
-    for (auto& b : buckets_) {
-      if (b.work) launched.push_back(b.work);
-      if (b.future) futures.push_back(b.future);
-    }
-    if (used_work_) launched.push_back(used_work_);
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      if (!slots_[i].ready) missing.emplace_back(i, slots_[i].name);
-    }
+  for (auto& b : buckets_) {
+    if (b.work) launched.push_back(b.work);
+    if (b.future) futures.push_back(b.future);
   }
-  // Drained before raising, so that no collective still writes into .grad afterwards.
+  if (used_work_) launched.push_back(used_work_);
+  lock.unlock();
+  // Waited (each with the timeout), so that no collective still writes into .grad afterwards;
+  // their errors are not the ones to act on: the caller's is.
   for (auto& w : launched) {
     try {
       w->wait();
     } catch (const std::exception&) {
-      // The error below is the one to act on.
     }
   }
   for (auto& f : futures) {
     try {
       wait_hook_future(f, comm_->timeout(), "a communication hook", comm_->rank());
     } catch (const std::exception&) {
-      // The error below is the one to act on.
     }
   }
+  lock.lock();
+  reset_locked();
+}
+
+void Reducer::prepare_for_backward(bool sync) {
+  std::vector<std::pair<size_t, std::string>> missing;  // (index, name)
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    reset_locked();
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!backward_started_) {  // nothing pending: arm for the coming backward
+      reset_locked();
+      expect_hooks_ = sync;
+      return;
+    }
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      if (!slots_[i].ready) missing.emplace_back(i, slots_[i].name);
+    }
+    drain_unfinished(lock);
   }
   // torch DDP's key phrases (scripts and tests match them), with the indices and names it gives.
   std::string indices, names;
@@ -359,6 +386,7 @@ void Reducer::launch_ready_locked() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     const size_t index = next_bucket_++;
     BucketState& b = buckets_[index];
+    if (index == 0) times_.comm_start_ns = now_ns();  // See Note [Backward timeline]
     at::Tensor payload = b.buffer;
     if (options_.comm_dtype && *options_.comm_dtype != b.buffer.scalar_type()) {
       b.sent = b.buffer.to(*options_.comm_dtype);  // copied back into the buffer in finalize()
@@ -379,6 +407,7 @@ void Reducer::launch_ready_locked() {
       b.work = comm_->all_reduce(payload, ReduceOp::Avg, b.label);
     }
     if (next_bucket_ == buckets_.size()) {
+      times_.compute_end_ns = now_ns();       // every gradient is ready: the last bucket starts
       if (options_.find_unused_parameters) {  // See Note [Unused parameters keep None]
         std::vector<float> used(slots_.size());
         for (size_t i = 0; i < slots_.size(); ++i) used[i] = slots_[i].used || slots_[i].used_unsynced ? 1.0f : 0.0f;
@@ -394,6 +423,8 @@ void Reducer::launch_ready_locked() {
         } catch (...) {
           raise(std::current_exception());
         }
+        std::lock_guard<std::mutex> lock(mu_);
+        times_.comm_end_ns = now_ns();
       });
     }
   }
@@ -550,6 +581,7 @@ void Reducer::mark_ready_locked(size_t index) {
   s.ready = true;
   if (!s.used) s.grad_was_none = !s.param.grad().defined();  // marked by find_unused(), not by a gradient
   if (!plan_final_) ready_order_.push_back(index);
+  grad_order_.push_back(index);
   if (sharded_grads_) {
     stage_grad_locked(s);
   } else {
@@ -591,6 +623,8 @@ void Reducer::on_grad_ready(size_t index) {
   }
   if (!backward_started_) {
     backward_started_ = true;
+    times_ = BackwardTimes{};
+    grad_order_.clear();
     for (size_t u : unused_) mark_ready_locked(u);  // see find_unused()
   }
   slots_[index].used = true;

@@ -83,7 +83,11 @@
 // and no other. torch DDP's and FSDP's reducers hook the same node, and two reducers writing one
 // .grad give wrong gradients, so a hook already there is a ConfigError at construction, and one
 // added later (torch DDP built over the module dtcore wrapped) at the next backward, before the
-// step. The Python side names a dtcore wrapper first (python/dtcore/reducer/stacking.py).
+// step. The Python side names a dtcore wrapper first (python/dtcore/reducer/stacking.py). A second
+// dtcore wrapper of the same parameters takes them over, as torch allows a module to be wrapped
+// again: the earlier wrapper's reducer removes its hooks (release_parameters()) before the new one
+// adds its own, and the earlier wrapper refuses any further forward or backward, saying it was
+// replaced. Only dtcore's own wrappers are taken over: a foreign hook is still refused.
 //
 // Ownership: holds the parameters, the bucket buffers and the communicator; removes its hooks
 // on destruction. Thread safety: hooks may run on autograd worker threads; all state is guarded
@@ -189,9 +193,32 @@ class Reducer {
   // ConfigError unless uneven inputs can be shadowed (zero=0).
   void check_joinable() const;
 
+  // See Note [One reducer per parameter]: a newer wrapper takes these parameters over (or torch
+  // DDP's _remove_autograd_hooks()). Removes this reducer's hooks (as the destructor does) so that
+  // the newer reducer's can be added; the wrapper refuses any further use of this one. A backward
+  // that started reducing and did not complete (it raised) is drained first, as by
+  // prepare_for_backward().
+  void release_parameters();
+
   const std::vector<Bucket>& buckets() const { return plan_; }
   // Backward passes fully reduced so far.
   int64_t reductions() const;
+
+  // Note [Backward timeline]: what torch DDP's logging data reports of a backward, for the last
+  // synced backward, on the host clock in nanoseconds since the epoch (Python's time.time_ns()):
+  // when the first bucket's collective started, when the last gradient was ready (the last bucket
+  // starts then) and when the reduction was complete (finalize() returned); 0 for an event that
+  // backward did not reach. The wrapper adds the forward's times and samples them as torch does
+  // (python/dtcore/reducer/logging_data.py).
+  struct BackwardTimes {
+    int64_t comm_start_ns = 0;
+    int64_t compute_end_ns = 0;
+    int64_t comm_end_ns = 0;
+  };
+  BackwardTimes last_backward_times() const;
+  // The parameters (as in Bucket::params) in the order they were marked ready in the last reduced
+  // backward; parameters find_unused() found unused come first.
+  std::vector<size_t> last_ready_order() const;
 
   // --- ZeRO (zero >= 1): the sharded optimizer's view. Not during a backward. ---
   int zero() const { return options_.zero; }
@@ -248,6 +275,10 @@ class Reducer {
   void finalize();                                          // queued with the engine when the last bucket starts
   [[noreturn]] void raise(std::exception_ptr error) const;  // through rethrow_
   void reset_locked();
+  // With `lock` held on entry and return: waits (unlocked, with the timeout) for the collectives and
+  // hook futures an unfinished backward launched, then resets.
+  void drain_unfinished(std::unique_lock<std::mutex>& lock);
+  void remove_hooks_locked();      // the destructor's and release_parameters()'s
   void launch_ready_locked();      // starts buckets next_bucket_, ... while they are complete
   void restore_globally_unused();  // see Note [Unused parameters keep None]
   HookFuture run_hook_locked(size_t bucket, const at::Tensor& contents);  // the hook on a bucket's contents
@@ -282,6 +313,8 @@ class Reducer {
   size_t next_bucket_ = 0;                // the next bucket to launch, in plan order
   size_t drained_ = 0;                    // zero=2: buckets before this one are in their shards, buffers freed
   std::vector<size_t> ready_order_;       // slots in the order they became ready (until the rebuild)
+  std::vector<size_t> grad_order_;        // the same in every reduced backward, kept after it; last_ready_order()
+  BackwardTimes times_;                   // See Note [Backward timeline]; cleared when a backward starts
   bool plan_final_ = false;               // the one rebuild was tried: buckets stay as they are
   bool sharded_grads_ = false;            // zero=2 after shard_gradients_locked()
   int64_t reductions_ = 0;

@@ -22,6 +22,7 @@ from torch.nn.parallel.distributed import _BufferCommHookLocation
 
 from .. import _C
 from ..comm.collectives import broadcast_tensors
+from .logging_data import records_errors
 
 # torch's C++ built-in hooks and the Python hooks that compute the same.
 _BUILTIN = {
@@ -40,10 +41,14 @@ def require_default_group(what: str) -> None:
         )
 
 
+class HookNotCallable(_C.ConfigError, TypeError):
+    """A communication hook that is not callable: a TypeError too, as torch DDP raises."""
+
+
 def _check_hook(hook: Any) -> None:
     """torch DDP's checks of a hook's signature, with dtcore's errors."""
     if not callable(hook):
-        raise _C.ConfigError(
+        raise HookNotCallable(
             f"register_comm_hook(hook={hook!r}): a communication hook must be callable as hook(state, bucket) -> "
             "torch.futures.Future[torch.Tensor]. Fix: pass a function such as torch's default_hooks.allreduce_hook."
         )
@@ -69,12 +74,15 @@ class CommHooks:
     _comm_hook: tuple[Any, Callable] | None = None  # (state, hook), registered again on a copy's reducer
     _buffer_hook: tuple[Any, Callable, _BufferCommHookLocation] | None = None
 
+    @records_errors
     def register_comm_hook(self, state: object, hook: Callable) -> None:
         """As torch DDP's: `hook(state, bucket)` reduces each gradient bucket; once, before the first backward."""
         _check_hook(hook)
         self._reducer.register_comm_hook(state, hook)
         self._comm_hook = (state, hook)
+        self._set_comm_hook_name(hook.__qualname__)  # as torch's logging data names it
 
+    @records_errors
     def _register_builtin_comm_hook(self, comm_hook_type: Any) -> None:
         """As torch DDP's: BuiltinCommHookType.ALLREDUCE or FP16_COMPRESS, on the default group."""
         if comm_hook_type not in _BUILTIN:
@@ -86,14 +94,16 @@ class CommHooks:
         # As torch's built-in hooks: over this model's group (state None is torch's WORLD).
         group = None if self.process_group is dist.group.WORLD else self.process_group
         self.register_comm_hook(group, _BUILTIN[comm_hook_type])
+        self._set_comm_hook_name(str(comm_hook_type))
 
+    @records_errors
     def _register_buffer_comm_hook(
         self, state: Any, hook: Callable, comm_hook_location: Any = _BufferCommHookLocation.POST_FORWARD
     ) -> None:
         """As torch DDP's: `hook(state, {name: buffer})` syncs the buffers instead of the broadcast from rank 0,
         before or after each synced forward; futures it returns are waited for before backward ends."""
         if not callable(hook):
-            raise _C.ConfigError(
+            raise HookNotCallable(
                 f"_register_buffer_comm_hook(hook={hook!r}): the hook must be callable as hook(state, buffers). Fix: "
                 "pass a function."
             )

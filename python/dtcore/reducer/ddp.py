@@ -14,6 +14,7 @@ import torch
 
 from .. import _C
 from ..bootstrap.context import get_context
+from . import stacking
 from .model import _DEFAULTS, DistributedModel
 
 # Accepted at torch's default (None or False) only.
@@ -87,6 +88,7 @@ class DistributedDataParallel(DistributedModel):
             if value is not None and value is not False:  # torch's defaults are None or False
                 why = _UNSUPPORTED_DDP.get(name) or _HARMLESS_DDP[name]
                 raise _C.ConfigError(f"DistributedDataParallel({name}={value!r}) is not supported: {why}.")
+        stacking.check_wrappable(module)  # first: a dtcore wrapper refuses to have its attributes read
         ignored = set(getattr(module, "_ddp_params_and_buffers_to_ignore", ()))
         if not any(p.requires_grad for n, p in module.named_parameters() if n not in ignored):
             raise _C.ConfigError(  # torch's words first: scripts match them
@@ -131,7 +133,6 @@ class DistributedDataParallel(DistributedModel):
             forward_sync = init_sync_buffers = True if broadcast_buffers is None else broadcast_buffers
         if check_reduction:
             warnings.warn(_CHECK_REDUCTION_DEPRECATED, FutureWarning, stacklevel=2)
-        del gradient_as_bucket_view  # honoured as it is (see docstring)
         options = dict(
             bucket_mb=_DEFAULTS.bucket_mb,
             first_bucket_mb=_DEFAULTS.first_bucket_mb,
@@ -150,6 +151,8 @@ class DistributedDataParallel(DistributedModel):
             init_sync_buffers=init_sync_buffers,
             process_group=group,
         )
+        # The argument, as torch's logging data reports it: dtcore's gradients are bucket views either way.
+        self._ddp_log.data["gradient_as_bucket_view"] = int(gradient_as_bucket_view)
         if bucket_cap_mb_list:
             self.bucket_bytes_cap_list = [int(mb * 2**20) for mb in bucket_cap_mb_list]
         if device_mesh is not None:

@@ -25,6 +25,7 @@ from ..comm.collectives import broadcast_tensors
 from ..comm.subgroup import communicator_for
 from . import stacking, zero_guard
 from .comm_hooks import CommHooks
+from .logging_data import DdpLogging, records_errors
 from .torch_face import TorchDDPFace
 from .uneven import Uneven
 
@@ -49,7 +50,7 @@ def _tensors_in(value: Any) -> list[torch.Tensor]:
     return []
 
 
-class DistributedModel(CommHooks, Uneven, TorchDDPFace):
+class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
     """Wraps `module`; `forward` passes through, `.module` is the original. See dtcore.wrap.
 
     bucket_mb / first_bucket_mb: bucket caps in MiB (2^20 bytes, as torch DDP's bucket_cap_mb); the
@@ -63,9 +64,14 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
     (torch_face.py). copy.deepcopy and torch.save/torch.load give a working copy with a reducer of
     its own on the current dtcore context.
 
-    torch DDP's communication hooks (register_comm_hook, comm_hooks.py) and uneven inputs (join(),
-    uneven.py) work as there.
+    torch DDP's communication hooks (register_comm_hook, comm_hooks.py), uneven inputs (join(),
+    uneven.py) and logging data (_get_ddp_logging_data, logging_data.py) work as there.
+
+    Wrapping the same parameters again (as torch's tests do in a loop) makes the new wrapper take them
+    over: this one then refuses forward and backward with a ConfigError that says it was replaced.
     """
+
+    _retired: tuple[str, str] | None = None  # (what happened, the fix) once its hooks are gone: _retire
 
     def __init__(
         self,
@@ -149,6 +155,7 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
         self.bucket_bytes_cap_list: list[int] = []  # torch's: per-bucket caps, when bucket_cap_mb_list was given
         self.broadcast_bucket_size = 250 * 2**20  # torch's, for callers of torch.distributed.utils._sync_module_states
         self._attach()
+        self._start_logging()
 
     def _named_parameters(self) -> list[tuple[str, torch.Tensor]]:
         """The parameters this model reduces: the module's (tied ones once), less the ignored ones."""
@@ -166,6 +173,7 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
     def _attach(self) -> None:
         """Builds this model's reducer on the current context (at wrap, or in a copy at first use)."""
         named = self._named_parameters()
+        stacking.take_over(self, [p for _, p in named])
         options = _C.ReducerOptions(**self._options)
         self._live_reducer = _C.Reducer([p for _, p in named], [n for n, _ in named], self._comm, options)
         self._trainable = [p for _, p in named if p.requires_grad]  # the reducer's indices (bucket_layout)
@@ -174,8 +182,31 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
         if self._options["zero"] == 2:
             zero_guard.guard(self.module)
 
+    def _retire(self, what: str, fix: str) -> None:
+        """This model's hooks go (a newer wrapper takes its parameters over, stacking.take_over, or
+        _remove_autograd_hooks()); every later use of its reducer raises ConfigError saying `what`."""
+        if self._retired is not None:
+            return
+        if self._live_reducer is not None:
+            self._live_reducer.release_parameters()
+        self._live_reducer = self._trainable = None  # its buckets go with it
+        self._retired = (what, fix)
+
+    def _remove_autograd_hooks(self) -> None:
+        """As torch DDP's: the reducer's hooks leave the parameters; this model then refuses forward and backward."""
+        self._retire(
+            "had its gradient hooks removed (_remove_autograd_hooks())",
+            "wrap the module again (dtcore.wrap or DistributedDataParallel) to train it data-parallel.",
+        )
+
     @property
     def _reducer(self) -> Any:
+        if self._retired is not None:
+            what, fix = self._retired
+            raise _C.ConfigError(
+                f"this {type(self).__name__} of {type(self.module).__name__} {what}: it no longer averages "
+                f"gradients, so it refuses forward and backward. Fix: {fix}"
+            )
         if self._live_reducer is None:  # an unpickled copy: its reducer is built on first use
             if not is_initialized():
                 raise _C.ConfigError(
@@ -202,6 +233,7 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
             self._comm = get_context().communicator
             self._attach()
 
+    @records_errors
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         stacking.refuse_outer_ddp(self)
         # Only a forward with grad enabled prepares a reduction, and only a synced one talks to the
@@ -210,6 +242,8 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
         synced = torch.is_grad_enabled() and sync
         self.require_forward_param_sync = synced
         reducer = self._reducer
+        if synced:  # torch DDP's iteration
+            self._log_forward_start()
         if torch.is_grad_enabled():
             reducer.prepare_for_backward(sync)
         src = self._join_before_forward(synced)  # with join(): Note [Shadowed collectives]
@@ -219,6 +253,8 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
         out = self.module(*args, **kwargs)
         if sync_buffers:
             self._sync_forward_buffers(src, post_forward=True)
+        if synced:
+            self._log_forward_end()
         if synced and (self.find_unused_parameters or self.static_graph):
             reducer.find_unused(_tensors_in(out))
         return out
@@ -244,6 +280,7 @@ class DistributedModel(CommHooks, Uneven, TorchDDPFace):
                 "the first backward."
             )
         self.static_graph = True
+        self._ddp_log.data["static_graph"] = 1  # as torch's logging data
         self._options["find_unused_parameters"] = True  # what a static graph lets the reducer do (Note above)
         if self._live_reducer is not None:
             self._live_reducer.find_unused_parameters = True

@@ -5,7 +5,11 @@ gradients into its buckets and back, dtcore makes them views of its own), so the
 uses wrong gradients, sometimes different on each rank. Refused on both sides, before any
 collective and before a wrong step:
 - dtcore.wrap(module) looks for a data-parallel wrapper in the module tree (torch DDP, FSDP1,
-  fully_shard, DistributedModel) and for parameters another live DistributedModel reduces;
+  fully_shard, DistributedModel);
+- a second dtcore wrapper of parameters an earlier live one reduces takes them over, as torch allows
+  a module to be wrapped again: the earlier one's hooks are removed and it refuses any further
+  forward, saying it was replaced (take_over). A ZeRO wrapper is not taken over: its
+  ShardedOptimizer steps from its shards;
 - torch DDP around a DistributedModel trips at its construction, on the attribute it reads from
   the module it wraps (DistributedModel's `_ddp_params_and_buffers_to_ignore`);
 - torch DDP around a module that holds a DistributedModel deeper down is caught by that
@@ -56,8 +60,8 @@ def _error(inner: str, outer: str, where: str, fix: str) -> _C.ConfigError:
 
 
 def check_wrappable(module: torch.nn.Module) -> None:
-    """ConfigError if `module` or a submodule is a data-parallel wrapper, or if another live
-    DistributedModel already reduces one of its parameters."""
+    """ConfigError if `module` or a submodule is a data-parallel wrapper, or if a live ZeRO
+    DistributedModel already reduces one of its parameters (other earlier wrappers are taken over)."""
     for name, sub in module.named_modules():
         kind = wrapper_name(sub)
         if kind is not None:
@@ -67,26 +71,48 @@ def check_wrappable(module: torch.nn.Module) -> None:
             raise _error(kind, "dtcore.wrap()", where, fix + _ACCELERATE_FIX)
     for name, p in module.named_parameters():
         owner = _owner_of(p)
-        if owner is not None:
+        if owner is not None and owner[2]:
             raise _error(
                 f"dtcore's {owner[0]}",
                 "dtcore.wrap()",
-                f"parameter '{name}' is already reduced by a {owner[0]} of {owner[1]} that is still alive",
+                f"parameter '{name}' is already reduced by a {owner[0]}(zero={owner[2]}) of {owner[1]} that is "
+                "still alive, whose ShardedOptimizer steps from that wrapper's gradient shards",
                 "wrap once and use the returned model everywhere; to wrap again with other options, drop "
-                "every reference to the earlier wrapper first.",
+                "every reference to the earlier wrapper (and its optimizer) first.",
             )
 
 
-def _owner_of(p: torch.Tensor) -> tuple[str, str] | None:
-    """The class names of the live DistributedModel that reduces `p` and of its module, or None.
-    Names only: a reference in the raising frame would keep that model (and its hooks) alive."""
+def _live_owner(p: torch.Tensor) -> torch.nn.Module | None:
+    """The live DistributedModel whose reducer hooks `p` (not one that gave its hooks up), or None."""
     ref, owner_ref = _owners.get(id(p), (None, None))
     owner = owner_ref() if ref is not None and ref() is p else None
-    return None if owner is None else (type(owner).__name__, type(owner.module).__name__)
+    return owner if owner is not None and owner._retired is None else None
+
+
+def _owner_of(p: torch.Tensor) -> tuple[str, str, int] | None:
+    """The class names of the live DistributedModel that reduces `p` and of its module, and its ZeRO
+    stage, or None. Names only: a reference in the raising frame would keep that model (and its
+    hooks) alive."""
+    owner = _live_owner(p)
+    return None if owner is None else (type(owner).__name__, type(owner.module).__name__, owner._options["zero"])
+
+
+def take_over(model: torch.nn.Module, params: list[torch.Tensor]) -> None:
+    """The earlier live dtcore wrappers of `params` give them up to `model` (See Note [One reducer
+    per parameter] in csrc/dtcore/reducer/reducer.h): their hooks are removed, and they refuse any
+    further use. Called just before `model`'s reducer adds its own hooks."""
+    earlier = {id(o): o for o in map(_live_owner, params) if o is not None and o is not model}
+    for owner in earlier.values():
+        owner._retire(
+            f"was replaced by a newer {type(model).__name__} of {type(model.module).__name__} built over the same "
+            "parameters, which took them over",
+            "use the newer wrapper (the one the later dtcore.wrap or DistributedDataParallel call returned) "
+            "everywhere.",
+        )
 
 
 def claim(model: torch.nn.Module, params: list[torch.Tensor]) -> None:
-    """Records that `model`'s reducer hooks `params` (see check_wrappable)."""
+    """Records that `model`'s reducer hooks `params` (see check_wrappable and take_over)."""
     owner = weakref.ref(model)
     for p in params:
         key = id(p)

@@ -37,7 +37,6 @@ _WORKS = frozenset(
         "_build_params_for_reducer",  # the parameters dtcore's reducer holds, in its order
         "_get_active_ddp_module",
         "_get_data_parallel_params",
-        "_log_and_throw",  # logger is None: raises as torch's does
         "_set_params_and_buffers_to_ignore_for_model",
         "broadcast_buffers",  # reads and sets forward_sync_buffers
         "train",
@@ -51,6 +50,11 @@ _OWN = frozenset(
         "forward",
         "no_sync",
         "_set_static_graph",
+        "_remove_autograd_hooks",
+        # logging_data.py
+        "_get_ddp_logging_data",
+        "_set_ddp_runtime_logging_sample_rate",
+        "_log_and_throw",
         # comm_hooks.py
         "register_comm_hook",
         "_register_builtin_comm_hook",

@@ -54,6 +54,7 @@ class _JoinHook(JoinHook):
 
     def __init__(self, model: Any, divide_by_initial_world_size: bool) -> None:
         model._reducer.check_joinable()
+        model._log_uneven_input_join()  # as torch DDP's logging data
         if model._buffer_hook is not None:
             raise _C.ConfigError(
                 "join() on a model with a buffer communication hook is not supported (nor by torch DDP): a joined "

@@ -68,8 +68,14 @@ def test_hooks_that_cannot_be_honoured_are_refused(fresh_dtcore):
         dtcore.wrap(_model(), zero=1).register_comm_hook(None, default_hooks.allreduce_hook)
     with pytest.raises(dtcore.ConfigError, match="comm_dtype=torch.bfloat16: the hook decides what is sent"):
         dtcore.wrap(_model(), comm_dtype=torch.bfloat16).register_comm_hook(None, default_hooks.allreduce_hook)
-    with pytest.raises(dtcore.ConfigError, match="must be callable"):
-        dtcore.wrap(_model()).register_comm_hook(None, "allreduce")
+    model = dtcore.DistributedDataParallel(_model())
+    with pytest.raises(TypeError, match="must be callable") as e:  # torch DDP's error class
+        model.register_comm_hook({}, {})
+    assert isinstance(e.value, dtcore.ConfigError)
+    logged = model._get_ddp_logging_data()  # recorded as torch DDP records it
+    assert logged["has_error"] == 1 and "must be callable" in logged["error"]
+    with pytest.raises(TypeError, match="must be callable"):
+        dtcore.wrap(_model())._register_buffer_comm_hook(None, "broadcast")
     with pytest.raises(dtcore.ConfigError, match="built-in hooks are ALLREDUCE and FP16_COMPRESS"):
         dtcore.wrap(_model())._register_builtin_comm_hook("ALLREDUCE")
 

@@ -1,6 +1,7 @@
 """dtcore.DistributedDataParallel behaves as torch DDP where a difference would be silent: unused
 parameters, reassigned buffers, static graphs, ignored parameters, process groups, the error
-phrases and the compatibility surface. One 2-rank job (workers/ddp_semantics_worker.py) runs them all."""
+phrases, the compatibility surface, wrapping a module again and torch's logging data. One 2-rank
+job (workers/ddp_semantics_worker.py) runs them all."""
 
 import pytest
 
@@ -98,3 +99,48 @@ def test_compatibility_surface(ranks):
         assert j["bucket_bytes_cap_list"] == [[2**20, 2 * 2**20], []]  # as torch's: empty when not given
         assert "bucket_cap_mb_list=[1, 2, 3]" in j["uneven_list"] and "Fix: pass [first, rest]" in j["uneven_list"]
         assert j["copy"] == {"process_group": True, "averaged": True, "grad": [1.5, 1.5]}
+
+
+def test_a_module_wrapped_again_is_taken_over_by_the_new_wrapper_and_the_old_refuses(ranks):
+    for r in ranks:
+        j = r["rewrapped"]
+        assert j["grads"] == [36.0, 36.0, 36.0]  # 8 elements x 3 rows x the ranks' mean input (1.5)
+        for refused in j["refused"]:
+            assert refused.startswith("this DistributedDataParallel of TwoLayers was replaced by a newer "), refused
+            assert "refuses forward and backward" in refused
+
+
+def test_torch_logging_data_reports_real_values(ranks):
+    for rank, r in enumerate(ranks):
+        j = r["logging_data"]
+        built = j["at_construction"]
+        assert built["iteration"] == 0 and built["module_name"] == "TwoLayers"
+        assert (built["rank"], built["world_size"], built["backend_name"]) == (rank, 2, "gloo")
+        assert (built["num_parameter_tensors"], built["total_parameter_size_bytes"]) == (4, 80)
+        assert built["dtypes"] == "float" and built["bucket_sizes"] == "80"
+        assert built["bucket_cap_bytes"] == 25 * 2**20 and built["find_unused_parameters"] == 0
+        assert built["gradient_as_bucket_view"] == 0 and built["broadcast_buffers"] == 1  # the arguments given
+        assert built["device_ids"] == "" and built["output_device"] == -1 and built["has_sync_bn"] == 0
+        assert "comm_hook" not in built and "forward_compute_time" not in built
+        assert built["gloo_num_threads"] == 2  # torch's ProcessGroupGloo default, which dtcore's Gloo runs on
+        # Sampled as torch: the first 10 iterations, then one in 2 (the rate set), at the next forward.
+        assert j["iterations"] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 10, 12]
+        after = j["after"]
+        assert after["has_rebuilt_buckets"] == 1 and after["rebuilt_bucket_sizes"] == "80"
+        assert sorted(after["prev_iteration_grad_ready_order_indices"].split(", ")) == ["0", "1", "2", "3"]
+        assert sorted(after["rebuilt_per_bucket_param_indices"].split()) == ["0", "1", "2", "3"]
+        for name in ("forward_compute_time", "backward_compute_time", "backward_comm_time"):
+            assert after[name] >= 1 and after[f"avg_{name}"] >= 1, (name, after)
+        overlap = after["backward_compute_comm_overlap_time"]
+        assert overlap <= after["backward_compute_time"] and overlap <= after["backward_comm_time"]
+        assert (
+            after["forward_compute_time_start"]
+            <= after["backward_compute_time_start"]
+            <= after["backward_comm_time_start"]
+            <= after["backward_compute_time_end"]
+            <= after["backward_comm_time_end"]
+        )
+        hooked, builtin, builtin_name = j["hooks"]
+        assert hooked == "allreduce_hook" and builtin == builtin_name
+        assert "Expected to have finished reduction in the prior iteration" in j["error"]
+        assert j["error_logged"] == "ConfigError: " + j["error"]

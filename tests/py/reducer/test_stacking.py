@@ -43,24 +43,46 @@ def test_dtcore_wrap_of_a_torch_ddp_or_dtcore_model_names_both(fresh_dtcore):
         dtcore.wrap(Holder(dtcore.wrap(mlp())))
     with pytest.raises(dtcore.ConfigError, match=r"already wrapped by dtcore's DistributedDataParallel \(the module"):
         dtcore.wrap(dtcore.DistributedDataParallel(mlp()))
+    with pytest.raises(dtcore.ConfigError, match=r"already wrapped by dtcore's DistributedDataParallel \(the module"):
+        dtcore.DistributedDataParallel(dtcore.DistributedDataParallel(mlp()))  # not named torch DDP's
 
 
-def test_parameters_a_live_dtcore_model_reduces_are_refused_until_it_is_dropped(fresh_dtcore):
+def test_a_second_dtcore_wrapper_takes_the_parameters_over_and_the_first_refuses(fresh_dtcore):
     dtcore.init(timeout=30)
     net = mlp()
     first = dtcore.wrap(net)
-    with pytest.raises(dtcore.ConfigError) as e:
-        dtcore.wrap(net)  # the same module again
-    assert "parameter '0.weight' is already reduced by a DistributedModel of Sequential that is still alive" in str(
-        e.value
-    )
-    holder = Holder(net)  # the plain module inside another: its parameters carry first's hooks
-    with pytest.raises(dtcore.ConfigError, match=r"parameter 'inner.0.weight' is already reduced"):
-        dtcore.wrap(holder)
-    del first  # its reducer and hooks go with it
-    second = dtcore.wrap(holder)
+    first(torch.ones(2, 3)).sum().backward()
+    kept = net[0].weight.grad.clone()
+    second = dtcore.DistributedDataParallel(net, find_unused_parameters=True)  # the same module again
+    assert torch.equal(net[0].weight.grad, kept)  # the gradients move into the new buckets
     second(torch.ones(2, 3)).sum().backward()
+    assert torch.equal(net[0].weight.grad, 2 * kept)  # one reducer accumulates: only the second's hooks run
+    for use in (lambda: first(torch.ones(2, 3)), lambda: first.zero_grad()):
+        with pytest.raises(dtcore.ConfigError) as e:
+            use()
+        assert str(e.value).startswith(
+            "this DistributedModel of Sequential was replaced by a newer DistributedDataParallel of Sequential built "
+            "over the same parameters"
+        )
+        assert "Fix: use the newer wrapper" in str(e.value)
+    third = dtcore.wrap(Holder(net))  # the plain module inside another: taken over from the second too
+    with pytest.raises(dtcore.ConfigError, match="was replaced by a newer DistributedModel of Holder"):
+        second(torch.ones(2, 3))
+    third(torch.ones(2, 3)).sum().backward()
     assert net[0].weight.grad is not None
+
+
+def test_a_zero_wrapper_is_not_taken_over(fresh_dtcore):
+    dtcore.init(timeout=30)
+    net = mlp()
+    first = dtcore.wrap(net, zero=1)  # noqa: F841  (alive: its ShardedOptimizer would step from its shards)
+    with pytest.raises(dtcore.ConfigError) as e:
+        dtcore.wrap(net)
+    assert (
+        "parameter '0.weight' is already reduced by a DistributedModel(zero=1) of Sequential that is still alive"
+        in (str(e.value))
+    )
+    assert "drop every reference to the earlier wrapper (and its optimizer) first" in str(e.value)
 
 
 def test_torch_ddp_around_a_dtcore_model_fails_at_construction(fresh_dtcore):
@@ -139,3 +161,38 @@ def test_accelerate_prepare_and_dtcore_wrap_in_either_order_are_refused_and_dtco
         assert "torch.nn.parallel.DistributedDataParallel over a model already wrapped by dtcore's" in prepare_wrapped
         for e in (wrap_prepared, prepare_wrapped):
             assert WRONG in e and "pass only the optimizer and data loaders to accelerator.prepare()" in e
+
+
+class _Fails(torch.autograd.Function):
+    """Passes its input on; its backward raises (after the layers above it got their gradients)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("backward failed on purpose")
+
+
+def test_after_a_backward_that_raised_remove_autograd_hooks_and_a_new_wrapper_work(fresh_dtcore):
+    dtcore.init(timeout=30)
+    net = mlp()
+    first = dtcore.DistributedDataParallel(net)
+    with pytest.raises(RuntimeError, match="backward failed on purpose"):
+        first(_Fails.apply(torch.ones(2, 3, requires_grad=True))).sum().backward()  # its reduction started
+    first._remove_autograd_hooks()  # as torch DDP's (torch's test_ddp_remove_autograd_hooks)
+    with pytest.raises(dtcore.ConfigError) as e:
+        first(torch.ones(2, 3))
+    assert str(e.value).startswith(
+        "this DistributedDataParallel of Sequential had its gradient hooks removed (_remove_autograd_hooks()): it no "
+        "longer averages gradients, so it refuses forward and backward. Fix: wrap the module again"
+    )
+    net.zero_grad()
+    second = dtcore.DistributedDataParallel(net)
+    second(torch.ones(2, 3)).sum().backward()
+    assert net[0].weight.grad is not None
+    third = dtcore.wrap(net)  # and one that raised, taken over without _remove_autograd_hooks
+    with pytest.raises(RuntimeError, match="backward failed on purpose"):
+        third(_Fails.apply(torch.ones(2, 3, requires_grad=True))).sum().backward()
+    dtcore.wrap(net)(torch.ones(2, 3)).sum().backward()

@@ -234,6 +234,60 @@ def compatibility(rank: int) -> dict:
     return result
 
 
+def rewrapped(rank: int) -> dict:
+    """The same module wrapped again while the earlier wrapper is alive (torch's tests do so in a loop):
+    each new wrapper takes the parameters over and averages across ranks; the earlier one refuses."""
+    torch.manual_seed(0)
+    module, earlier, grads, refused = TwoLayers(), None, [], []
+    for find_unused in (True, False, True):
+        model = DDP(module, find_unused_parameters=find_unused)
+        module.zero_grad()
+        model(batch(rank), use_spare=True).sum().backward()
+        grads.append(module.used.weight.grad.sum().item())
+        if earlier is not None:
+            try:
+                earlier(batch(rank))
+                refused.append(None)
+            except dtcore.ConfigError as e:
+                refused.append(str(e))
+        earlier = model
+    return {"grads": grads, "refused": refused}
+
+
+def logging_data(rank: int) -> dict:
+    """torch DDP's _get_ddp_logging_data: construction facts, sampled iterations and timings, the comm
+    hook's name and the last error."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    torch.manual_seed(0)
+    model = DDP(TwoLayers())
+    result = {"at_construction": model._get_ddp_logging_data()}
+    model._set_ddp_runtime_logging_sample_rate(2)
+    result["iterations"] = []
+    for _ in range(13):
+        model(batch(rank), use_spare=True).sum().backward()
+        result["iterations"].append(model._get_ddp_logging_data()["iteration"])
+    result["after"] = model._get_ddp_logging_data()
+    hooked = DDP(TwoLayers())
+    hooked.register_comm_hook(None, default_hooks.allreduce_hook)
+    builtin = DDP(TwoLayers())
+    builtin._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
+    result["hooks"] = [
+        hooked._get_ddp_logging_data().get("comm_hook"),
+        builtin._get_ddp_logging_data().get("comm_hook"),
+        str(dist.BuiltinCommHookType.FP16_COMPRESS),
+    ]
+    broken = DDP(TwoLayers())
+    broken(batch(rank)).sum().backward()  # spare gets no gradient: the reduction cannot finish
+    try:
+        broken(batch(rank))
+        result["error"] = None
+    except dtcore.ConfigError as e:
+        result["error"] = str(e)
+    result["error_logged"] = broken._get_ddp_logging_data().get("error")
+    return result
+
+
 CASES = [
     unused_everywhere,
     functional_call,
@@ -244,6 +298,8 @@ CASES = [
     unfinished_reduction,
     groups,
     compatibility,
+    rewrapped,
+    logging_data,
 ]
 
 
