@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 WORKERS = Path(__file__).parent / "workers"
@@ -141,13 +141,15 @@ def run_processes(
     cmds: list[list[str]],
     envs: list[dict[str, str]],
     timeout: float,
-    kill_after: dict[int, float] | None = None,
+    kill_after: dict[int, float | Callable[[], bool]] | None = None,
     until_done: list[int] | None = None,
 ) -> tuple[list[RankResult], list[int]]:
     """Starts every command at once; kills any still running after `timeout` seconds.
 
     `kill_after` maps a process index to seconds after start at which it is SIGKILLed, to
-    simulate a crash. `until_done` lists the processes whose results the caller needs: once
+    simulate a crash, or to a condition polled every 50 ms (e.g. that a line is in its log): it is
+    killed once the condition holds (conditions after the timed kills, in index order). `until_done`
+    lists the processes whose results the caller needs: once
     they have all exited, the sessions of the others are killed (returncode -9) rather than
     waited for, e.g. a rank that stopped itself. Each process is reaped by its own thread, so
     exit times are exact.
@@ -176,8 +178,15 @@ def run_processes(
     for t in threads:
         t.start()
     try:
-        for i, delay in sorted((kill_after or {}).items(), key=lambda kv: kv[1]):
+        timed = {i: d for i, d in (kill_after or {}).items() if not callable(d)}
+        for i, delay in sorted(timed.items(), key=lambda kv: kv[1]):
             time.sleep(max(0.0, delay - (time.monotonic() - start)))
+            _kill_session(procs[i].pid)
+        for i, condition in sorted((kill_after or {}).items()):
+            if i in timed:
+                continue
+            while not condition() and procs[i].poll() is None and time.monotonic() - start < timeout:
+                time.sleep(0.05)
             _kill_session(procs[i].pid)
         for i in until_done or []:
             threads[i].join(timeout + 30)

@@ -326,7 +326,9 @@ Response StoreClient::call(const Request& request, milliseconds timeout) {
   if (!fd_.valid()) {
     C10_THROW_ERROR(DistNetworkError, detail::cat("the connection to the rendezvous store at ", where_,
                                                   " was lost earlier (", lost_, "), so ", store::op_name(request.op),
-                                                  " cannot be sent. Fix: connect a new StoreClient."));
+                                                  " cannot be sent: the process serving the store (rank 0, or the "
+                                                  "launcher's agent) has probably exited; its log has the first "
+                                                  "error."));
   }
   Clock::time_point deadline = deadline_after(timeout);
   std::string error;

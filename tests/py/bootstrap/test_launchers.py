@@ -87,10 +87,15 @@ def test_missing_rank_is_named_within_timeout_plus_two_seconds():
     assert not leftover_processes(sessions)
 
 
-def test_rank0_killed_during_rendezvous_is_reported_by_the_others():
+def test_rank0_killed_during_rendezvous_is_reported_by_the_others(tmp_path):
     port = free_port()
-    envs = [clean_env(**torchrun_style(rank, 3, port)) for rank in (0, 1)]  # rank 2 never comes
-    results, sessions = run_ranks("init_worker.py", envs, args=("30",), timeout=60, kill_after={0: 4.0})
+    knobs = {"DTCORE_LOG_DIR": str(tmp_path), "DTCORE_RDZV_LOG_INTERVAL": "1"}
+    envs = [clean_env(**torchrun_style(rank, 3, port), **knobs) for rank in (0, 1)]  # rank 2 never comes
+
+    def rank1_joined() -> bool:  # rank 0 logs it (a fixed delay was too early on a loaded machine)
+        return any("2/3 ranks joined" in f.read_text(errors="replace") for f in tmp_path.glob("*rank0*.log"))
+
+    results, sessions = run_ranks("init_worker.py", envs, args=("30",), timeout=60, kill_after={0: rank1_joined})
     assert results[0].returncode is not None and results[0].returncode < 0  # SIGKILLed
     j = results[1].json()
     assert j["type"] == "RendezvousError", describe(results)
