@@ -153,7 +153,12 @@ void wait_for_listener(const Context& c, const std::string& server, bool greetin
     DTCORE_CHECK(p == store::Probe::Nothing, RendezvousError, "rank ", c.spec.rank.value, " reached ", c.where,
                  ", where ", server, " should serve the rendezvous store, but the listener there is not a dtcore ",
                  "store: ", detail, " (after ", static_cast<int>(c.elapsed() * 1000), " ms). Another program holds ",
-                 "that port. Fix: give the job another port (MASTER_PORT=<port>, torchrun --master_port=<port>, or ",
+                 "that port",
+                 p == store::Probe::Silent
+                     ? std::string(", or the serving process cannot accept connections (out of file descriptors and "
+                                   "no spare left to refuse with: its console says so; raise `ulimit -n` there)")
+                     : std::string(),
+                 ". Fix: give the job another port (MASTER_PORT=<port>, torchrun --master_port=<port>, or ",
                  "init(master_port=)), or stop the other program (`ss -ltnp 'sport = :", port, "'` names it).");
     if (Clock::now() >= c.deadline) nothing_accepts(c, server, detail);
     if (Clock::now() >= next_log) {
