@@ -19,8 +19,10 @@
 namespace dtcore {
 namespace {
 
-// A JSON string literal: quotes, backslashes and control characters escaped.
-std::string quoted(std::string_view s) {
+// A JSON string literal: quotes, backslashes and control characters escaped. (Not named quoted():
+// a call with a std::string would find std::quoted by argument-dependent lookup, which escapes no
+// control characters, wherever <iomanip> is included.)
+std::string json_string(std::string_view s) {
   std::string out = "\"";
   for (char ch : s) {
     if (ch == '"' || ch == '\\') {
@@ -203,11 +205,11 @@ std::vector<std::string> FlightRecorder::json_lines(int rank, int world, const s
   for (const CollectiveRecord& r : snapshot()) {
     char signature[24];
     std::snprintf(signature, sizeof signature, "%016llx", static_cast<unsigned long long>(r.signature));
-    out.push_back(detail::cat("{\"rank\": ", rank, ", \"world\": ", world, ", \"host\": ", quoted(host),
-                              ", \"seq\": ", r.seq, ", \"op\": ", quoted(r.op), ", \"detail\": ", quoted(r.detail),
-                              ", \"label\": ", quoted(r.label), ", \"signature\": \"", signature,
-                              "\", \"started\": ", seconds(r.started), ", \"finished\": ", seconds(r.finished),
-                              ", \"state\": \"", state_name(r.state), "\"}"));
+    out.push_back(detail::cat("{\"rank\": ", rank, ", \"world\": ", world, ", \"host\": ", json_string(host),
+                              ", \"seq\": ", r.seq, ", \"op\": ", json_string(r.op),
+                              ", \"detail\": ", json_string(r.detail), ", \"label\": ", json_string(r.label),
+                              ", \"signature\": \"", signature, "\", \"started\": ", seconds(r.started),
+                              ", \"finished\": ", seconds(r.finished), ", \"state\": \"", state_name(r.state), "\"}"));
   }
   return out;
 }

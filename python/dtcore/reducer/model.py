@@ -91,6 +91,7 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
             comm_dtype=comm_dtype,
             zero=zero,
         )
+        stacking.check_wrappable(module)  # before any collective: every rank refuses alike
         self._build(module, options, forward_sync_buffers=broadcast_buffers, init_sync_buffers=True)
 
     def _build(
@@ -108,7 +109,7 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
         communicator of its own (See Note [Subgroup communicators] in csrc/dtcore/comm/communicator.h),
         over which parameters are compared, broadcast from the group's first rank, and averaged."""
         torch.nn.Module.__init__(self)  # not torch DDP's __init__: its reducer would stack on dtcore's
-        stacking.check_wrappable(module)  # before any collective: every rank refuses alike
+        # The caller checked the module with stacking.check_wrappable, before any collective.
         # The communicator this model reduces over (the job's, or its group's).
         self._comm = communicator_for(process_group, f"{type(self).__name__}(process_group=...)")
         if self._comm is not get_context().communicator and options["zero"]:
