@@ -26,6 +26,10 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 
 // How often a wait looks at the heartbeat's finding while Gloo works.
 constexpr auto kDivergencePoll = std::chrono::milliseconds(100);
+// Tags of a reduce-scatter's pairwise messages: See Note [Reduce-scatter on Gloo]. Far above what
+// scripts pass to torch.distributed.send on the same group; c10d's tags are non-negative ints.
+constexpr int kScatterTag = 1 << 30;
+constexpr uint64_t kScatterTags = 1 << 29;
 
 double seconds_since(Clock::time_point t) {
   return static_cast<double>(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count() / 100) /
@@ -40,19 +44,28 @@ at::Tensor borrowed(const at::Tensor& t) { return at::from_blob(t.data_ptr(), t.
 // Note [Reduce-scatter on Gloo]
 // torch's Gloo backend runs a reduce-scatter (_reduce_scatter_base, reduce_scatter) as an allreduce
 // of the whole input: every rank sends 2 (N-1)/N of the input's bytes where a reduce-scatter needs
-// (N-1)/N, so ZeRO-2 would send 1.5x what DDP's allreduce does per step. dtcore runs it as an
-// all-to-all instead (each rank sends rank j the j-th shard of its input: (N-1)/N of the input,
-// pairwise), and reduces the N shards it received into the output when the work completes, in
-// the thread that waits (one sum over a (N, shard) view). Measured on loopback at 8M floats:
-// 37 ms against Gloo's 58 ms at 2 ranks, 50 ms against 117 ms at 4 (docs/benchmarks.md). It costs
-// a receive buffer the size of the input while the collective is in flight.
+// (N-1)/N, so ZeRO-2 would send 1.5x what DDP's allreduce does per step. dtcore runs it as
+// pairwise exchanges instead: each rank sends rank j the j-th shard of its input and receives
+// from every peer that peer's shard of ours, all posted at once ((N-1)/N of the input each way,
+// as Gloo's all-to-all would move), and reduces them with its own shard into the output when the
+// work completes, in the thread that waits. The output is written only then, so the first peer's
+// shard is received straight into it (unless it shares memory with the input): the receive
+// buffer holds the other N - 2 shards, none at 2 ranks. An all-to-all would have needed one the
+// size of the whole input while the collective is in flight: for ZeRO-2, a second bucket.
+// Measured on loopback at 8M floats (benchmarks/bench_collectives.py): 20.8 ms against Gloo's 55.5
+// at 2 ranks and 34.4 against 121.0 at 4; an all-to-all and a sum took 46.0 and 71.0. Each
+// collective's messages carry a tag of its own (kScatterTag + its number, the same on every rank,
+// which issue collectives in one order), so two reduce-scatters in flight never take each other's.
+// Gloo's sends and receives have no future, so a wait cannot poll the heartbeat's finding while
+// they run: with the check before each call off (CollectiveCheck::kNever), a mismatch is reported
+// at the wait's timeout, as for the in-place all-gather, not at once.
 
 // Note [Borrowed buffers on Gloo]
 // Gloo's work object keeps the tensors it was given until its worker thread lets go of it, which
 // may be after the collective has ended and the caller has dropped its own references: the
 // buffers are then freed late, on Gloo's thread (ZeRO-2 holds a finished bucket beside the next
 // one, and torch's profiler, which sees the frees of the rank's own threads only, counts it as
-// never freed). A reduce-scatter's buffers (its input and the all-to-all's receive buffer) are
+// never freed). A reduce-scatter's buffers (its input and the peers' shards it receives) are
 // transient, so Gloo gets borrowed views of them, which own nothing: the GlooWork owns them and
 // frees them with the caller's last reference (the receive buffer once reduced). A GlooWork
 // dropped before Gloo finished (an abandoned or failed wait) first waits for Gloo, with the
@@ -67,8 +80,9 @@ at::Tensor borrowed(const at::Tensor& t) { return at::from_blob(t.data_ptr(), t.
 // the N - 1 others), and Gloo's worker threads run the N broadcasts side by side. They are one
 // Work (GlooWorkGroup): finished when all are, failed when any is.
 
-// Several of Gloo's works as one, for a collective dtcore runs as many (see Note [In-place
-// all-gather on Gloo]). It has no future: its end is reported by wait() or isCompleted().
+// Several of Gloo's works as one, for a collective dtcore runs as many (see Notes [In-place
+// all-gather on Gloo] and [Reduce-scatter on Gloo]). It has no future: its end is reported by
+// wait() or isCompleted().
 class GlooWorkGroup final : public c10d::Work {
  public:
   explicit GlooWorkGroup(std::vector<c10::intrusive_ptr<c10d::Work>> parts) : parts_(std::move(parts)) {}
@@ -119,7 +133,7 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
   GlooWork(const GlooWork&) = delete;
   GlooWork& operator=(const GlooWork&) = delete;
 
-  // See Note [Borrowed buffers on Gloo]: Gloo may still use c_'s tensors and received_.
+  // See Note [Borrowed buffers on Gloo]: Gloo may still use c_'s tensors and scatter_'s.
   // Its future's callback may hold the last reference: Gloo has finished then (gloo_done_).
   ~GlooWork() override {
     if (!work_ || work_->isCompleted() || gloo_done_) return;
@@ -130,14 +144,14 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
     }
     if (work_->isCompleted()) return;
     log::warn(c_.what, " was dropped on rank ", rank_, " while Gloo still runs it: its buffers are kept, not freed");
-    new std::vector<at::Tensor>{c_.input, c_.output, received_};  // never freed, on purpose
+    new std::vector<at::Tensor>{c_.input, c_.output, scatter_.received};  // never freed, on purpose
   }
 
   const Collective& collective() const { return c_; }
 
-  // The submitter handed it to Gloo; `received` is a reduce-scatter's all-to-all output, reduced
-  // into the output on completion (See Note [Reduce-scatter on Gloo]).
-  void submitted(c10::intrusive_ptr<c10d::Work> work, at::Tensor received = {}) {
+  // The submitter handed it to Gloo; `scatter` is what a reduce-scatter reduces into the output
+  // on completion (See Note [Reduce-scatter on Gloo]).
+  void submitted(c10::intrusive_ptr<c10d::Work> work, GlooScatter scatter = {}) {
     // Some of Gloo's works (e.g. _reduce_scatter_base) have no future: their end is reported by
     // wait() or is_completed().
     c10::intrusive_ptr<c10::ivalue::Future> future;
@@ -148,7 +162,7 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
     {
       std::lock_guard<std::mutex> lock(mu_);
       work_ = work;
-      received_ = std::move(received);
+      scatter_ = std::move(scatter);
       has_future_ = future.defined();
     }
     cv_.notify_all();
@@ -266,23 +280,43 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
   // A reduce-scatter's shards are reduced, and for Avg the sum divided, exactly once.
   void complete_locked() {
     if (done_) return;
-    if (received_.defined()) {
-      at::Tensor shards = received_.view({size_, c_.output.numel()});  // (N, shard): rank j's shard of ours
-      at::Tensor out = c_.output.view({c_.output.numel()});
-      if (c_.op == ReduceOp::Max) {
-        at::amax_out(out, shards, {0});
-      } else if (c_.op == ReduceOp::Min) {
-        at::amin_out(out, shards, {0});
-      } else {
-        at::sum_out(out, shards, {0});
-      }
-      received_ = at::Tensor();  // the buffer goes now, not with the work
+    if (scatter_.own.defined()) {
+      reduce_scatter_locked();
+      scatter_ = GlooScatter();  // the buffers go now, not with the work
     }
     if (c_.op == ReduceOp::Avg && size_ > 1) {
       (c_.kind == CollectiveKind::ReduceScatter ? c_.output : c_.input).div_(size_);
     }
     done_ = true;
     report_finished(true);
+  }
+
+  // The output becomes this rank's shard reduced with every peer's: See Note [Reduce-scatter on Gloo].
+  void reduce_scatter_locked() {
+    at::Tensor out = c_.output.view({c_.output.numel()});
+    // Into the output when it holds a peer's shard already, is the own shard itself (in place), or
+    // starts as a copy of it (world size 1); else (it overlaps the input elsewhere) into a copy,
+    // since `own` may lie under it.
+    at::Tensor acc = out;
+    if (!scatter_.into_output && out.data_ptr() != scatter_.own.data_ptr()) {
+      if (c_.output.is_alias_of(c_.input)) {
+        acc = scatter_.own.clone();
+      } else {
+        out.copy_(scatter_.own);
+      }
+    }
+    auto combine = [&](const at::Tensor& t) {
+      if (c_.op == ReduceOp::Max) {
+        at::maximum_out(acc, acc, t);
+      } else if (c_.op == ReduceOp::Min) {
+        at::minimum_out(acc, acc, t);
+      } else {
+        acc.add_(t);
+      }
+    };
+    if (scatter_.into_output) combine(scatter_.own);
+    for (int64_t j = 0; j < scatter_.received.size(0); ++j) combine(scatter_.received[j]);
+    if (!acc.is_same(out)) out.copy_(acc);
   }
 
   const Collective c_;  // holds the tensors until the collective is done
@@ -296,7 +330,7 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
   std::mutex mu_;  // the division must happen exactly once; guards the state below
   std::condition_variable cv_;
   c10::intrusive_ptr<c10d::Work> work_;  // set once handed to Gloo
-  at::Tensor received_;                  // a reduce-scatter's all-to-all output, until reduced
+  GlooScatter scatter_;                  // a reduce-scatter's shards, until reduced
   std::string failure_;                  // set when it never will be
   bool has_future_ = false;              // Gloo's work has a future, whose callback sets gloo_done_
   bool done_ = false;
@@ -399,9 +433,9 @@ void GlooCommunicator::submit_loop() {
       continue;
     }
     try {
-      at::Tensor received;
-      auto handed = launch(backend, c, received);
-      work->submitted(std::move(handed), std::move(received));
+      GlooScatter scatter;
+      auto handed = launch(backend, c, scatter);
+      work->submitted(std::move(handed), std::move(scatter));
     } catch (const std::exception& e) {
       // Gloo refused it before it ran (input is checked first, so this is rare). The peers may have
       // started theirs: the group is out of step, so nothing later may run either.
@@ -435,7 +469,7 @@ std::string GlooCommunicator::check_against_peers(const c10::intrusive_ptr<c10d:
 }
 
 c10::intrusive_ptr<c10d::Work> GlooCommunicator::launch(const c10::intrusive_ptr<c10d::Backend>& backend,
-                                                        const Collective& c, at::Tensor& received) {
+                                                        const Collective& c, GlooScatter& scatter) {
   switch (c.kind) {
     case CollectiveKind::AllReduce: {
       std::vector<at::Tensor> tensors{c.input};
@@ -445,13 +479,25 @@ c10::intrusive_ptr<c10d::Work> GlooCommunicator::launch(const c10::intrusive_ptr
       return backend->allreduce(tensors, opts);
     }
     case CollectiveKind::ReduceScatter: {  // See Note [Reduce-scatter on Gloo]
-      at::Tensor in = c.input.view({c.input.numel()});
-      received = at::empty_like(in);
-      std::vector<int64_t> even;  // empty split sizes: N equal shards
-      c10d::AllToAllOptions opts;
-      opts.timeout = timeout();
-      at::Tensor out = borrowed(received), sent = borrowed(in);  // See Note [Borrowed buffers on Gloo]
-      return backend->alltoall_base(out, sent, even, even, opts);
+      const int64_t n = c.output.numel();
+      at::Tensor in = c.input.view({c.input.numel()});  // (N * shard,)
+      scatter.own = in.narrow(0, rank() * n, n);
+      scatter.into_output = size() > 1 && !c.output.is_alias_of(c.input);
+      const int64_t apart = size() - 1 - (scatter.into_output ? 1 : 0);
+      scatter.received = at::empty({apart, n}, in.options());
+      const int tag = kScatterTag + static_cast<int>(c.seq % kScatterTags);
+      std::vector<c10::intrusive_ptr<c10d::Work>> parts;
+      for (int k = 1; k < size(); ++k) {
+        const int to = (rank() + k) % size();
+        const int from = (rank() - k + size()) % size();
+        // Borrowed: the GlooWork owns these buffers (See Note [Borrowed buffers on Gloo]).
+        std::vector<at::Tensor> sent{borrowed(in.narrow(0, to * n, n))};
+        parts.push_back(backend->send(sent, to, tag));
+        const int64_t row = k - 1 - (scatter.into_output ? 1 : 0);
+        std::vector<at::Tensor> got{borrowed(row < 0 ? c.output.view({n}) : scatter.received[row])};
+        parts.push_back(backend->recv(got, from, tag));
+      }
+      return c10::make_intrusive<GlooWorkGroup>(std::move(parts));
     }
     case CollectiveKind::AllGather: {
       at::Tensor out = c.output, in = c.input;

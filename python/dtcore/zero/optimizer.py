@@ -39,6 +39,7 @@ plain torch optimizer: the shards are cut anew.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -63,6 +64,23 @@ ELEMENTWISE = (
     torch.optim.ASGD,
     torch.optim.Rprop,
 )
+
+# Note [Stepping bucket by bucket]
+# After backward each rank steps its shard of every bucket and all-gathers the updated shards.
+# Stepped whole and then gathered, the gathers start only when the last piece is stepped, and the
+# step ends waiting for all of them. Stepped one bucket at a time, each bucket's gather is issued
+# as soon as its pieces are stepped and runs while the next bucket steps: only the last bucket's
+# gather is left to wait for, and the buckets go largest first so that it is the smallest. The
+# inner optimizer steps a bucket by seeing only that bucket's pieces with a gradient (torch's
+# optimizers skip a tensor whose .grad is None), so each piece and proxy is stepped exactly once
+# per step, with the same hyperparameters and its own state: the same update as one step over
+# all. That holds only where the step keeps nothing but per-tensor state, as torch's own step
+# functions do (ELEMENTWISE); a class with a step of its own (which might count its calls) is
+# stepped whole unless ShardedOptimizer(step_by_bucket=True) vouches for it. (torch wraps a
+# class's step when its first instance is built: the steps are compared unwrapped.) Measured on
+# 2 CPU cores with Gloo, it is level with stepping whole (docs/benchmarks.md): there the gathers
+# take turns with the arithmetic rather than run beside it, as they can on a GPU's NCCL stream.
+_STEPS_PER_TENSOR = frozenset(inspect.unwrap(cls.step) for cls in ELEMENTWISE)
 
 
 class _Piece:
@@ -95,7 +113,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
     params: the model's parameters (default) or torch-style param groups over them.
     master_dtype: pieces of parameters in another dtype are stepped in an fp32 copy (None: never).
     elementwise: True asserts that `optimizer_class` updates each element on its own; needed for
-    classes dtcore does not know. Remaining keyword arguments go to `optimizer_class`.
+    classes dtcore does not know.
+    step_by_bucket: step one bucket at a time, each bucket's gather overlapping the next bucket's
+    step (Note [Stepping bucket by bucket]). None (default): for torch's own step functions, whose
+    state is per tensor; True asserts that of `optimizer_class`'s step (it must not count its calls
+    or keep state across tensors); False steps whole, then gathers.
+    Remaining keyword arguments go to `optimizer_class`.
     """
 
     _dtcore_sharded = True  # steps a zero=2 model rightly: see reducer/zero_guard.py
@@ -108,6 +131,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         *,
         master_dtype: torch.dtype | None = torch.float32,
         elementwise: bool | None = None,
+        step_by_bucket: bool | None = None,
         **defaults: Any,
     ) -> None:
         if not isinstance(model, DistributedModel):
@@ -142,7 +166,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._master_dtype = master_dtype
         self._built_for = -1  # the reducer plan version the pieces were cut from
         self._pieces: list[_Piece] = []
-        self._masters: list[_Piece] = []  # the pieces stepped in a master copy
+        self._masters_by_bucket: list[list[_Piece]] = []  # the pieces stepped in a master copy
+        self._locals_by_bucket: list[list[torch.Tensor]] = []  # what the inner optimizer steps, by bucket
+        per_tensor = inspect.unwrap(optimizer_class.step) in _STEPS_PER_TENSOR
+        # Note [Stepping bucket by bucket]
+        self._by_bucket = per_tensor if step_by_bucket is None else bool(step_by_bucket)
+        self._step_order: list[int] = []  # the buckets, largest first
         # id(parameter) -> what the inner optimizer steps for it here: its pieces' locals, or one empty proxy
         self._locals_of: dict[int, list[torch.Tensor]] = {}
         self._proxies: list[tuple[torch.Tensor, torch.Tensor]] = []  # (parameter, its proxy)
@@ -166,7 +195,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Steps this rank's shard, then all-gathers the updated parameters into every rank."""
+        """Steps this rank's shard and all-gathers the updated parameters into every rank, bucket by
+        bucket: Note [Stepping bucket by bucket]."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -177,21 +207,48 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for inner, group in zip(self._inner.param_groups, self.param_groups, strict=True):
             inner.update({k: v for k, v in group.items() if k != "params"})  # schedulers edit these
         params = self._model._trainable
-        skipped = [params[i] for i in self._model._reducer.params_without_grad()]  # their .grad would be None
-        for piece in self._masters:
-            piece.local.grad.copy_(piece.grad)
-        held = [(t, t.grad) for p in skipped for t in self._locals_of.get(id(p), ())]
-        for t, _ in held:
-            t.grad = None  # skipped by the inner optimizer, as torch's skips a None gradient
-        try:
-            self._inner.step()
-        finally:
-            for t, grad in held:
-                t.grad = grad
-        for piece in self._masters:
-            piece.param_view.copy_(piece.local)
-        self._all_gather_parameters()
+        without_grad = (params[i] for i in self._model._reducer.params_without_grad())  # their .grad would be None
+        skipped = {id(t) for p in without_grad for t in self._locals_of.get(id(p), ())}
+        if self._by_bucket:  # Note [Stepping bucket by bucket]
+            self._step_buckets([[b] for b in self._step_order], skipped)
+        else:  # one step, then every bucket's gather
+            self._step_buckets([self._step_order], skipped)
         return loss
+
+    def _step_buckets(self, rounds: list[list[int]], skipped: set[int]) -> None:
+        """Steps the pieces of each round's buckets and issues their gathers, round by round; then
+        waits for every gather. A local tensor whose parameter got no gradient (`skipped`), or that
+        is not in the round, has no .grad while the inner optimizer steps: torch's skips it."""
+        assert self._inner is not None
+        locals_ = [t for ts in self._locals_by_bucket for t in ts]
+        grads = [t.grad for t in locals_]
+        grad_of = {id(t): grad for t, grad in zip(locals_, grads, strict=True)}
+        communicator = get_context().communicator
+        works = []
+        try:
+            for t in locals_:
+                t.grad = None
+            for round_ in rounds:
+                for b in round_:
+                    for piece in self._masters_by_bucket[b]:
+                        grad_of[id(piece.local)].copy_(piece.grad)
+                    for t in self._locals_by_bucket[b]:
+                        if id(t) not in skipped:
+                            t.grad = grad_of[id(t)]
+                self._inner.step()
+                for b in round_:
+                    for t in self._locals_by_bucket[b]:
+                        t.grad = None
+                    for piece in self._masters_by_bucket[b]:
+                        piece.param_view.copy_(piece.local)
+                    works.append(self._gather(communicator, b))
+        finally:
+            for t, grad in zip(locals_, grads, strict=True):
+                t.grad = grad
+            # On a GPU the wait orders the current stream after each gather and does not block
+            # (Note [Waiting on the stream]).
+            for work in works:
+                work.wait_on_stream()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zeroes the reduced gradients in place (their buffers and shards are kept). set_to_none=True, as
@@ -258,7 +315,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     continue  # reduced but not optimized: gathered as it is
                 grad = grad_shard.narrow(0, cut.shard_offset, cut.numel)
                 self._pieces.append(_Piece(param, group, b, cut, grad, self._master_dtype))
-        self._masters = [p for p in self._pieces if p.has_master]
         self._locals_of, self._proxies = {}, []
         for piece in self._pieces:
             self._locals_of.setdefault(id(piece.param), []).append(piece.local)
@@ -281,23 +337,31 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 local = [placeholder]
             inner_groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": local})
         self._inner = self._optimizer_class(inner_groups)
+        # By bucket (Note [Stepping bucket by bucket]): pieces by their bucket, proxies by their
+        # parameter's, placeholders with the bucket stepped last.
+        n = len(self._buckets)
+        self._step_order = sorted(range(n), key=lambda b: (-self._buckets[b].flat.numel(), b))
+        bucket_of = {id(param): b for b, bucket in enumerate(self._buckets) for *_, param in bucket.whole}
+        self._masters_by_bucket = [[] for _ in range(n)]
+        self._locals_by_bucket = [[] for _ in range(n)]
+        for piece in self._pieces:
+            self._locals_by_bucket[piece.bucket].append(piece.local)
+            if piece.has_master:
+                self._masters_by_bucket[piece.bucket].append(piece)
+        for param, proxy in self._proxies:
+            self._locals_by_bucket[bucket_of[id(param)]].append(proxy)
+        placed = {id(t) for ts in self._locals_by_bucket for t in ts}
+        for group in self._inner.param_groups:
+            self._locals_by_bucket[self._step_order[-1]].extend(t for t in group["params"] if id(t) not in placed)
 
-    def _all_gather_parameters(self) -> None:
-        """Every rank's updated shards into every rank's parameters: one in-place all-gather per bucket.
+    def _gather(self, communicator: Any, b: int) -> Any:
+        """This rank's updated shard of bucket `b` into every rank's parameters: one in-place all-gather.
 
         The parameters are views of their bucket's flat buffer (Note [Flat parameters]), so the
-        gather's input is this rank's shard of that buffer and its output the buffer itself. The
-        buckets' gathers are all issued before the first is waited for: they overlap one another.
-        On a GPU the wait orders the current stream after each gather and does not block
-        (Note [Waiting on the stream]).
+        gather's input is this rank's shard of that buffer and its output the buffer itself.
         """
-        communicator = get_context().communicator
-        n = len(self._buckets)
-        works = [
-            communicator.all_gather(b.flat, b.mine, f"parameters {i + 1}/{n}") for i, b in enumerate(self._buckets)
-        ]
-        for work in works:
-            work.wait_on_stream()
+        bucket = self._buckets[b]
+        return communicator.all_gather(bucket.flat, bucket.mine, f"parameters {b + 1}/{len(self._buckets)}")
 
 
 class _FlatBucket:

@@ -28,6 +28,7 @@ def gathers(ctx) -> list[str]:
     if not torch.equal(rs, torch.full((3,), (n - 1) / 2)):
         bad.append(f"reduce_scatter avg {rs.tolist()}")
     bad += in_place_gather(ctx)
+    bad += reduce_scatter_paths(ctx)
     objects = dtcore.gather_object({"rank": r, "loss": 0.5 * r, "tags": ["é"] * r})  # lengths differ by rank
     if objects != [{"rank": q, "loss": 0.5 * q, "tags": ["é"] * q} for q in range(n)]:
         bad.append(f"gather_object {objects}")
@@ -41,6 +42,30 @@ def gathers(ctx) -> list[str]:
     leaders_left = max(s[2] for s in spans if s[0] == 0)
     if any(s[1] < leaders_left for s in spans if s[0] != 0):
         bad.append(f"local_main_process_first: a rank entered before every local main left {spans}")
+    return bad
+
+
+def reduce_scatter_paths(ctx) -> list[str]:
+    """reduce_scatter on Gloo (Note [Reduce-scatter on Gloo]): two in flight at once, sum / max / min,
+    an output that is this rank's shard of the input, and one that overlaps the input elsewhere."""
+    n, r, k = ctx.world_size, ctx.rank, 1 << 12
+    comm = ctx.communicator
+    position = torch.arange(1.0, n * k + 1)  # rank q sends (q + 1) * position
+    mine = position.narrow(0, r * k, k)
+    expected = {"sum": mine * (n * (n + 1) / 2), "max": mine * n, "min": mine.clone()}
+    bad = []
+    outs = {op: torch.full((k,), -1.0) for op in expected}
+    works = [comm.reduce_scatter(outs[op], position * (r + 1), op) for op in expected]
+    for work in works:
+        work.wait()
+    wrong = [op for op in outs if not torch.equal(outs[op], expected[op])]
+    bad += [f"reduce_scatter {op}, in flight: {outs[op][:4].tolist()}" for op in wrong]
+    for name, place in (("own shard", r), ("another shard", (r + 1) % n)):
+        x = position * (r + 1)
+        out = x.narrow(0, place * k, k)
+        comm.reduce_scatter(out, x, "sum").wait()
+        if not torch.equal(out, expected["sum"]):
+            bad.append(f"reduce_scatter into {name} of its input: {out[:4].tolist()}")
     return bad
 
 

@@ -1,0 +1,110 @@
+"""ShardedOptimizer steps bucket by bucket (Note [Stepping bucket by bucket]): each bucket's gather is
+issued as soon as its pieces are stepped, largest bucket first; every piece is stepped once per step;
+an optimizer with a step of its own is stepped whole."""
+
+import copy
+
+import pytest
+import torch
+
+import dtcore
+
+
+def _net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 4)
+    )
+
+
+def _train(model, opt, steps: int, x: torch.Tensor) -> None:
+    for _ in range(steps):
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _record(opt, events: list[str]) -> None:
+    """Appends "step" at each inner step and "gather B" at each bucket's gather."""
+    inner_step, gather = opt._inner.step, opt._gather
+
+    def step(*args, **kwargs):
+        events.append("step")
+        return inner_step(*args, **kwargs)
+
+    def gathered(communicator, b):
+        events.append(f"gather {b}")
+        return gather(communicator, b)
+
+    opt._inner.step, opt._gather = step, gathered
+
+
+@pytest.mark.parametrize("zero", [1, 2])
+def test_each_bucket_is_gathered_as_soon_as_it_is_stepped_and_matches_adamw(fresh_dtcore, zero):
+    dtcore.init(timeout=30)
+    net = _net()
+    plain = copy.deepcopy(net)
+    model = dtcore.wrap(net, zero=zero, bucket_mb=0.01, first_bucket_mb=0.001)  # several buckets of other sizes
+    opt = dtcore.ShardedOptimizer(model, torch.optim.AdamW, lr=1e-2, weight_decay=0.1)
+    plain_opt = torch.optim.AdamW(plain.parameters(), lr=1e-2, weight_decay=0.1)
+    x = torch.randn(8, 16)
+    _train(model, opt, 1, x)
+    _train(plain, plain_opt, 1, x)
+    events: list[str] = []
+    _record(opt, events)
+    _train(model, opt, 3, x)
+    _train(plain, plain_opt, 3, x)
+
+    sizes = [b.flat.numel() for b in opt._buckets]
+    assert len(sizes) > 2 and len(set(sizes)) > 1, sizes
+    largest_first = sorted(range(len(sizes)), key=lambda b: (-sizes[b], b))
+    one_step = [e for b in largest_first for e in ("step", f"gather {b}")]
+    assert events == one_step * 3, events
+    for p, q in zip(net.parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1.3e-6, atol=1e-6)
+    steps = {float(s["step"]) for s in opt.state_dict()["state"].values()}
+    assert steps == {4.0}, steps  # each parameter stepped once per step, not once per bucket
+
+
+class CountingSGD(torch.optim.SGD):
+    """An SGD with a step of its own, which counts its calls."""
+
+    calls = 0
+
+    def step(self, closure=None):
+        CountingSGD.calls += 1
+        return super().step(closure)
+
+
+@pytest.mark.parametrize("cls,by_bucket", [(CountingSGD, None), (torch.optim.SGD, False)])
+def test_an_optimizer_with_its_own_step_or_told_so_is_stepped_whole_then_gathered(fresh_dtcore, cls, by_bucket):
+    dtcore.init(timeout=30)
+    net = _net()
+    plain = copy.deepcopy(net)
+    model = dtcore.wrap(net, zero=2, bucket_mb=0.01, first_bucket_mb=0.001)
+    opt = dtcore.ShardedOptimizer(model, cls, lr=1e-2, momentum=0.9, step_by_bucket=by_bucket)
+    plain_opt = torch.optim.SGD(plain.parameters(), lr=1e-2, momentum=0.9)
+    x = torch.randn(8, 16)
+    _train(model, opt, 1, x)
+    events: list[str] = []
+    _record(opt, events)
+    CountingSGD.calls = 0
+    _train(model, opt, 3, x)
+    _train(plain, plain_opt, 4, x)
+    assert CountingSGD.calls == (3 if cls is CountingSGD else 0)
+    n = len(opt._buckets)
+    assert n > 2 and events.count("step") == 3 and events.count("gather 0") == 3
+    assert events[: n + 1][0] == "step" and "step" not in events[1 : n + 1]  # one step, then every gather
+    for p, q in zip(net.parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1.3e-6, atol=1e-6)
+
+
+def test_a_class_vouched_for_is_stepped_by_bucket(fresh_dtcore):
+    dtcore.init(timeout=30)
+    model = dtcore.wrap(_net(), zero=1, bucket_mb=0.01, first_bucket_mb=0.001)
+    opt = dtcore.ShardedOptimizer(model, CountingSGD, lr=1e-2, step_by_bucket=True)
+    x = torch.randn(8, 16)
+    _train(model, opt, 1, x)
+    CountingSGD.calls = 0
+    _train(model, opt, 2, x)
+    assert CountingSGD.calls == 2 * len(opt._buckets)
