@@ -1,12 +1,12 @@
-"""Reduce-scatter on Gloo: dtcore's (pairwise exchanges, Note [Reduce-scatter on Gloo]) against
-torch's `reduce_scatter_tensor` (an allreduce of the whole input) and an all-to-all of the shards
-summed after it (what dtcore ran before), all on the same Gloo job.
+"""Reduce-scatter on Gloo: dtcore's (Note [Reduce-scatter on Gloo]) against torch's
+`reduce_scatter_tensor` (an allreduce of the whole input) and torch's all-to-all of the shards
+summed after it, all on the same Gloo job.
 
     python benchmarks/bench_collectives.py [--world 2] [--numel 8388608] [--iters 10]
 
 One job; the three variants take turns, each call after a barrier; medians over --iters. Also
-what each allocates beside its output while in flight (torch's all-to-all: the whole input; dtcore:
-N - 2 shards) and the bytes rank 0 writes per call (/proc/self/io's wchar).
+what each allocates beside its output while in flight (the all-to-all: the whole input; dtcore:
+nothing at 2 ranks, else the whole input) and the bytes rank 0 writes per call (/proc/self/io's wchar).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def main() -> None:
     n = args.world
     r = rank0_report(__file__, n, ["--worker", "--numel", str(args.numel), "--iters", str(args.iters)])
     shard_mib = args.numel // n * 4 / 2**20
-    extra = {VARIANTS[0]: "", VARIANTS[1]: f"{n * shard_mib:.1f}", VARIANTS[2]: f"{max(n - 2, 0) * shard_mib:.1f}"}
+    extra = {VARIANTS[0]: "", VARIANTS[1]: f"{n * shard_mib:.1f}", VARIANTS[2]: f"{(n != 2) * n * shard_mib:.1f}"}
     print(
         f"{n} ranks (Gloo, 1 thread each), reduce-scatter (sum) of {args.numel} float32 per rank, median of "
         f"{args.iters} calls, alternating; results agree: {r['agree']}"

@@ -3,9 +3,10 @@
     python benchmarks/bench_reducer.py [--world 2] [--preset 20m] [--steps 20] [--warmup 3] [--batch 4]
     python benchmarks/bench_reducer.py --world1 [--preset 20m] [--steps 30]
 
---world ranks (2 or 4) on loopback, float32, the same bucket size for both (25 MB, first bucket
-1 MB). Every rank holds five copies of the model (same initial weights) and runs the variants
-alternately, step by step, so that drift and noise hit all alike:
+--world ranks (2 or 4) on loopback, float32, the same bucket size for both (--bucket-mb, 25 MB
+by default; dtcore's first bucket 1 MB, as DDP's). Every rank holds five copies of the model (same
+initial weights) and runs the variants alternately, step by step, so that drift and noise hit all
+alike:
   ddp               torch.nn.parallel.DistributedDataParallel on the Gloo default group
   dtcore            dtcore.wrap
   ddp no overlap    DDP's backward inside no_sync(), then one allreduce of all gradients
@@ -15,7 +16,11 @@ A step is forward + backward + AdamW step + zero_grad, timed after a barrier; me
 --steps after --warmup. zero_grad sets the gradients to None (torch's default);
 --no-set-to-none zeroes them in place instead. "Hidden" is how much of the no-overlap variant's
 communication time the overlapping variant hid: (no overlap - overlap) / (no overlap - compute),
-compute being the step with no communication at all, timed in the same run.
+compute being the step with no communication at all, timed in the same run. "CPU" is the
+process's CPU time per step (all its threads, Gloo's and the kernel's work for its sockets
+included: time.process_time), so "CPU - compute's CPU" is what communicating cost the rank in
+CPU time. Where the ranks' compute threads fill every core (2 ranks, 1 thread each, 2 cores),
+that CPU time cannot overlap anything, and compute + it bounds any overlapping variant's step.
 
 --preset names the model: the GPT shapes of dtcore.train.gpt (20m: 6 layers of width 512), or
 llama25m, a Llama block stack built from transformers' LlamaConfig (4 layers of width 768, SwiGLU
@@ -93,11 +98,12 @@ def worker(args) -> None:
     ctx = dtcore.init(timeout=600)
     base, block_size = make_model(args.preset)
     data = CharData(make_corpus(), block_size, seed=ctx.rank)
+    mb = args.bucket_mb
     models = {
-        "ddp": torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=25),
-        "dtcore": dtcore.wrap(copy.deepcopy(base), bucket_mb=25, first_bucket_mb=1),
-        "ddp no overlap": torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=25),
-        "dtcore no overlap": dtcore.wrap(copy.deepcopy(base), bucket_mb=25, first_bucket_mb=1),
+        "ddp": torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=mb),
+        "dtcore": dtcore.wrap(copy.deepcopy(base), bucket_mb=mb, first_bucket_mb=1),
+        "ddp no overlap": torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=mb),
+        "dtcore no overlap": dtcore.wrap(copy.deepcopy(base), bucket_mb=mb, first_bucket_mb=1),
         "compute only": dtcore.wrap(copy.deepcopy(base)),  # backward inside no_sync, no communication
     }
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, m in models.items()}
@@ -110,11 +116,12 @@ def worker(args) -> None:
         dtcore.all_reduce(flat, op="avg")
 
     times: dict[str, list[float]] = {k: [] for k in models}
+    cpu: dict[str, list[float]] = {k: [] for k in models}
     for step in range(args.warmup + args.steps):
         x, y = data.batch(args.batch, torch.device("cpu"))
         for name, model in models.items():
             dtcore.barrier()
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             if name in ("ddp", "dtcore"):
                 model(x, y).backward()
             else:
@@ -129,8 +136,10 @@ def worker(args) -> None:
             elapsed = time.perf_counter() - start
             if step >= args.warmup:
                 times[name].append(elapsed)
+                cpu[name].append(time.process_time() - cpu_start)
     if ctx.rank == 0:
         result = {k: statistics.median(v) for k, v in times.items()}
+        result |= {f"{k} cpu": statistics.median(v) for k, v in cpu.items()}
         result["params"] = num_parameters(base)
         result["buckets"] = len(models["dtcore"].bucket_params)
         result["block_size"] = block_size
@@ -186,6 +195,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--bucket-mb", type=float, default=25.0, help="both sides' bucket cap (MB)")
     ap.add_argument("--world1", action="store_true")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -196,16 +206,18 @@ def main() -> None:
 
     flags = ["--preset", args.preset, "--steps", str(args.steps), "--warmup", str(args.warmup)]
     flags += ["--batch", str(args.batch), "--set-to-none" if args.set_to_none else "--no-set-to-none"]
+    flags += ["--bucket-mb", str(args.bucket_mb)]
     r = rank0_report(__file__, args.world, ["--worker", *flags])
     compute = r["compute only"]
     print(
         f"{args.world} ranks (Gloo, 1 thread each), preset {args.preset} ({r['params'] / 1e6:.1f}M parameters, "
-        f"float32), batch {args.batch}x{r['block_size']} per rank, {r['buckets']} dtcore bucket(s), "
+        f"float32), batch {args.batch}x{r['block_size']} per rank, {args.bucket_mb:g} MB buckets "
+        f"({r['buckets']} for dtcore), "
         f"zero_grad(set_to_none={args.set_to_none}), median of {args.steps} steps after {args.warmup} warm-up, "
         "alternating"
     )
-    print("| variant | step (ms) | ratio to DDP | communication hidden |")
-    print("| --- | --- | --- | --- |")
+    print("| variant | step (ms) | ratio to DDP | communication hidden | CPU (ms) | CPU - compute's (ms) |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for name in ("ddp", "dtcore", "ddp no overlap", "dtcore no overlap", "compute only"):
         ratio = r[name] / (r["ddp"] if "no overlap" not in name else r["ddp no overlap"])
         hidden = ""
@@ -213,7 +225,12 @@ def main() -> None:
             no_overlap = r[f"{name} no overlap"]
             if no_overlap > compute:
                 hidden = f"{100 * (no_overlap - r[name]) / (no_overlap - compute):.0f} %"
-        print(f"| {name} | {1000 * r[name]:.0f} | {ratio:.3f} | {hidden} |")
+        cpu, extra = 1000 * r[f"{name} cpu"], 1000 * (r[f"{name} cpu"] - r["compute only cpu"])
+        print(f"| {name} | {1000 * r[name]:.0f} | {ratio:.3f} | {hidden} | {cpu:.0f} | {extra:+.0f} |")
+    for name in ("ddp", "dtcore"):
+        bound = compute + r[f"{name} cpu"] - r["compute only cpu"]
+        share = bound / r["ddp"]
+        print(f"{name}: compute + its communication's CPU = {1000 * bound:.0f} ms ({share:.3f} of DDP's step)")
 
 
 if __name__ == "__main__":

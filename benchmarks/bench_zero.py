@@ -20,8 +20,9 @@ gradient_as_bucket_view=True, its most frugal setting.
 
 time: one job; every rank holds all variants (same initial weights) and runs them alternately,
 step by step (forward + backward + optimizer step, after a barrier); medians over --steps. Also
-the bytes rank 0 writes per step (/proc/self/io's wchar: Gloo's socket writes, plus the store's
-small heartbeats), measured, next to DDP's.
+the process's CPU time per step (all its threads: time.process_time) and the bytes rank 0 writes
+per step (/proc/self/io's wchar: Gloo's socket writes, plus the store's small heartbeats),
+measured, next to DDP's.
 """
 
 from __future__ import annotations
@@ -150,18 +151,21 @@ def time_worker(args) -> None:
     base = GPT(config)
     runs = {v: build(v, copy.deepcopy(base), foreach=None, bucket_mb=args.bucket_mb) for v in TIMED}
     times: dict[str, list[float]] = {v: [] for v in TIMED}
+    cpu: dict[str, list[float]] = {v: [] for v in TIMED}
     sent: dict[str, list[int]] = {v: [] for v in TIMED}
     for i in range(args.warmup + args.steps):
         x, y = data.batch(args.batch, torch.device("cpu"))
         for v, (model, opt) in runs.items():
             dtcore.barrier()
-            start, written = time.perf_counter(), _bytes_written()
+            start, cpu_start, written = time.perf_counter(), time.process_time(), _bytes_written()
             step(model, opt, x, y)
             if i >= args.warmup:
                 times[v].append(time.perf_counter() - start)
+                cpu[v].append(time.process_time() - cpu_start)
                 sent[v].append(_bytes_written() - written)
     if ctx.rank == 0:
         report = {v: statistics.median(t) for v, t in times.items()} | {"params": num_parameters(base)}
+        report |= {f"{v} cpu": statistics.median(t) for v, t in cpu.items()}
         print(json.dumps(report | {f"{v} sent": statistics.median(b) for v, b in sent.items()}))
     dtcore.shutdown()
 
@@ -223,12 +227,16 @@ def main() -> None:
         f"batch {args.batch}x{SHAPES[args.preset].block_size} per rank, median of {args.steps} steps, alternating, "
         f"buckets {args.bucket_mb:g} MiB"
     )
-    print("| variant | step (ms) | ratio to ZeroRedundancyOptimizer | sent per step, rank 0 (MiB) | ratio to DDP |")
-    print("| --- | --- | --- | --- | --- |")
+    print(
+        "| variant | step (ms) | ratio to ZeroRedundancyOptimizer | CPU (ms) | sent per step, rank 0 (MiB) | "
+        "ratio to DDP |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
     zro, ddp_sent = r["ddp + ZeroRedundancyOptimizer"], r["ddp sent"]
     for v in TIMED:
         mib = r[f"{v} sent"] / 2**20
-        print(f"| {v} | {1000 * r[v]:.0f} | {r[v] / zro:.3f} | {mib:.1f} | {r[f'{v} sent'] / ddp_sent:.3f} |")
+        cpu, to_ddp = 1000 * r[f"{v} cpu"], r[f"{v} sent"] / ddp_sent
+        print(f"| {v} | {1000 * r[v]:.0f} | {r[v] / zro:.3f} | {cpu:.0f} | {mib:.1f} | {to_ddp:.3f} |")
 
 
 if __name__ == "__main__":

@@ -26,10 +26,6 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 
 // How often a wait looks at the heartbeat's finding while Gloo works.
 constexpr auto kDivergencePoll = std::chrono::milliseconds(100);
-// Tags of a reduce-scatter's pairwise messages: See Note [Reduce-scatter on Gloo]. Far above what
-// scripts pass to torch.distributed.send on the same group; c10d's tags are non-negative ints.
-constexpr int kScatterTag = 1 << 30;
-constexpr uint64_t kScatterTags = 1 << 29;
 
 double seconds_since(Clock::time_point t) {
   return static_cast<double>(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count() / 100) /
@@ -44,28 +40,25 @@ at::Tensor borrowed(const at::Tensor& t) { return at::from_blob(t.data_ptr(), t.
 // Note [Reduce-scatter on Gloo]
 // torch's Gloo backend runs a reduce-scatter (_reduce_scatter_base, reduce_scatter) as an allreduce
 // of the whole input: every rank sends 2 (N-1)/N of the input's bytes where a reduce-scatter needs
-// (N-1)/N, so ZeRO-2 would send 1.5x what DDP's allreduce does per step. dtcore runs it as
-// pairwise exchanges instead: each rank sends rank j the j-th shard of its input and receives
-// from every peer that peer's shard of ours, all posted at once ((N-1)/N of the input each way,
-// as Gloo's all-to-all would move), and reduces them with its own shard into the output when the
-// work completes, in the thread that waits. The output is written only then, so the first peer's
-// shard is received straight into it (unless it shares memory with the input): the receive
-// buffer holds the other N - 2 shards, none at 2 ranks. An all-to-all would have needed one the
-// size of the whole input while the collective is in flight: for ZeRO-2, a second bucket.
-// Measured on loopback at 8M floats (benchmarks/bench_collectives.py): 20.8 ms against Gloo's 55.5
-// at 2 ranks and 34.4 against 121.0 at 4; an all-to-all and a sum took 46.0 and 71.0. Each
-// collective's messages carry a tag of its own (kScatterTag + its number, the same on every rank,
-// which issue collectives in one order), so two reduce-scatters in flight never take each other's.
-// Gloo's sends and receives have no future, so a wait cannot poll the heartbeat's finding while
-// they run: with the check before each call off (CollectiveCheck::kNever), a mismatch is reported
-// at the wait's timeout, as for the in-place all-gather, not at once.
+// (N-1)/N, so ZeRO-2 would send 1.5x what DDP's allreduce does per step. dtcore runs it as an
+// all-to-all instead (each rank sends rank j the j-th shard of its input: (N-1)/N of the input,
+// pairwise), and reduces the shards it received into the output when the work completes, in the
+// thread that waits. In general the all-to-all receives into a buffer of N shards (the input's
+// size; one sum over a (N, shard) view then reduces them, rounding a half-precision sum once).
+// At 2 ranks it sends only the peer's shard and receives the peer's shard of ours straight into
+// the output (split sizes 0 for itself), and the own shard is added to it there: no receive
+// buffer at all, for ZeRO-2 a bucket less at the peak (unless the output shares memory with the
+// input, which takes the general way). The output then holds the peer's shard until the work
+// completes, and is undefined after a failure, as any failed collective's output. Measured on
+// loopback at 8M floats (benchmarks/bench_collectives.py): 2 ranks 17.7 ms against Gloo's 57.9
+// (torch's all-to-all and a sum: 41.0); 4 ranks 67.2 against 109.5.
 
 // Note [Borrowed buffers on Gloo]
 // Gloo's work object keeps the tensors it was given until its worker thread lets go of it, which
 // may be after the collective has ended and the caller has dropped its own references: the
 // buffers are then freed late, on Gloo's thread (ZeRO-2 holds a finished bucket beside the next
 // one, and torch's profiler, which sees the frees of the rank's own threads only, counts it as
-// never freed). A reduce-scatter's buffers (its input and the peers' shards it receives) are
+// never freed). A reduce-scatter's buffers (its input and the all-to-all's receive buffer) are
 // transient, so Gloo gets borrowed views of them, which own nothing: the GlooWork owns them and
 // frees them with the caller's last reference (the receive buffer once reduced). A GlooWork
 // dropped before Gloo finished (an abandoned or failed wait) first waits for Gloo, with the
@@ -80,9 +73,8 @@ at::Tensor borrowed(const at::Tensor& t) { return at::from_blob(t.data_ptr(), t.
 // the N - 1 others), and Gloo's worker threads run the N broadcasts side by side. They are one
 // Work (GlooWorkGroup): finished when all are, failed when any is.
 
-// Several of Gloo's works as one, for a collective dtcore runs as many (see Notes [In-place
-// all-gather on Gloo] and [Reduce-scatter on Gloo]). It has no future: its end is reported by
-// wait() or isCompleted().
+// Several of Gloo's works as one, for a collective dtcore runs as many (see Note [In-place
+// all-gather on Gloo]). It has no future: its end is reported by wait() or isCompleted().
 class GlooWorkGroup final : public c10d::Work {
  public:
   explicit GlooWorkGroup(std::vector<c10::intrusive_ptr<c10d::Work>> parts) : parts_(std::move(parts)) {}
@@ -280,7 +272,7 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
   // A reduce-scatter's shards are reduced, and for Avg the sum divided, exactly once.
   void complete_locked() {
     if (done_) return;
-    if (scatter_.own.defined()) {
+    if (scatter_.into_output || scatter_.received.defined()) {
       reduce_scatter_locked();
       scatter_ = GlooScatter();  // the buffers go now, not with the work
     }
@@ -294,29 +286,23 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
   // The output becomes this rank's shard reduced with every peer's: See Note [Reduce-scatter on Gloo].
   void reduce_scatter_locked() {
     at::Tensor out = c_.output.view({c_.output.numel()});
-    // Into the output when it holds a peer's shard already, is the own shard itself (in place), or
-    // starts as a copy of it (world size 1); else (it overlaps the input elsewhere) into a copy,
-    // since `own` may lie under it.
-    at::Tensor acc = out;
-    if (!scatter_.into_output && out.data_ptr() != scatter_.own.data_ptr()) {
-      if (c_.output.is_alias_of(c_.input)) {
-        acc = scatter_.own.clone();
-      } else {
-        out.copy_(scatter_.own);
-      }
-    }
-    auto combine = [&](const at::Tensor& t) {
+    if (scatter_.into_output) {  // it holds the peer's shard: the own one joins it
       if (c_.op == ReduceOp::Max) {
-        at::maximum_out(acc, acc, t);
+        at::maximum_out(out, out, scatter_.own);
       } else if (c_.op == ReduceOp::Min) {
-        at::minimum_out(acc, acc, t);
+        at::minimum_out(out, out, scatter_.own);
       } else {
-        acc.add_(t);
+        out.add_(scatter_.own);
       }
-    };
-    if (scatter_.into_output) combine(scatter_.own);
-    for (int64_t j = 0; j < scatter_.received.size(0); ++j) combine(scatter_.received[j]);
-    if (!acc.is_same(out)) out.copy_(acc);
+      return;
+    }
+    if (c_.op == ReduceOp::Max) {  // one pass over the (N, shard) rows: a half sum is rounded once
+      at::amax_out(out, scatter_.received, {0});
+    } else if (c_.op == ReduceOp::Min) {
+      at::amin_out(out, scatter_.received, {0});
+    } else {
+      at::sum_out(out, scatter_.received, {0});
+    }
   }
 
   const Collective c_;  // holds the tensors until the collective is done
@@ -481,23 +467,23 @@ c10::intrusive_ptr<c10d::Work> GlooCommunicator::launch(const c10::intrusive_ptr
     case CollectiveKind::ReduceScatter: {  // See Note [Reduce-scatter on Gloo]
       const int64_t n = c.output.numel();
       at::Tensor in = c.input.view({c.input.numel()});  // (N * shard,)
-      scatter.own = in.narrow(0, rank() * n, n);
-      scatter.into_output = size() > 1 && !c.output.is_alias_of(c.input);
-      const int64_t apart = size() - 1 - (scatter.into_output ? 1 : 0);
-      scatter.received = at::empty({apart, n}, in.options());
-      const int tag = kScatterTag + static_cast<int>(c.seq % kScatterTags);
-      std::vector<c10::intrusive_ptr<c10d::Work>> parts;
-      for (int k = 1; k < size(); ++k) {
-        const int to = (rank() + k) % size();
-        const int from = (rank() - k + size()) % size();
+      c10d::AllToAllOptions opts;
+      opts.timeout = timeout();
+      if (size() == 2 && !c.output.is_alias_of(c.input)) {  // the peer's shard straight into the output
+        const int peer = 1 - rank();
+        scatter.own = in.narrow(0, rank() * n, n);
+        scatter.into_output = true;
+        // Elements to and from each rank: the peer's shard only. Two vectors: Gloo moves from both.
+        std::vector<int64_t> to(2, 0), from(2, 0);
+        to[peer] = from[peer] = n;
         // Borrowed: the GlooWork owns these buffers (See Note [Borrowed buffers on Gloo]).
-        std::vector<at::Tensor> sent{borrowed(in.narrow(0, to * n, n))};
-        parts.push_back(backend->send(sent, to, tag));
-        const int64_t row = k - 1 - (scatter.into_output ? 1 : 0);
-        std::vector<at::Tensor> got{borrowed(row < 0 ? c.output.view({n}) : scatter.received[row])};
-        parts.push_back(backend->recv(got, from, tag));
+        at::Tensor out = borrowed(c.output.view({n})), sent = borrowed(in.narrow(0, peer * n, n));
+        return backend->alltoall_base(out, sent, from, to, opts);
       }
-      return c10::make_intrusive<GlooWorkGroup>(std::move(parts));
+      scatter.received = at::empty({size(), n}, in.options());  // (N, shard): rank j's shard of ours
+      std::vector<int64_t> even;                                // empty split sizes: N equal shards
+      at::Tensor out = borrowed(scatter.received), sent = borrowed(in);
+      return backend->alltoall_base(out, sent, even, even, opts);
     }
     case CollectiveKind::AllGather: {
       at::Tensor out = c.output, in = c.input;

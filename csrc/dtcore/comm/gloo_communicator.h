@@ -36,12 +36,12 @@ namespace dtcore {
 
 class GlooWork;  // a collective on its way through the check to Gloo
 
-// What a reduce-scatter leaves to reduce once its exchanges are done: See Note [Reduce-scatter on
-// Gloo] in gloo_communicator.cpp.
+// What a reduce-scatter leaves to reduce once Gloo has moved the shards: See Note [Reduce-scatter
+// on Gloo] in gloo_communicator.cpp.
 struct GlooScatter {
-  at::Tensor own;            // (shard,): this rank's shard of its own input
-  at::Tensor received;       // (k, shard): the peers' shards of ours not received straight into the output
-  bool into_output = false;  // one peer's shard was received into the output itself
+  bool into_output = false;  // 2 ranks: the peer's shard was received into the output itself,
+  at::Tensor own;            // (shard,) and this rank's own shard of its input joins it there
+  at::Tensor received;       // else (N, shard): every rank's shard of ours, own included
 };
 
 class GlooCommunicator final : public Communicator {
@@ -67,8 +67,8 @@ class GlooCommunicator final : public Communicator {
   void submit_loop();
   // The ranks' signatures for `c` agree: "" when they do, else the message naming each call.
   std::string check_against_peers(const c10::intrusive_ptr<c10d::Backend>& backend, const Collective& c);
-  // Hands `c` to Gloo. A reduce-scatter runs as pairwise sends and receives, whose rest `scatter`
-  // says, reduced into the output when the work completes: See Note [Reduce-scatter on Gloo] in
+  // Hands `c` to Gloo. A reduce-scatter runs as an all-to-all of the shards, which `scatter` says
+  // how to reduce into the output when the work completes: See Note [Reduce-scatter on Gloo] in
   // gloo_communicator.cpp.
   c10::intrusive_ptr<c10d::Work> launch(const c10::intrusive_ptr<c10d::Backend>& backend, const Collective& c,
                                         GlooScatter& scatter);

@@ -77,7 +77,8 @@ ELEMENTWISE = (
 # all. That holds only where the step keeps nothing but per-tensor state, as torch's own step
 # functions do (ELEMENTWISE); a class with a step of its own (which might count its calls) is
 # stepped whole unless ShardedOptimizer(step_by_bucket=True) vouches for it. (torch wraps a
-# class's step when its first instance is built: the steps are compared unwrapped.) Measured on
+# class's step when its first instance is built: the steps are compared unwrapped.) The inner
+# optimizer's hooks, torch's global step hooks among them, run once per bucket. Measured on
 # 2 CPU cores with Gloo, it is level with stepping whole (docs/benchmarks.md): there the gathers
 # take turns with the arithmetic rather than run beside it, as they can on a GPU's NCCL stream.
 _STEPS_PER_TENSOR = frozenset(inspect.unwrap(cls.step) for cls in ELEMENTWISE)
@@ -267,9 +268,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def _check_groups(self) -> None:
         trainable = {id(p) for p in self._model.module.parameters() if p.requires_grad}
+        ignored = {id(p): n for n, p in self._model.module.named_parameters() if n in self._model.parameters_to_ignore}
         seen: set[int] = set()
         for group in self.param_groups:
             for p in group["params"]:
+                if id(p) in ignored:
+                    raise _C.ConfigError(
+                        f"ShardedOptimizer got parameter '{ignored[id(p)]}', which the wrapper ignores "
+                        "(_set_params_and_buffers_to_ignore_for_model): it is in no bucket, so no shard of it exists "
+                        "to step, and each rank's gradient of it is its own. Fix: leave it out of the ShardedOptimizer "
+                        "and step it with a torch optimizer of its own on every rank."
+                    )
                 if id(p) not in trainable:
                     raise _C.ConfigError(
                         f"ShardedOptimizer got a parameter of shape {tuple(p.shape)} that is not a trainable parameter "

@@ -108,3 +108,14 @@ def test_a_class_vouched_for_is_stepped_by_bucket(fresh_dtcore):
     CountingSGD.calls = 0
     _train(model, opt, 2, x)
     assert CountingSGD.calls == 2 * len(opt._buckets)
+
+
+def test_a_parameter_the_wrapper_ignores_is_refused_by_name(fresh_dtcore):
+    dtcore.init(timeout=30)
+    net = _net()
+    torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(net, ["2.weight"])
+    model = dtcore.wrap(net, zero=1)
+    with pytest.raises(dtcore.ConfigError, match=r"parameter '2.weight', which the wrapper ignores.*Fix:"):
+        dtcore.ShardedOptimizer(model, torch.optim.AdamW, lr=1e-2)
+    others = [p for n, p in net.named_parameters() if n != "2.weight"]
+    dtcore.ShardedOptimizer(model, torch.optim.AdamW, others, lr=1e-2)  # without it: accepted
