@@ -174,8 +174,8 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
     def _attach(self) -> None:
         """Builds this model's reducer on the current context (at wrap, or in a copy at first use)."""
         named = self._named_parameters()
+        options = _C.ReducerOptions(**self._options)  # checked before an earlier wrapper gives anything up
         stacking.take_over(self, [p for _, p in named])
-        options = _C.ReducerOptions(**self._options)
         self._live_reducer = _C.Reducer([p for _, p in named], [n for n, _ in named], self._comm, options)
         self._trainable = [p for _, p in named if p.requires_grad]  # the reducer's indices (bucket_layout)
         stacking.claim(self, [p for _, p in named])
