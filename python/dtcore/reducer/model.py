@@ -268,6 +268,14 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
         if (self.find_unused_parameters or self.static_graph) and tensors:
             self._reducer.find_unused(tensors)
 
+    def _set_ddp_sink_clone(self, val: bool) -> None:
+        """As torch DDP's: whether the autograd function torch puts around the outputs clones them, so that
+        changing them in place cannot disturb it. dtcore puts nothing there and returns the outputs as the
+        module made them: nothing to protect, so either value leaves them so."""
+        if not isinstance(val, bool):
+            raise _C.ConfigError(f"_set_ddp_sink_clone({val!r}): expected True or False. Fix: pass a bool.")
+        self._ddp_sink_clone = val
+
     def _set_static_graph(self) -> None:
         """As torch DDP's static_graph=True: the set of parameters used in each step does not change, so
         unused ones need not be declared (find_unused_parameters); dtcore finds them after each forward."""

@@ -50,6 +50,7 @@ _OWN = frozenset(
         "forward",
         "no_sync",
         "_set_static_graph",
+        "_set_ddp_sink_clone",
         "_remove_autograd_hooks",
         # logging_data.py
         "_get_ddp_logging_data",

@@ -48,6 +48,7 @@ def test_torch_ddp_members_work_or_refuse_clearly(fresh_dtcore):
         refused.append(name)
     assert {"_register_fused_optim", "gather"} <= set(refused)
     they_work = {"join", "join_hook", "register_comm_hook", "_register_buffer_comm_hook", "_set_static_graph"}
+    they_work |= {"_set_ddp_sink_clone"}
     assert not they_work & set(refused)
 
     real = TorchDDP(mlp())
@@ -73,6 +74,25 @@ def test_torch_ddp_members_work_or_refuse_clearly(fresh_dtcore):
     assert len(list(TorchDDP._get_data_parallel_params(model.module))) == 6
     with pytest.raises(dtcore.ConfigError, match="Fix: call it on the plain module before wrapping"):
         TorchDDP._set_params_and_buffers_to_ignore_for_model(model, ["module.0.bias"])
+
+
+def test_outputs_are_never_cloned_and_sink_clone_takes_a_bool(fresh_dtcore):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class NoClone(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func._overloadpacket == torch.ops.aten.clone:
+                raise RuntimeError("clone encountered")
+            return func(*args, **(kwargs or {}))
+
+    dtcore.init(timeout=30)
+    model = dtcore.wrap(mlp(), find_unused_parameters=True)
+    for val in (False, True):  # dtcore has no output sink: outputs are the module's either way
+        model._set_ddp_sink_clone(val)
+        with NoClone():
+            model(torch.randn(2, 3)).sum().backward()
+    with pytest.raises(dtcore.ConfigError, match=r"_set_ddp_sink_clone\('no'\): expected True or False"):
+        model._set_ddp_sink_clone("no")
 
 
 def test_accelerate_unwraps_and_saves_without_the_module_prefix(accelerator, tmp_path):
