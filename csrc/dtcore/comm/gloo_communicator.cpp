@@ -58,9 +58,9 @@ at::Tensor borrowed(const at::Tensor& t) { return at::from_blob(t.data_ptr(), t.
 // may be after the collective has ended and the caller has dropped its own references: the
 // buffers are then freed late, on Gloo's thread (ZeRO-2 holds a finished bucket beside the next
 // one, and torch's profiler, which sees the frees of the rank's own threads only, counts it as
-// never freed). A reduce-scatter's buffers (its input and the all-to-all's receive buffer) are
-// transient, so Gloo gets borrowed views of them, which own nothing: the GlooWork owns them and
-// frees them with the caller's last reference (the receive buffer once reduced). A GlooWork
+// never freed). A reduce-scatter's buffers (its input, the all-to-all's receive buffer and, at 2
+// ranks, its output) are handed to Gloo as borrowed views, which own nothing: the GlooWork owns
+// them and frees them with the caller's last reference (the receive buffer once reduced). A GlooWork
 // dropped before Gloo finished (an abandoned or failed wait) first waits for Gloo, with the
 // timeout; if Gloo still has not finished, the buffers are leaked rather than freed under it.
 

@@ -182,7 +182,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
         groups = list(model.parameters() if params is None else params)
         # A throwaway instance checks the arguments now and fills in the class's defaults.
         super().__init__(groups, optimizer_class([torch.zeros(0)], **defaults).defaults)
-        self._check_groups()
 
     # --- torch.optim.Optimizer -------------------------------------------------------------
 
@@ -193,6 +192,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 "Fix: pass every group when building the ShardedOptimizer."
             )
         super().add_param_group(param_group)
+        try:
+            self._check_groups()  # every group, the constructor's included, comes through here
+        except _C.ConfigError:
+            self.param_groups.pop()  # refused: the optimizer stays as it was
+            raise
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:

@@ -119,3 +119,17 @@ def test_a_parameter_the_wrapper_ignores_is_refused_by_name(fresh_dtcore):
         dtcore.ShardedOptimizer(model, torch.optim.AdamW, lr=1e-2)
     others = [p for n, p in net.named_parameters() if n != "2.weight"]
     dtcore.ShardedOptimizer(model, torch.optim.AdamW, others, lr=1e-2)  # without it: accepted
+
+
+def test_add_param_group_refuses_what_the_constructor_refuses_and_keeps_the_groups(fresh_dtcore):
+    dtcore.init(timeout=30)
+    net = _net()
+    torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(net, ["2.weight"])
+    model = dtcore.wrap(net, zero=1)
+    named = dict(net.named_parameters())
+    opt = dtcore.ShardedOptimizer(model, torch.optim.AdamW, [named["0.weight"]], lr=1e-2)
+    with pytest.raises(dtcore.ConfigError, match=r"parameter '2.weight', which the wrapper ignores"):
+        opt.add_param_group({"params": [named["2.weight"]]})
+    assert len(opt.param_groups) == 1
+    opt.add_param_group({"params": [named["0.bias"]], "lr": 1e-3})
+    assert [len(g["params"]) for g in opt.param_groups] == [1, 1]
