@@ -18,14 +18,9 @@ import time
 
 import torch
 
-from ranks import rank0_report
+from ranks import bytes_written, rank0_report
 
 VARIANTS = ("torch reduce_scatter_tensor", "all-to-all + sum", "dtcore reduce_scatter")
-
-
-def _bytes_written() -> int:
-    with open("/proc/self/io") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("wchar"))
 
 
 def worker(args) -> None:
@@ -57,11 +52,11 @@ def worker(args) -> None:
     for i in range(args.iters + 2):
         for v, call in calls.items():
             dtcore.barrier()
-            start, written = time.perf_counter(), _bytes_written()
+            start, written = time.perf_counter(), bytes_written()
             call()
             if i >= 2:
                 times[v].append(time.perf_counter() - start)
-                sent[v].append(_bytes_written() - written)
+                sent[v].append(bytes_written() - written)
             results[v] = out.clone()
     agree = all(torch.allclose(results[v], results[VARIANTS[0]], rtol=1e-5, atol=1e-4) for v in VARIANTS)
     if ctx.rank == 0:

@@ -37,7 +37,7 @@ import torch
 
 from dtcore.train.gpt import GPT, SHAPES, CharData, make_corpus, num_parameters
 
-from ranks import rank0_report
+from ranks import bytes_written, rank0_report
 
 VARIANTS = ("ddp", "ddp + ZeroRedundancyOptimizer", "dtcore zero=1", "dtcore zero=2")
 # time only: the optimizer stepped whole and then gathered, as before Note [Stepping bucket by bucket]
@@ -157,23 +157,17 @@ def time_worker(args) -> None:
         x, y = data.batch(args.batch, torch.device("cpu"))
         for v, (model, opt) in runs.items():
             dtcore.barrier()
-            start, cpu_start, written = time.perf_counter(), time.process_time(), _bytes_written()
+            start, cpu_start, written = time.perf_counter(), time.process_time(), bytes_written()
             step(model, opt, x, y)
             if i >= args.warmup:
                 times[v].append(time.perf_counter() - start)
                 cpu[v].append(time.process_time() - cpu_start)
-                sent[v].append(_bytes_written() - written)
+                sent[v].append(bytes_written() - written)
     if ctx.rank == 0:
         report = {v: statistics.median(t) for v, t in times.items()} | {"params": num_parameters(base)}
         report |= {f"{v} cpu": statistics.median(t) for v, t in cpu.items()}
         print(json.dumps(report | {f"{v} sent": statistics.median(b) for v, b in sent.items()}))
     dtcore.shutdown()
-
-
-def _bytes_written() -> int:
-    """Bytes this process has written through write()-family calls (Gloo's sockets): /proc/self/io's wchar."""
-    with open("/proc/self/io") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("wchar"))
 
 
 def launch(args, extra: list[str]) -> dict:

@@ -16,7 +16,14 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests" / "py"))
 from launch_helpers import free_port, torchrun_style, without_launcher_vars
 
-__all__ = ["clean_env", "free_port", "rank_env", "rank0_report"]
+__all__ = ["bytes_written", "clean_env", "free_port", "rank_env", "rank0_report"]
+
+
+def bytes_written() -> int:
+    """Bytes this process has written through write()-family calls (Gloo's sockets, plus the store's
+    small heartbeats): /proc/self/io's wchar."""
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("wchar"))
 
 
 def clean_env(**extra: str) -> dict[str, str]:

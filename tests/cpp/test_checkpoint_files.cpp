@@ -13,6 +13,7 @@
 #include "dtcore/checkpoint/atomic_file.h"
 #include "dtcore/checkpoint/safetensors.h"
 #include "dtcore/common/error.h"
+#include "dtcore/common/json.h"
 #include "dtcore/common/sha256.h"
 #include "expect_error.h"
 

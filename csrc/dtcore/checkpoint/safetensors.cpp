@@ -5,6 +5,7 @@
 
 #include "dtcore/common/dtype.h"
 #include "dtcore/common/error.h"
+#include "dtcore/common/json.h"
 
 namespace dtcore::checkpoint {
 
@@ -27,23 +28,6 @@ std::string safetensors_dtype(c10::ScalarType type) {
                    ": safetensors has no code for it. Fix: convert that tensor (e.g. complex to a real view with "
                    "torch.view_as_real) before saving.");
   }
-}
-
-std::string json_quote(const std::string& text) {
-  std::string out = "\"";
-  for (unsigned char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
-      out += escaped;
-    } else {
-      out += static_cast<char>(c);  // UTF-8 passes through
-    }
-  }
-  return out + "\"";
 }
 
 std::string safetensors_header(const std::vector<TensorEntry>& entries,

@@ -45,7 +45,4 @@ FileDigest write_safetensors(const std::string& path, const std::vector<TensorEn
 // format has no code for (complex, quantized), naming it.
 std::string safetensors_dtype(c10::ScalarType type);
 
-// `text` as a JSON string literal (quotes included).
-std::string json_quote(const std::string& text);
-
 }  // namespace dtcore::checkpoint

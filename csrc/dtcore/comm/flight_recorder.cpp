@@ -13,31 +13,12 @@
 #include <thread>
 
 #include "dtcore/common/error.h"
+#include "dtcore/common/json.h"
 #include "dtcore/common/knobs.h"
 #include "dtcore/common/log.h"
 
 namespace dtcore {
 namespace {
-
-// A JSON string literal: quotes, backslashes and control characters escaped. (Not named quoted():
-// a call with a std::string would find std::quoted by argument-dependent lookup, which escapes no
-// control characters, wherever <iomanip> is included.)
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (static_cast<unsigned char>(ch) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", ch);
-      out += buf;
-    } else {
-      out += ch;
-    }
-  }
-  return out + "\"";
-}
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -205,9 +186,9 @@ std::vector<std::string> FlightRecorder::json_lines(int rank, int world, const s
   for (const CollectiveRecord& r : snapshot()) {
     char signature[24];
     std::snprintf(signature, sizeof signature, "%016llx", static_cast<unsigned long long>(r.signature));
-    out.push_back(detail::cat("{\"rank\": ", rank, ", \"world\": ", world, ", \"host\": ", json_string(host),
-                              ", \"seq\": ", r.seq, ", \"op\": ", json_string(r.op),
-                              ", \"detail\": ", json_string(r.detail), ", \"label\": ", json_string(r.label),
+    out.push_back(detail::cat("{\"rank\": ", rank, ", \"world\": ", world, ", \"host\": ", json_quote(host),
+                              ", \"seq\": ", r.seq, ", \"op\": ", json_quote(r.op),
+                              ", \"detail\": ", json_quote(r.detail), ", \"label\": ", json_quote(r.label),
                               ", \"signature\": \"", signature, "\", \"started\": ", seconds(r.started),
                               ", \"finished\": ", seconds(r.finished), ", \"state\": \"", state_name(r.state), "\"}"));
   }
