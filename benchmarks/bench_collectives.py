@@ -1,12 +1,15 @@
-"""Reduce-scatter on Gloo: dtcore's (Note [Reduce-scatter on Gloo]) against torch's
-`reduce_scatter_tensor` (an allreduce of the whole input) and torch's all-to-all of the shards
-summed after it, all on the same Gloo job.
+"""dtcore's collectives on one host against torch's Gloo: torch.distributed on Gloo and dtcore side
+by side in one job, twice: dtcore through shared memory (Note [Collectives through shared memory]),
+then through Gloo (DTCORE_SHM=0; Note [Reduce-scatter on Gloo]).
 
-    python benchmarks/bench_collectives.py [--world 2] [--numel 8388608] [--iters 10]
+    python benchmarks/bench_collectives.py [--world 2] [--op all_reduce|reduce_scatter|all_gather]
+                                           [--numel 8388608] [--iters 10]
 
-One job; the three variants take turns, each call after a barrier; medians over --iters. Also
-what each allocates beside its output while in flight (the all-to-all: the whole input; dtcore:
-nothing at 2 ranks, else the whole input) and the bytes rank 0 writes per call (/proc/self/io's wchar).
+In each job the variants take turns, each call after a barrier; medians over --iters of the wall
+time and of the CPU time the process spent (all its threads: the caller's, Gloo's, the kernel's
+socket work), which on a busy host is what the collective takes from the training loop. torch's
+reduce-scatter on Gloo is an allreduce of the whole input; its all-to-all of the shards summed
+after it is shown too. The results are compared across variants.
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ import time
 
 import torch
 
-from ranks import bytes_written, rank0_report
+from ranks import rank0_report
 
-VARIANTS = ("torch reduce_scatter_tensor", "all-to-all + sum", "dtcore reduce_scatter")
+OPS = ("all_reduce", "reduce_scatter", "all_gather")
 
 
 def worker(args) -> None:
@@ -31,62 +34,97 @@ def worker(args) -> None:
     ctx = dtcore.init(timeout=600)
     n = ctx.world_size
     numel = args.numel // n * n
+    comm = ctx.communicator
     x = torch.randn(numel) * (ctx.rank + 1)
-    out = torch.empty(numel // n)
+    if args.op == "all_reduce":
+        buf = x.clone()
 
-    def torch_rs() -> None:
-        dist.reduce_scatter_tensor(out, x)
+        def prepare() -> None:
+            buf.copy_(x)
 
-    def all_to_all() -> None:
-        received = torch.empty_like(x)
-        dist.all_to_all_single(received, x)
-        torch.sum(received.view(n, -1), 0, out=out)
+        calls = {
+            "torch Gloo all_reduce": lambda: dist.all_reduce(buf),
+            "dtcore": lambda: comm.all_reduce(buf, "sum").wait(),
+        }
+        result = lambda: buf  # noqa: E731
+    elif args.op == "reduce_scatter":
+        out = torch.empty(numel // n)
 
-    def dtcore_rs() -> None:
-        ctx.communicator.reduce_scatter(out, x, "sum").wait()
+        def prepare() -> None:
+            pass
 
-    calls = dict(zip(VARIANTS, (torch_rs, all_to_all, dtcore_rs), strict=True))
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    sent: dict[str, list[int]] = {v: [] for v in VARIANTS}
+        def all_to_all() -> None:
+            received = torch.empty_like(x)
+            dist.all_to_all_single(received, x)
+            torch.sum(received.view(n, -1), 0, out=out)
+
+        calls = {
+            "torch Gloo reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(out, x),
+            "torch all-to-all + sum": all_to_all,
+            "dtcore": lambda: comm.reduce_scatter(out, x, "sum").wait(),
+        }
+        result = lambda: out  # noqa: E731
+    else:
+        part = x[: numel // n]
+        out = torch.empty(numel)
+
+        def prepare() -> None:
+            pass
+
+        calls = {
+            "torch Gloo all_gather_into_tensor": lambda: dist.all_gather_into_tensor(out, part),
+            "dtcore": lambda: comm.all_gather(out, part).wait(),
+        }
+        result = lambda: out  # noqa: E731
+    wall: dict[str, list[float]] = {v: [] for v in calls}
+    cpu: dict[str, list[float]] = {v: [] for v in calls}
     results: dict[str, torch.Tensor] = {}
     for i in range(args.iters + 2):
         for v, call in calls.items():
+            prepare()
             dtcore.barrier()
-            start, written = time.perf_counter(), bytes_written()
+            start, cpu_start = time.perf_counter(), time.process_time()
             call()
             if i >= 2:
-                times[v].append(time.perf_counter() - start)
-                sent[v].append(bytes_written() - written)
-            results[v] = out.clone()
-    agree = all(torch.allclose(results[v], results[VARIANTS[0]], rtol=1e-5, atol=1e-4) for v in VARIANTS)
+                wall[v].append(time.perf_counter() - start)
+                cpu[v].append(time.process_time() - cpu_start)
+            results[v] = result().clone()
+    first = next(iter(results.values()))
+    agree = all(torch.allclose(r, first, rtol=1e-5, atol=1e-4) for r in results.values())
     if ctx.rank == 0:
-        report = {v: statistics.median(t) for v, t in times.items()}
-        print(json.dumps(report | {f"{v} sent": statistics.median(b) for v, b in sent.items()} | {"agree": agree}))
+        report = {"variants": list(calls), "agree": agree, "shared_memory": comm.shared_memory}
+        report |= {f"{v} wall": statistics.median(t) for v, t in wall.items()}
+        report |= {f"{v} cpu": statistics.median(t) for v, t in cpu.items()}
+        print(json.dumps(report))
     dtcore.shutdown()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--numel", type=int, default=8 << 20, help="elements of each rank's input (float32)")
+    ap.add_argument("--op", choices=OPS, default="all_reduce")
+    ap.add_argument("--numel", type=int, default=8 << 20, help="elements of each rank's buffer (float32)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return worker(args)
     n = args.world
-    r = rank0_report(__file__, n, ["--worker", "--numel", str(args.numel), "--iters", str(args.iters)])
-    shard_mib = args.numel // n * 4 / 2**20
-    extra = {VARIANTS[0]: "", VARIANTS[1]: f"{n * shard_mib:.1f}", VARIANTS[2]: f"{(n != 2) * n * shard_mib:.1f}"}
+    flags = ["--worker", "--op", args.op, "--numel", str(args.numel), "--iters", str(args.iters)]
+    jobs = {"shared memory": rank0_report(__file__, n, flags), "Gloo": rank0_report(__file__, n, flags, DTCORE_SHM="0")}
+    assert jobs["shared memory"]["shared_memory"] and not jobs["Gloo"]["shared_memory"], jobs
     print(
-        f"{n} ranks (Gloo, 1 thread each), reduce-scatter (sum) of {args.numel} float32 per rank, median of "
-        f"{args.iters} calls, alternating; results agree: {r['agree']}"
+        f"{n} ranks (1 thread each), {args.op} (sum) of {args.numel} float32 per rank, median of {args.iters} calls, "
+        f"alternating; results agree: {all(r['agree'] for r in jobs.values())}"
     )
-    print("| variant | time (ms) | ratio to torch | receive buffer (MiB) | sent per call, rank 0 (MiB) |")
-    print("| --- | --- | --- | --- | --- |")
-    base = r[VARIANTS[0]]
-    for v in VARIANTS:
-        print(f"| {v} | {1000 * r[v]:.1f} | {r[v] / base:.3f} | {extra[v]} | {r[f'{v} sent'] / 2**20:.1f} |")
+    print("| job: dtcore through | variant | wall (ms) | ratio | CPU, rank 0 (ms) | ratio |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for job, r in jobs.items():
+        variants = r["variants"]
+        base_wall, base_cpu = r[f"{variants[0]} wall"], r[f"{variants[0]} cpu"]
+        for v in variants:
+            w, c = r[f"{v} wall"], r[f"{v} cpu"]
+            print(f"| {job} | {v} | {1000 * w:.1f} | {w / base_wall:.3f} | {1000 * c:.1f} | {c / base_cpu:.3f} |")
 
 
 if __name__ == "__main__":

@@ -39,15 +39,17 @@ def rank_env(rank: int, world: int, port: int, **extra: str) -> dict[str, str]:
     return clean_env(**torchrun_style(rank, world, port), **extra)
 
 
-def rank0_report(script: str, world: int, args: list[str], timeout: float = 3600.0) -> dict:
-    """Runs `python script *args` as `world` ranks on loopback; rank 0's last JSON line.
+def rank0_report(script: str, world: int, args: list[str], timeout: float = 3600.0, **extra: str) -> dict:
+    """Runs `python script *args` as `world` ranks on loopback (with the variables `extra` beside
+    the launcher's); rank 0's last JSON line.
 
     SystemExit naming the exit codes when a rank fails; every rank is killed after `timeout` s.
     """
     port = free_port()
     cmd = [sys.executable, script, *args]
     procs = [
-        subprocess.Popen(cmd, env=rank_env(r, world, port), stdout=subprocess.PIPE, text=True) for r in range(world)
+        subprocess.Popen(cmd, env=rank_env(r, world, port, **extra), stdout=subprocess.PIPE, text=True)
+        for r in range(world)
     ]
     try:
         outs = [p.communicate(timeout=timeout)[0] for p in procs]

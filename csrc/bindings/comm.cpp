@@ -52,6 +52,13 @@ void bind_comm(py::module_& m) {
             return engine ? py::cast(engine) : py::none();
           },
           "The torch.distributed.ProcessGroupGloo a Gloo communicator drives; None with NCCL or once closed")
+      .def_property_readonly(
+          "shared_memory",
+          [](Communicator& c) {
+            auto* gloo = dynamic_cast<GlooCommunicator*>(&c);
+            return gloo != nullptr && gloo->shared_memory();
+          },
+          "Whether a Gloo communicator's ranks exchange through shared memory (DTCORE_SHM)")
       .def(
           "all_reduce",
           [](Communicator& c, const at::Tensor& t, const std::string& op) {
@@ -95,6 +102,7 @@ void bind_comm(py::module_& m) {
          std::vector<int> ranks) -> std::shared_ptr<Communicator> {
         auto options = CommunicatorOptions::from(settings);
         options.ranks = std::move(ranks);
+        py::gil_scoped_release release;  // the ranks agree on shared memory through Gloo
         return std::make_shared<GlooCommunicator>(backend, options);
       },
       py::arg("backend"), py::arg("settings"), py::arg("ranks") = std::vector<int>{});

@@ -34,6 +34,7 @@ class Settings:
     heartbeat_interval_s: float
     check_collectives: str
     flight_records: int
+    shared_memory: str
     sources: dict[str, str]
     def console_level(self, rank: int) -> str: ...
 
@@ -134,6 +135,7 @@ class Communicator:
     ranks: list[int]  # the members' job ranks, by rank in this communicator
     timeout_s: float
     engine: Any  # the torch.distributed.ProcessGroupGloo a Gloo communicator drives; None with NCCL or once closed
+    shared_memory: bool  # a Gloo communicator's ranks exchange through shared memory (DTCORE_SHM)
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> Work: ...
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, op: str = "sum") -> Work: ...
     def all_gather(self, output: torch.Tensor, input: torch.Tensor) -> Work: ...

@@ -98,6 +98,8 @@ CommunicatorOptions CommunicatorOptions::from(const Settings& settings) {
   const std::string& check = settings.check_collectives.value;
   o.check = check == "1" ? CollectiveCheck::kAlways : check == "0" ? CollectiveCheck::kNever : CollectiveCheck::kAuto;
   o.flight_records = static_cast<size_t>(settings.flight_records.value);
+  const std::string& shm = settings.shared_memory.value;
+  o.shared_memory = shm == "1" ? SharedMemory::kRequired : shm == "0" ? SharedMemory::kOff : SharedMemory::kAuto;
   return o;
 }
 

@@ -185,16 +185,26 @@ enum class CollectiveCheck {
             // heartbeat about one interval later
 };
 
+// Whether a Gloo communicator's ranks exchange through shared memory (DTCORE_SHM; See
+// shm_exchange.h). NCCL has its own ways within a host.
+enum class SharedMemory {
+  kAuto,      // when every rank maps the segment; Gloo otherwise, with a line in the log saying why
+  kRequired,  // every rank must map it: ConfigError naming the ranks that could not, and why
+  kOff,       // never: Gloo only
+};
+
 struct CommunicatorOptions {
   std::chrono::milliseconds timeout{300'000};  // every collective's, and Work::wait()'s default
   CollectiveCheck check = CollectiveCheck::kAuto;
-  size_t flight_records = 2000;  // collectives the flight recorder keeps
+  size_t flight_records = 2000;                      // collectives the flight recorder keeps
+  SharedMemory shared_memory = SharedMemory::kAuto;  // Gloo only
   // A subgroup's communicator: the job rank of each member, by its rank in the communicator (the
   // group's rank list). Empty for the job's own communicator, whose rank r is job rank r. See
   // Note [Subgroup communicators].
   std::vector<int> ranks;
 
-  // The options `settings` ask for (timeout, DTCORE_CHECK_COLLECTIVES, DTCORE_FLIGHT_RECORDER).
+  // The options `settings` ask for (timeout, DTCORE_CHECK_COLLECTIVES, DTCORE_FLIGHT_RECORDER,
+  // DTCORE_SHM).
   static CommunicatorOptions from(const Settings& settings);
   // The defaults with this timeout.
   static CommunicatorOptions with_timeout(std::chrono::milliseconds timeout) {

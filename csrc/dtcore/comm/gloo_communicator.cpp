@@ -108,6 +108,28 @@ class GlooWorkGroup final : public c10d::Work {
   std::vector<c10::intrusive_ptr<c10d::Work>> parts_;
 };
 
+// A collective the submitter runs through shared memory, as Gloo's work: GlooWork waits on it as
+// on Gloo's. Its failure is a std::runtime_error (a peer timed out or exited: GlooWork adds the
+// diagnosis) or a CommError (a mismatch or an interruption: the whole message, as is).
+class SharedWork final : public c10d::Work {
+ public:
+  SharedWork() : future_(c10::make_intrusive<c10::ivalue::Future>(c10::NoneType::get())) {}
+
+  // Ended: `error` null for success. Waits return first, then the future's callbacks run.
+  void end(std::exception_ptr error) {
+    finish(error);
+    if (error) {
+      future_->setError(error);
+    } else {
+      future_->markCompleted(c10::IValue());
+    }
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
 // One collective: queued until the submitter has checked it against the other ranks and handed
 // it to Gloo (or failed it), then Gloo's work.
 class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork> {
@@ -142,8 +164,9 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
   const Collective& collective() const { return c_; }
 
   // The submitter handed it to Gloo; `scatter` is what a reduce-scatter reduces into the output
-  // on completion (See Note [Reduce-scatter on Gloo]).
-  void submitted(c10::intrusive_ptr<c10d::Work> work, GlooScatter scatter = {}) {
+  // on completion (See Note [Reduce-scatter on Gloo]). `averaged`: the engine divided an Avg
+  // already (shared memory does).
+  void submitted(c10::intrusive_ptr<c10d::Work> work, GlooScatter scatter = {}, bool averaged = false) {
     // Some of Gloo's works (e.g. _reduce_scatter_base) have no future: their end is reported by
     // wait() or is_completed().
     c10::intrusive_ptr<c10::ivalue::Future> future;
@@ -155,6 +178,7 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
       std::lock_guard<std::mutex> lock(mu_);
       work_ = work;
       scatter_ = std::move(scatter);
+      averaged_ = averaged;
       has_future_ = future.defined();
     }
     cv_.notify_all();
@@ -227,6 +251,10 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
                                std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
     try {
       work->wait(left);
+    } catch (const CommError&) {  // shared memory's final word: a mismatch or an interruption
+      lock.unlock();
+      report_finished(false);
+      throw;
     } catch (const std::exception& e) {
       std::string msg = error_text(e);
       bool timed_out = msg.find("timed out") != std::string::npos || msg.find("Timed out") != std::string::npos;
@@ -276,7 +304,7 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
       reduce_scatter_locked();
       scatter_ = GlooScatter();  // the buffers go now, not with the work
     }
-    if (c_.op == ReduceOp::Avg && size_ > 1) {
+    if (c_.op == ReduceOp::Avg && size_ > 1 && !averaged_) {
       (c_.kind == CollectiveKind::ReduceScatter ? c_.output : c_.input).div_(size_);
     }
     done_ = true;
@@ -319,6 +347,7 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
   GlooScatter scatter_;                  // a reduce-scatter's shards, until reduced
   std::string failure_;                  // set when it never will be
   bool has_future_ = false;              // Gloo's work has a future, whose callback sets gloo_done_
+  bool averaged_ = false;                // the engine divided an Avg itself
   bool done_ = false;
   // Gloo finished it (ok or not): set by the future's callback, which must not take mu_ (a wait
   // holds mu_ while Gloo completes the future).
@@ -329,6 +358,7 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
 
 GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Backend> backend, const Options& options)
     : Communicator(backend->getRank(), backend->getSize(), options), backend_(std::move(backend)) {
+  shm_ = ShmExchange::connect(backend_, options.shared_memory, timeout(), options.ranks);
   submitter_ = std::thread([this] { submit_loop(); });
 }
 
@@ -356,6 +386,7 @@ void GlooCommunicator::close() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
+    closing_ = true;
     orphans.swap(queue_);
   }
   cv_.notify_all();
@@ -367,6 +398,7 @@ void GlooCommunicator::close() {
   }
   std::lock_guard<std::mutex> lock(mu_);
   backend_.reset();  // the last reference: Gloo's threads and connections go with it
+  shm_.reset();      // the submitter has stopped: nothing uses it
 }
 
 void GlooCommunicator::submit_loop() {
@@ -387,6 +419,10 @@ void GlooCommunicator::submit_loop() {
     if (!failure.empty()) {
       work->failed(
           detail::cat(c.what, " was not started on rank ", job_rank(), ": an earlier collective failed. ", failure));
+      continue;
+    }
+    if (shm_ && ShmExchange::supports(c)) {
+      run_shared(work);
       continue;
     }
     std::string mismatch;
@@ -433,6 +469,42 @@ void GlooCommunicator::submit_loop() {
       work->failed(why);
     }
   }
+}
+
+void GlooCommunicator::run_shared(const std::shared_ptr<GlooWork>& work) {
+  const Collective& c = work->collective();
+  auto shared = c10::make_intrusive<SharedWork>();
+  work->submitted(shared, {}, /*averaged=*/true);  // waits see it running, and poll the heartbeat's finding
+  const auto began = std::chrono::steady_clock::now();
+  auto interrupt = [&, divergence = divergence_probe()]() -> std::string {
+    if (closing_) {
+      return detail::cat(c.what, " was interrupted on rank ", job_rank(),
+                         ": the communicator was closed (dtcore.shutdown()) while it ran. Fix: wait on every "
+                         "collective before dtcore.shutdown().");
+    }
+    std::string diverged = divergence();
+    if (diverged.empty()) return diverged;
+    return detail::cat(c.what, " failed on rank ", job_rank(), " after ", seconds_since(began), " s: ", diverged);
+  };
+  std::string failure;  // what every later collective fails with
+  try {
+    shm_->run(c, check() != CollectiveCheck::kNever, interrupt);
+    shared->end(nullptr);
+    return;
+  } catch (const ShmMismatch&) {
+    failure = mismatch_message(c);
+    log::error(failure);
+    shared->end(std::make_exception_ptr(CommError(failure)));
+  } catch (const CommError& e) {
+    failure = e.what();
+    shared->end(std::current_exception());
+  } catch (const std::exception& e) {
+    failure = detail::cat(c.what, " failed on rank ", job_rank(), " in shared memory: ", error_text(e));
+    work->failing();  // first: the peers' diagnoses then see this rank failed, not died
+    shared->end(std::current_exception());
+  }
+  std::lock_guard<std::mutex> lock(mu_);  // the segment's state is unknown: nothing more runs
+  if (failure_.empty()) failure_ = failure;
 }
 
 std::string GlooCommunicator::check_against_peers(const c10::intrusive_ptr<c10d::Backend>& backend,

@@ -17,10 +17,16 @@
 // Under kNever the heartbeat's comparison still finds a mismatch, after it ran: a wait polls the
 // health monitor's finding while Gloo works, and fails with it.
 //
+// Ranks on one host exchange through shared memory instead (ShmExchange, DTCORE_SHM): the submitter
+// runs each collective there itself, in issue order, with the ranks' signatures compared in the
+// segment at no cost (no check allreduce through Gloo). Reductions of dtypes the host kernels do
+// not reduce (bool, complex) still go through Gloo, checked as above.
+//
 // Ownership: holds a reference to the backend and owns the submitter thread; a Work holds only
 // its own state and may outlive the communicator. Thread safety: see communicator.h.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -31,6 +37,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "dtcore/comm/communicator.h"
+#include "dtcore/comm/shm_exchange.h"
 
 namespace dtcore {
 
@@ -58,6 +65,8 @@ class GlooCommunicator final : public Communicator {
   // The c10d process group this communicator drives (its options, such as Gloo's thread count,
   // are reported in torch DDP's logging data); null once closed.
   c10::intrusive_ptr<c10d::Backend> engine();
+  // Whether the ranks exchange through shared memory (See shm_exchange.h); set at construction.
+  bool shared_memory() const { return shm_ != nullptr; }
 
  protected:
   std::shared_ptr<Work> start(const Collective& c) override;
@@ -72,6 +81,11 @@ class GlooCommunicator final : public Communicator {
   // gloo_communicator.cpp.
   c10::intrusive_ptr<c10d::Work> launch(const c10::intrusive_ptr<c10d::Backend>& backend, const Collective& c,
                                         GlooScatter& scatter);
+  // Runs `c` through shared memory, in this (the submitter's) thread, and completes `work`.
+  void run_shared(const std::shared_ptr<GlooWork>& work);
+
+  std::unique_ptr<ShmExchange> shm_;  // null: everything through Gloo; used by the submitter only
+  std::atomic<bool> closing_{false};  // close() began: a collective in shared memory stops waiting
 
   std::mutex mu_;  // guards everything below
   std::condition_variable cv_;

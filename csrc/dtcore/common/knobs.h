@@ -41,6 +41,7 @@ inline constexpr Knob kRdzvLogInterval{"DTCORE_RDZV_LOG_INTERVAL", "5", "Seconds
 inline constexpr Knob kHeartbeatInterval{"DTCORE_HEARTBEAT_INTERVAL", "1", "Seconds between health heartbeats; a failed collective names ranks silent for two intervals."};
 inline constexpr Knob kCheckCollectives{"DTCORE_CHECK_COLLECTIVES", "auto", "Check that ranks call the same collectives before each call: auto (on Gloo, where a mismatch kills a rank or sums wrongly), 1 (everywhere: refused on NCCL, which has no check before each call) or 0 (never). Whatever it says, the heartbeat compares the ranks' collectives about every second, on every backend, and fails the job at the next collective after a mismatch."};
 inline constexpr Knob kFlightRecorder{"DTCORE_FLIGHT_RECORDER", "2000", "Collectives each rank's flight recorder keeps for the post-mortem (written to flight-rank<r>.jsonl beside the log, or under the temporary directory, on a failure or SIGUSR2); 0 keeps none."};
+inline constexpr Knob kShm{"DTCORE_SHM", "auto", "Gloo's collectives between ranks on one host through shared memory: auto (when every rank maps rank 0's segment in /dev/shm, else through Gloo, saying why in the log), 1 (required: init fails naming the ranks that could not) or 0 (never)."};
 inline constexpr Knob kJobSecret{"DTCORE_JOB_SECRET", "", "Secret every rank proves to the rendezvous store; the same value on every node (needed for a multi-node job to be authenticated). Never logged."};
 inline constexpr Knob kJobSecretFile{"DTCORE_JOB_SECRET_FILE", "", "File (mode 0600) holding the job secret, e.g. on a shared filesystem; rank 0 writes a random one there when it is missing."};
 inline constexpr Knob kLogLevel{"DTCORE_LOG_LEVEL", "info", "Console level: debug, info, warn or error."};
@@ -64,6 +65,7 @@ inline constexpr auto kAll = std::to_array<const Knob*>({
     &kHeartbeatInterval,
     &kCheckCollectives,
     &kFlightRecorder,
+    &kShm,
     &kJobSecret,
     &kJobSecretFile,
     &kLogLevel,

@@ -231,6 +231,10 @@ Settings read_settings(const Env& env, const Arguments& args, std::vector<Proble
                                              return parse_choice(t, shown, {"auto", "1", "0"}, "auto, 1 or 0");
                                            });
   s.flight_records = r.get<int64_t>("flight_records", knobs::kFlightRecorder, parse_count);
+  s.shared_memory =
+      r.get<std::string>("shared_memory", knobs::kShm, [](const std::string& t, const std::string& shown) {
+        return parse_choice(t, shown, {"auto", "1", "0"}, "auto, 1 or 0");
+      });
   r.finish();
   return s;
 }

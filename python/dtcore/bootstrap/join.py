@@ -193,7 +193,7 @@ def _join(r: _Request) -> Context:
         time.perf_counter() - started,
         ctx.world_size,
         ctx.num_nodes,
-        backend,
+        f"{backend} (through shared memory)" if comm.shared_memory else backend,
         ctx.launcher,
         ctx.master_addr,
         ctx.master_port,

@@ -36,6 +36,7 @@ def _check_allreduce(results, world, launcher):
         assert j["bad"] == [], describe(results)
         assert (j["world_size"], j["launcher"]) == (world, launcher)
         assert j["local_rank"] == j["rank"]
+        assert j["shared_memory"] == (world > 1)  # one host: the ranks exchange through /dev/shm
     # seed + rank: every rank draws differently, reproducibly
     assert len({j["seed_draw"] for j in reports}) == world
 

@@ -1,5 +1,5 @@
 """One rank: init, all-reduce float32 / bfloat16 / int64 with every op, the other collectives and the
-main-process helpers, check, report JSON."""
+main-process helpers, collectives of several chunks through shared memory, check, report JSON."""
 
 import json
 import sys
@@ -66,6 +66,51 @@ def reduce_scatter_paths(ctx) -> list[str]:
         comm.reduce_scatter(out, x, "sum").wait()
         if not torch.equal(out, expected["sum"]):
             bad.append(f"reduce_scatter into {name} of its input: {out[:4].tolist()}")
+    return bad
+
+
+def chunked_paths(ctx) -> list[str]:
+    """Buffers of several chunks of the shared-memory exchange (a slot holds 1 MiB: Note [Collectives
+    through shared memory]), of sizes that split unevenly over the ranks, against the sum computed here
+    from every rank's input. Every rank holds the same bits; at 2 ranks they are the exact sum."""
+    n, r = ctx.world_size, ctx.rank
+    comm = ctx.communicator
+    inputs = [torch.randn(300_001, generator=torch.Generator().manual_seed(100 + q)) for q in range(n)]
+    total = torch.stack(inputs).sum(0)
+    close = torch.equal if n <= 2 else lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+    bad = []
+    x = inputs[r].clone()
+    comm.all_reduce(x, "sum").wait()
+    if not close(x, total):
+        bad.append(f"chunked all_reduce sum: max error {(x - total).abs().max().item()}")
+    if not torch.equal(dtcore.all_gather(x), x.expand(n, -1)):
+        bad.append("chunked all_reduce: the ranks hold different bits")
+    x = inputs[r].clone()
+    comm.all_reduce(x, "max").wait()
+    if not torch.equal(x, torch.stack(inputs).amax(0)):
+        bad.append("chunked all_reduce max")
+    # bfloat16: summed in float32 and rounded once, within one rounding of the exact sum
+    h = inputs[r].bfloat16()
+    comm.all_reduce(h, "avg").wait()
+    exact = torch.stack([t.bfloat16().float() for t in inputs]).mean(0)
+    if not torch.allclose(h.float(), exact, rtol=2**-7, atol=1e-6):
+        bad.append(f"chunked bfloat16 avg: max error {(h.float() - exact).abs().max().item()}")
+    k = 200_003  # per shard: two chunks of a slot split n ways
+    big = [torch.randn(n * k, generator=torch.Generator().manual_seed(200 + q)) for q in range(n)]
+    out = torch.empty(k)
+    comm.reduce_scatter(out, big[r], "sum").wait()
+    if not close(out, torch.stack(big).sum(0).narrow(0, r * k, k)):
+        bad.append("chunked reduce_scatter")
+    gathered = torch.empty(n * k)
+    comm.all_gather(gathered, big[r].narrow(0, 0, k)).wait()
+    if not torch.equal(gathered, torch.cat([b.narrow(0, 0, k) for b in big])):
+        bad.append("chunked all_gather")
+    b = inputs[r].clone()
+    comm.broadcast(b, n - 1).wait()
+    if not torch.equal(b, inputs[n - 1]):
+        bad.append("chunked broadcast")
+    empty = torch.empty(0)
+    comm.all_reduce(empty, "sum").wait()  # no data, still a step every rank takes
     return bad
 
 
@@ -154,6 +199,7 @@ def main() -> None:
     if d.item() != n * (n - 1) / 2:
         bad.append("dist.all_reduce")
     bad += gathers(ctx)
+    bad += chunked_paths(ctx)
     dtcore.barrier()
 
     report = {
@@ -165,6 +211,7 @@ def main() -> None:
         "local_rank": ctx.local_rank,
         "log_file": ctx.log_file,
         "seed_draw": draw,
+        "shared_memory": ctx.communicator.shared_memory,
     }
     sys.stdout.write(json.dumps(report) + "\n")  # one write: atomic on a pipe shared by ranks
     sys.stdout.flush()

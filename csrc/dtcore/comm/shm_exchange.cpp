@@ -1,0 +1,489 @@
+#include "dtcore/comm/shm_exchange.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "dtcore/comm/host_reduce.h"
+#include "dtcore/common/c10_error.h"
+#include "dtcore/common/error.h"
+#include "dtcore/common/log.h"
+
+namespace dtcore {
+
+// Note [Collectives through shared memory]
+// The segment holds, after a control page (one cache line per rank: a chunk counter, the number
+// of its waiters, the collective it is in), two buffers; each has one slot per rank (a header
+// line and kSlotBytes of data) and a result area of kSlotBytes. A collective runs as chunks of at
+// most kSlotBytes per slot; chunk t (numbered across collectives, alike on every rank) uses
+// buffer t % 2, and each rank's counter goes 2t+1 when it has written its slot and 2t+2 when it
+// has reduced its part:
+//   1. wait until every counter >= 2t-1 (every rank has finished reading buffer t % 2 for chunk
+//      t-2, since it has begun chunk t-1)
+//   2. write the header (the collective's signature and number) and the data others need into
+//      this rank's slot; counter := 2t+1; wait until every counter >= 2t+1; compare the headers
+//      on the collective's first chunk
+//   3. reduce this rank's part from its own tensor and the others' slots
+//   4. all_gather and broadcast read the others' slots now; counter := 2t+2
+//   5. all_reduce waits until every counter >= 2t+2 and copies the reduced chunk out
+// All-reduce: rank p reduces part p of each chunk (1/N of it) into the result area, so that
+// every part is reduced once, by one rank, and all ranks get the same bits. A rank copies in
+// only the parts the others reduce. Reduce-scatter: each rank copies in the shards of the others
+// and reduces its own shard straight into its output (no copy out). Per rank and byte of an
+// all-reduce at 2 ranks: half a byte copied in, one byte read to reduce, half written, one byte
+// copied out; Gloo over loopback copies each byte through two socket buffers, in the kernel.
+// Waiting: a rank spins briefly on a counter, then sleeps on it (futex) in slices of 100 ms,
+// after each of which it checks the interrupt, the peer's lock (a rank that exited releases it:
+// an open-file-description lock on byte r of the segment, held by rank r) and the timeout. A
+// rank wakes sleepers only when there are some, so the data path makes no system call.
+
+namespace {
+
+constexpr int64_t kSlotBytes = int64_t{1} << 20;  // per rank and buffer, the most a chunk moves
+constexpr int64_t kPage = 4096;
+constexpr int64_t kLine = 64;
+constexpr uint64_t kMagic = 0x31304d4853544400ULL;  // "\0DTSHM01"
+constexpr auto kSlice = std::chrono::milliseconds(100);
+constexpr int kSpins = 2000;
+constexpr size_t kNameBytes = 64;
+
+struct alignas(kLine) Control {
+  uint32_t counter;   // See Note [Collectives through shared memory]; the futex word
+  uint32_t sleepers;  // ranks asleep on `counter`
+  uint64_t seq;       // the collective this rank last began, for messages
+};
+
+struct alignas(kLine) SlotHeader {
+  uint64_t signature;
+  uint64_t seq;
+};
+
+struct alignas(kLine) SegmentHeader {
+  uint64_t magic;
+  uint64_t size;
+  uint64_t slot_bytes;
+};
+
+int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+// Wrap-safe: whether counter `v` has reached `target`.
+bool reached(uint32_t v, uint32_t target) { return static_cast<int32_t>(v - target) >= 0; }
+
+long futex(uint32_t* word, int op, uint32_t value, const timespec* timeout) {
+  return syscall(SYS_futex, word, op, value, timeout, nullptr, 0);
+}
+
+std::string os_error(std::string_view what) { return detail::cat(what, ": ", std::strerror(errno)); }
+
+}  // namespace
+
+struct ShmExchange::Layout {
+  int64_t control;  // the control page(s): the segment header, then one Control per rank
+  int64_t slot;     // a slot's stride: its header page, then kSlotBytes of data
+  int64_t buffer;   // a buffer's stride: size slots, then the result area
+  int64_t bytes;
+
+  explicit Layout(int size)
+      : control(align_up(kLine * (1 + size), kPage)),
+        slot(kPage + kSlotBytes),
+        buffer(slot * size + kSlotBytes),
+        bytes(control + 2 * buffer) {}
+};
+
+std::unique_ptr<ShmExchange> ShmExchange::create(const std::string& name, int size, std::chrono::milliseconds timeout,
+                                                 std::vector<int> job_ranks, std::string& why) {
+  const Layout layout(size);
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    why = os_error(detail::cat("shm_open(", name, ")"));
+    return nullptr;
+  }
+  void* base = MAP_FAILED;
+  if (ftruncate(fd, layout.bytes) != 0) {
+    why = os_error("ftruncate");
+  } else if (int err = posix_fallocate(fd, 0, layout.bytes); err != 0) {
+    // Reserved now, or a full /dev/shm would kill the process (SIGBUS) at its first touch.
+    why = detail::cat("/dev/shm has no room for ", layout.bytes >> 20, " MiB (", std::strerror(err),
+                      "); in a container, raise its --shm-size");
+  } else if (base = mmap(nullptr, static_cast<size_t>(layout.bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+             base == MAP_FAILED) {
+    why = os_error("mmap");
+  }
+  if (!why.empty()) {
+    close(fd);
+    shm_unlink(name.c_str());
+    return nullptr;
+  }
+  auto* header = static_cast<SegmentHeader*>(base);  // read by the others once they have the name
+  header->size = static_cast<uint64_t>(size);
+  header->slot_bytes = static_cast<uint64_t>(kSlotBytes);
+  header->magic = kMagic;
+  auto x =
+      std::unique_ptr<ShmExchange>(new ShmExchange(0, size, std::move(job_ranks), timeout, fd, base, layout.bytes));
+  if (!x->lock(why)) x.reset();
+  return x;
+}
+
+std::unique_ptr<ShmExchange> ShmExchange::open(const std::string& name, int rank, int size,
+                                               std::chrono::milliseconds timeout, std::vector<int> job_ranks,
+                                               std::string& why) {
+  const Layout layout(size);
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    why =
+        os_error(detail::cat("shm_open(", name, ") of rank 0's segment (not the same host, or not the same /dev/shm)"));
+    return nullptr;
+  }
+  struct stat st{};
+  void* base = MAP_FAILED;
+  if (fstat(fd, &st) != 0 || st.st_size != layout.bytes) {
+    why = detail::cat("the segment ", name, " is not the size this rank expects");
+  } else if (base = mmap(nullptr, static_cast<size_t>(layout.bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+             base == MAP_FAILED) {
+    why = os_error("mmap");
+  } else if (const auto* header = static_cast<const SegmentHeader*>(base);
+             header->magic != kMagic || header->size != static_cast<uint64_t>(size) ||
+             header->slot_bytes != static_cast<uint64_t>(kSlotBytes)) {
+    why = detail::cat("the segment ", name, " was not written by this job's rank 0 (another dtcore version?)");
+    munmap(base, static_cast<size_t>(layout.bytes));
+  }
+  if (!why.empty()) {
+    close(fd);
+    return nullptr;
+  }
+  auto x =
+      std::unique_ptr<ShmExchange>(new ShmExchange(rank, size, std::move(job_ranks), timeout, fd, base, layout.bytes));
+  if (!x->lock(why)) x.reset();
+  return x;
+}
+
+void ShmExchange::unlink(const std::string& name) { shm_unlink(name.c_str()); }
+
+bool ShmExchange::lock(std::string& why) {
+  struct flock lock{};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = rank_;
+  lock.l_len = 1;
+  if (fcntl(fd_, F_OFD_SETLK, &lock) == 0) return true;
+  why = os_error("locking the segment");
+  return false;
+}
+
+std::unique_ptr<ShmExchange> ShmExchange::connect(const c10::intrusive_ptr<c10d::Backend>& backend, SharedMemory mode,
+                                                  std::chrono::milliseconds timeout, std::vector<int> job_ranks) {
+  const int rank = backend->getRank(), size = backend->getSize();
+  if (mode == SharedMemory::kOff || size == 1) return nullptr;
+
+  // Rank 0 creates the segment under a random name and hands the name out ("" when it could not).
+  std::string why;  // this rank's reason for not mapping it
+  std::unique_ptr<ShmExchange> x;
+  at::Tensor name = at::zeros({static_cast<int64_t>(kNameBytes)}, at::kByte);
+  if (rank == 0) {
+    std::random_device random;
+    const std::string n = detail::cat("/dtcore-", getpid(), "-", std::hex, random(), random());
+    x = create(n, size, timeout, job_ranks, why);
+    if (x) std::memcpy(name.data_ptr(), n.data(), n.size());
+  }
+  std::vector<at::Tensor> named{name};
+  c10d::BroadcastOptions bopts;
+  bopts.rootRank = 0;
+  bopts.timeout = timeout;
+  backend->broadcast(named, bopts)->wait(timeout);
+  const std::string segment(static_cast<const char*>(name.data_ptr()));
+  if (rank != 0) {
+    if (segment.empty()) {
+      why = "rank 0 could not create the segment";
+    } else {
+      x = open(segment, rank, size, timeout, job_ranks, why);
+    }
+  }
+
+  // Every rank learns who could not: a one-hot sum names them.
+  at::Tensor failed = at::zeros({size}, at::kInt);
+  failed.data_ptr<int32_t>()[rank] = x ? 0 : 1;
+  std::vector<at::Tensor> counted{failed};
+  c10d::AllreduceOptions aopts;
+  aopts.reduceOp = c10d::ReduceOp::SUM;
+  aopts.timeout = timeout;
+  backend->allreduce(counted, aopts)->wait(timeout);
+  if (rank == 0 && !segment.empty()) unlink(segment);  // all have mapped it, or given up
+
+  std::string missing;
+  for (int r = 0; r < size; ++r) {
+    if (failed.data_ptr<int32_t>()[r] == 0) continue;
+    missing += detail::cat(missing.empty() ? "" : ", ", job_ranks.empty() ? r : job_ranks[static_cast<size_t>(r)]);
+  }
+  if (missing.empty()) {
+    log::debug("collectives through shared memory: ", x->bytes_ >> 20, " MiB segment, ", size, " ranks");
+    return x;
+  }
+  x.reset();
+  if (!why.empty()) log::warn("this rank cannot map the shared-memory segment for collectives: ", why);
+  std::string message =
+      detail::cat("collectives cannot go through shared memory: rank(s) ", missing, " could not map rank 0's segment",
+                  why.empty() ? std::string() : detail::cat(" (this rank: ", why, ")"));
+  DTCORE_CHECK(mode != SharedMemory::kRequired, ConfigError, message,
+               ". Fix: run the ranks on one host with a shared /dev/shm that has room, or unset DTCORE_SHM=1 to use "
+               "Gloo over the network instead.");
+  log::info(message, "; they go through Gloo");
+  return nullptr;
+}
+
+ShmExchange::ShmExchange(int rank, int size, std::vector<int> job_ranks, std::chrono::milliseconds timeout, int fd,
+                         void* base, int64_t bytes)
+    : rank_(rank),
+      size_(size),
+      job_ranks_(std::move(job_ranks)),
+      timeout_(timeout),
+      fd_(fd),
+      base_(static_cast<char*>(base)),
+      bytes_(bytes) {}
+
+ShmExchange::~ShmExchange() {
+  munmap(base_, static_cast<size_t>(bytes_));
+  close(fd_);  // releases this rank's lock
+}
+
+bool ShmExchange::supports(const Collective& c) {
+  if (c.kind == CollectiveKind::AllReduce) return host_reducible(c.input.scalar_type());
+  if (c.kind == CollectiveKind::ReduceScatter) return host_reducible(c.output.scalar_type());
+  return true;
+}
+
+// One chunk of a collective: See Note [Collectives through shared memory].
+class ShmExchange::Chunk {
+ public:
+  Chunk(ShmExchange& x, const Collective& c, bool first, bool check, const Interrupt& interrupt)
+      : x_(x), c_(c), check_(check && first), interrupt_(interrupt), t_(x.chunk_++), b_(t_ & 1) {
+    const Layout layout(x.size_);
+    layout_buffer_ = x.base_ + layout.control + b_ * layout.buffer;
+    slot_stride_ = layout.slot;
+    result_ = layout_buffer_ + layout.slot * x.size_;
+    x_.wait_for_ranks(2 * t_ - 1, c_, interrupt_);  // 1: the buffer is free
+    auto* h = header(x_.rank_);
+    h->signature = c.signature;
+    h->seq = c.seq;
+  }
+
+  char* slot(int r) const { return layout_buffer_ + r * slot_stride_ + kPage; }
+  char* result() const { return result_; }
+
+  // 2: this rank's slot is written; once all are, the headers are compared.
+  void written() {
+    x_.arrive(2 * t_ + 1);
+    x_.wait_for_ranks(2 * t_ + 1, c_, interrupt_);
+    if (!check_) return;
+    for (int r = 0; r < x_.size_; ++r) {
+      if (header(r)->signature != c_.signature) {
+        throw ShmMismatch(detail::cat("rank ", x_.job_rank(r), " called another collective at #", c_.seq));
+      }
+    }
+  }
+
+  // 4: this rank is done with the others' slots (and has reduced its part).
+  void reduced() { x_.arrive(2 * t_ + 2); }
+
+  // 5: every rank has reduced its part.
+  void all_reduced() { x_.wait_for_ranks(2 * t_ + 2, c_, interrupt_); }
+
+ private:
+  SlotHeader* header(int r) const { return reinterpret_cast<SlotHeader*>(layout_buffer_ + r * slot_stride_); }
+
+  ShmExchange& x_;
+  const Collective& c_;
+  const bool check_;
+  const Interrupt& interrupt_;
+  const uint32_t t_;
+  const int b_;
+  char* layout_buffer_ = nullptr;
+  int64_t slot_stride_ = 0;
+  char* result_ = nullptr;
+};
+
+void ShmExchange::run(const Collective& c, bool check, const Interrupt& interrupt) {
+  std::atomic_ref<uint64_t>(reinterpret_cast<Control*>(base_ + kLine * (1 + rank_))->seq)
+      .store(c.seq, std::memory_order_relaxed);
+  switch (c.kind) {
+    case CollectiveKind::AllReduce: return all_reduce(c, check, interrupt);
+    case CollectiveKind::ReduceScatter: return reduce_scatter(c, check, interrupt);
+    case CollectiveKind::AllGather: return all_gather(c, check, interrupt);
+    case CollectiveKind::Broadcast: return broadcast(c, check, interrupt);
+    case CollectiveKind::Barrier: {
+      Chunk chunk(*this, c, true, check, interrupt);
+      chunk.written();
+      chunk.reduced();
+      return;
+    }
+  }
+}
+
+namespace {
+
+// Elements of `element` bytes per chunk when a slot holds `parts` parts of them, a multiple of 64
+// bytes' worth so that every part starts on a cache line.
+int64_t chunk_elements(int64_t element, int64_t parts) {
+  const int64_t per_line = kLine / element;
+  return std::max<int64_t>(per_line, kSlotBytes / element / parts / per_line * per_line);
+}
+
+int64_t chunks_of(int64_t n, int64_t per_chunk) { return std::max<int64_t>(1, (n + per_chunk - 1) / per_chunk); }
+
+}  // namespace
+
+void ShmExchange::all_reduce(const Collective& c, bool check, const Interrupt& interrupt) {
+  const int64_t e = c.input.element_size(), n = c.input.numel();
+  const int64_t per_chunk = chunk_elements(e, 1), line = kLine / e;
+  char* data = static_cast<char*>(c.input.data_ptr());
+  std::vector<const void*> peers(static_cast<size_t>(size_ - 1));
+  for (int64_t k = 0, chunks = chunks_of(n, per_chunk); k < chunks; ++k) {
+    const int64_t off = k * per_chunk, m = std::min(per_chunk, n - off);
+    // Rank p's part of the chunk: elements [lo(p), lo(p + 1)), on cache lines.
+    const int64_t part = (m + size_ * line - 1) / (size_ * line) * line;
+    auto lo = [&](int p) { return std::min(m, p * part); };
+    const int64_t mine = lo(rank_), mine_end = lo(rank_ + 1);
+    char* src = data + off * e;
+    Chunk chunk(*this, c, k == 0, check, interrupt);
+    std::memcpy(chunk.slot(rank_), src, static_cast<size_t>(mine * e));  // the parts the others reduce
+    std::memcpy(chunk.slot(rank_) + mine_end * e, src + mine_end * e, static_cast<size_t>((m - mine_end) * e));
+    chunk.written();
+    for (int r = 0, i = 0; r < size_; ++r) {
+      if (r != rank_) peers[static_cast<size_t>(i++)] = chunk.slot(r) + mine * e;
+    }
+    host_reduce(chunk.result() + mine * e, src + mine * e, peers.data(), size_ - 1, mine_end - mine,
+                c.input.scalar_type(), c.op, size_);
+    chunk.reduced();
+    chunk.all_reduced();
+    std::memcpy(src, chunk.result(), static_cast<size_t>(m * e));
+  }
+}
+
+void ShmExchange::reduce_scatter(const Collective& c, bool check, const Interrupt& interrupt) {
+  const int64_t e = c.output.element_size(), n = c.output.numel();
+  const int64_t per_chunk = chunk_elements(e, size_);  // of each shard: the slot holds one per rank
+  const char* in = static_cast<const char*>(c.input.data_ptr());
+  char* out = static_cast<char*>(c.output.data_ptr());
+  std::vector<const void*> peers(static_cast<size_t>(size_ - 1));
+  for (int64_t k = 0, chunks = chunks_of(n, per_chunk); k < chunks; ++k) {
+    const int64_t off = k * per_chunk, m = std::min(per_chunk, n - off);
+    Chunk chunk(*this, c, k == 0, check, interrupt);
+    for (int r = 0; r < size_; ++r) {  // rank r's shard of ours, for rank r to reduce
+      if (r != rank_)
+        std::memcpy(chunk.slot(rank_) + r * per_chunk * e, in + (r * n + off) * e, static_cast<size_t>(m * e));
+    }
+    chunk.written();
+    for (int r = 0, i = 0; r < size_; ++r) {
+      if (r != rank_) peers[static_cast<size_t>(i++)] = chunk.slot(r) + rank_ * per_chunk * e;
+    }
+    host_reduce(out + off * e, in + (rank_ * n + off) * e, peers.data(), size_ - 1, m, c.output.scalar_type(), c.op,
+                size_);
+    chunk.reduced();
+  }
+}
+
+void ShmExchange::all_gather(const Collective& c, bool check, const Interrupt& interrupt) {
+  const int64_t e = c.input.element_size(), n = c.input.numel();
+  const int64_t per_chunk = chunk_elements(e, 1);
+  const char* in = static_cast<const char*>(c.input.data_ptr());
+  char* out = static_cast<char*>(c.output.data_ptr());
+  const bool in_place = in == out + rank_ * n * e;
+  for (int64_t k = 0, chunks = chunks_of(n, per_chunk); k < chunks; ++k) {
+    const int64_t off = k * per_chunk, m = std::min(per_chunk, n - off);
+    Chunk chunk(*this, c, k == 0, check, interrupt);
+    std::memcpy(chunk.slot(rank_), in + off * e, static_cast<size_t>(m * e));
+    chunk.written();
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) std::memcpy(out + (r * n + off) * e, chunk.slot(r), static_cast<size_t>(m * e));
+    }
+    if (!in_place) std::memcpy(out + (rank_ * n + off) * e, in + off * e, static_cast<size_t>(m * e));
+    chunk.reduced();
+  }
+}
+
+void ShmExchange::broadcast(const Collective& c, bool check, const Interrupt& interrupt) {
+  const int64_t e = c.input.element_size(), n = c.input.numel();
+  const int64_t per_chunk = chunk_elements(e, 1);
+  char* data = static_cast<char*>(c.input.data_ptr());
+  for (int64_t k = 0, chunks = chunks_of(n, per_chunk); k < chunks; ++k) {
+    const int64_t off = k * per_chunk, m = std::min(per_chunk, n - off);
+    Chunk chunk(*this, c, k == 0, check, interrupt);
+    if (rank_ == c.root) std::memcpy(chunk.slot(rank_), data + off * e, static_cast<size_t>(m * e));
+    chunk.written();
+    if (rank_ != c.root) std::memcpy(data + off * e, chunk.slot(c.root), static_cast<size_t>(m * e));
+    chunk.reduced();
+  }
+}
+
+void ShmExchange::arrive(uint32_t value) {
+  auto* me = reinterpret_cast<Control*>(base_ + kLine * (1 + rank_));
+  std::atomic_ref<uint32_t>(me->counter).store(value, std::memory_order_seq_cst);
+  if (std::atomic_ref<uint32_t>(me->sleepers).load(std::memory_order_seq_cst) != 0) {
+    futex(&me->counter, FUTEX_WAKE, INT_MAX, nullptr);
+  }
+}
+
+bool ShmExchange::alive(int r) const {
+  struct flock lock{};
+  lock.l_type = F_WRLCK;
+  lock.l_whence = SEEK_SET;
+  lock.l_start = r;
+  lock.l_len = 1;
+  if (fcntl(fd_, F_OFD_GETLK, &lock) != 0) return true;  // cannot tell: the timeout decides
+  return lock.l_type != F_UNLCK;
+}
+
+void ShmExchange::wait_for_ranks(uint32_t target, const Collective& c, const Interrupt& interrupt) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  auto next_check = start + kSlice;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    auto* peer = reinterpret_cast<Control*>(base_ + kLine * (1 + r));
+    std::atomic_ref<uint32_t> counter(peer->counter), sleepers(peer->sleepers);
+    for (int spin = 0; spin < kSpins && !reached(counter.load(std::memory_order_acquire), target); ++spin) {
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+    }
+    while (!reached(counter.load(std::memory_order_acquire), target)) {
+      sleepers.fetch_add(1, std::memory_order_seq_cst);
+      const uint32_t seen = counter.load(std::memory_order_seq_cst);
+      if (!reached(seen, target)) {
+        timespec slice{0, std::chrono::duration_cast<std::chrono::nanoseconds>(kSlice).count()};
+        futex(&peer->counter, FUTEX_WAIT, seen, &slice);
+      }
+      sleepers.fetch_sub(1, std::memory_order_seq_cst);
+      if (reached(counter.load(std::memory_order_acquire), target) || Clock::now() < next_check) continue;
+      next_check = Clock::now() + kSlice;
+      if (std::string why = interrupt ? interrupt() : std::string(); !why.empty()) throw CommError(why);
+      const uint64_t last = std::atomic_ref<uint64_t>(peer->seq).load(std::memory_order_relaxed);
+      if (!alive(r)) {
+        throw std::runtime_error(detail::cat("rank ", job_rank(r), " exited while ", c.what,
+                                             " waited for it in shared memory (its process let go of the segment; "
+                                             "the last collective it began: #",
+                                             last, ")"));
+      }
+      if (Clock::now() - start < timeout_) continue;
+      std::string late;  // every rank not there yet, not only the first
+      for (int q = 0; q < size_; ++q) {
+        auto* other = reinterpret_cast<Control*>(base_ + kLine * (1 + q));
+        if (q == rank_ || reached(std::atomic_ref<uint32_t>(other->counter).load(), target)) continue;
+        late += detail::cat(late.empty() ? "" : ", ", "rank ", job_rank(q), " (last began #",
+                            std::atomic_ref<uint64_t>(other->seq).load(std::memory_order_relaxed), ")");
+      }
+      throw std::runtime_error(detail::cat("timed out waiting in shared memory for ", late));
+    }
+  }
+}
+
+}  // namespace dtcore
