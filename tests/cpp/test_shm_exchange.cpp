@@ -139,22 +139,21 @@ TEST(ShmExchange, EveryCollectiveOverSeveralChunksMatchesTheReductionOnEveryRank
     ShmExchange& me = *x[static_cast<size_t>(r)];
     uint64_t seq = 0;
     sums[r] = inputs[r].clone();
-    me.run(collective(CollectiveKind::AllReduce, ++seq, sums[r]), true, {});
+    me.run(collective(CollectiveKind::AllReduce, ++seq, sums[r]), {});
     avgs[r] = inputs[r].clone();
-    me.run(collective(CollectiveKind::AllReduce, ++seq, avgs[r], {}, ReduceOp::Avg), true, {});
+    me.run(collective(CollectiveKind::AllReduce, ++seq, avgs[r], {}, ReduceOp::Avg), {});
     maxes[r] = inputs[r].clone();
-    me.run(collective(CollectiveKind::AllReduce, ++seq, maxes[r], {}, ReduceOp::Max), true, {});
+    me.run(collective(CollectiveKind::AllReduce, ++seq, maxes[r], {}, ReduceOp::Max), {});
     // In place: the output is this rank's own shard of the input.
     at::Tensor in = inputs[r].narrow(0, 0, kRanks * shard).clone();
     scattered[r] = in.narrow(0, r * shard, shard);
-    me.run(collective(CollectiveKind::ReduceScatter, ++seq, in, scattered[r]), true, {});
+    me.run(collective(CollectiveKind::ReduceScatter, ++seq, in, scattered[r]), {});
     gathered[r] = at::zeros({kRanks * shard});
     gathered[r].narrow(0, r * shard, shard).copy_(inputs[r].narrow(0, 0, shard));
-    me.run(collective(CollectiveKind::AllGather, ++seq, gathered[r].narrow(0, r * shard, shard), gathered[r]), true,
-           {});
+    me.run(collective(CollectiveKind::AllGather, ++seq, gathered[r].narrow(0, r * shard, shard), gathered[r]), {});
     broadcast[r] = inputs[r].clone();
-    me.run(collective(CollectiveKind::Broadcast, ++seq, broadcast[r], {}, ReduceOp::Sum, 2), true, {});
-    me.run(collective(CollectiveKind::Barrier, ++seq, {}), true, {});
+    me.run(collective(CollectiveKind::Broadcast, ++seq, broadcast[r], {}, ReduceOp::Sum, 2), {});
+    me.run(collective(CollectiveKind::Barrier, ++seq, {}), {});
   });
   expect_no_errors(errors);
   const at::Tensor sum = stacked.sum(0);
@@ -177,7 +176,7 @@ TEST(ShmExchange, RanksThatCallDifferentCollectivesAreToldBeforeAnyDataIsRead) {
   auto errors = on_ranks(2, [&](int r) {
     Collective c = collective(CollectiveKind::AllReduce, 1, t[static_cast<size_t>(r)]);
     if (r == 1) c.signature += 1;  // e.g. another size or op
-    x[static_cast<size_t>(r)]->run(c, true, {});
+    x[static_cast<size_t>(r)]->run(c, {});
   });
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE(errors[static_cast<size_t>(r)]);
@@ -186,11 +185,31 @@ TEST(ShmExchange, RanksThatCallDifferentCollectivesAreToldBeforeAnyDataIsRead) {
   EXPECT_TRUE(at::equal(t[0], at::ones({8})) && at::equal(t[1], at::ones({8}))) << "nothing was reduced";
 }
 
+TEST(ShmExchange, ACollectiveThroughGlooIsCheckedAgainstOneThroughTheSegment) {
+  // Rank 0 reduces float32 here; rank 1 reduces bool, which goes through Gloo after check(): both are
+  // told at once, rather than each waiting for the other in another engine until the timeout.
+  auto x = exchanges(2);
+  at::Tensor t = at::ones({8});
+  auto errors = on_ranks(2, [&](int r) {
+    if (r == 0) {
+      x[0]->run(collective(CollectiveKind::AllReduce, 1, t), {});
+    } else {
+      Collective c = collective(CollectiveKind::AllReduce, 1, at::ones({8}, at::kBool));
+      c.signature += 1;
+      x[1]->check(c, {});
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(errors[static_cast<size_t>(r)]);
+    EXPECT_THROW(std::rethrow_exception(errors[static_cast<size_t>(r)]), ShmMismatch);
+  }
+}
+
 TEST(ShmExchange, ATimeoutNamesTheRanksThatDidNotArriveAndTheirLastCollective) {
   auto x = exchanges(3, 300ms);
   at::Tensor t0 = at::ones({4}), t1 = at::ones({4});
   auto errors = on_ranks(2, [&](int r) {  // rank 2 never comes
-    x[static_cast<size_t>(r)]->run(collective(CollectiveKind::AllReduce, 1, r == 0 ? t0 : t1), true, {});
+    x[static_cast<size_t>(r)]->run(collective(CollectiveKind::AllReduce, 1, r == 0 ? t0 : t1), {});
   });
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE(errors[static_cast<size_t>(r)]);
@@ -206,8 +225,8 @@ TEST(ShmExchange, ARankWhoseProcessLetGoOfTheSegmentIsNamedAtOnce) {
     std::this_thread::sleep_for(200ms);
     x[1].reset();  // as a process exit does: unmapped, its lock released
   });
-  std::string m = dtcore::testing::error_of<std::runtime_error>(
-      [&] { x[0]->run(collective(CollectiveKind::Barrier, 7, {}), true, {}); });
+  std::string m =
+      dtcore::testing::error_of<std::runtime_error>([&] { x[0]->run(collective(CollectiveKind::Barrier, 7, {}), {}); });
   leaver.join();
   expect_contains(m, {"rank 1 exited while barrier #7 waited for it in shared memory"});
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "not the 60 s timeout";
@@ -219,8 +238,8 @@ TEST(ShmExchange, AnInterruptEndsTheWaitWithItsMessage) {
   auto interrupt = [&]() -> std::string {
     return std::chrono::steady_clock::now() - start > 300ms ? "closed while it ran" : "";
   };
-  std::string m = dtcore::testing::error_of<CommError>(
-      [&] { x[0]->run(collective(CollectiveKind::Barrier, 1, {}), true, interrupt); });
+  std::string m =
+      dtcore::testing::error_of<CommError>([&] { x[0]->run(collective(CollectiveKind::Barrier, 1, {}), interrupt); });
   EXPECT_EQ(m, "closed while it ran");
 }
 

@@ -427,7 +427,8 @@ void GlooCommunicator::submit_loop() {
     }
     std::string mismatch;
     try {
-      mismatch = check() == CollectiveCheck::kNever ? "" : check_against_peers(backend, c);
+      // Through shared memory the check costs nothing, so it is always made.
+      mismatch = check() == CollectiveCheck::kNever && !shm_ ? "" : check_against_peers(backend, c);
     } catch (const std::exception& e) {
       work->failing();
       // The check itself failed (a peer died or never issued the collective): Gloo's group is
@@ -471,24 +472,26 @@ void GlooCommunicator::submit_loop() {
   }
 }
 
-void GlooCommunicator::run_shared(const std::shared_ptr<GlooWork>& work) {
-  const Collective& c = work->collective();
-  auto shared = c10::make_intrusive<SharedWork>();
-  work->submitted(shared, {}, /*averaged=*/true);  // waits see it running, and poll the heartbeat's finding
-  const auto began = std::chrono::steady_clock::now();
-  auto interrupt = [&, divergence = divergence_probe()]() -> std::string {
+ShmExchange::Interrupt GlooCommunicator::interrupt_for(const Collective& c) {
+  return [this, what = c.what, began = Clock::now(), divergence = divergence_probe()]() -> std::string {
     if (closing_) {
-      return detail::cat(c.what, " was interrupted on rank ", job_rank(),
+      return detail::cat(what, " was interrupted on rank ", job_rank(),
                          ": the communicator was closed (dtcore.shutdown()) while it ran. Fix: wait on every "
                          "collective before dtcore.shutdown().");
     }
     std::string diverged = divergence();
     if (diverged.empty()) return diverged;
-    return detail::cat(c.what, " failed on rank ", job_rank(), " after ", seconds_since(began), " s: ", diverged);
+    return detail::cat(what, " failed on rank ", job_rank(), " after ", seconds_since(began), " s: ", diverged);
   };
-  std::string failure;  // what every later collective fails with
+}
+
+void GlooCommunicator::run_shared(const std::shared_ptr<GlooWork>& work) {
+  const Collective& c = work->collective();
+  auto shared = c10::make_intrusive<SharedWork>();
+  work->submitted(shared, {}, /*averaged=*/true);  // waits see it running, and poll the heartbeat's finding
+  std::string failure;                             // what every later collective fails with
   try {
-    shm_->run(c, check() != CollectiveCheck::kNever, interrupt);
+    shm_->run(c, interrupt_for(c));
     shared->end(nullptr);
     return;
   } catch (const ShmMismatch&) {
@@ -510,6 +513,14 @@ void GlooCommunicator::run_shared(const std::shared_ptr<GlooWork>& work) {
 std::string GlooCommunicator::check_against_peers(const c10::intrusive_ptr<c10d::Backend>& backend,
                                                   const Collective& c) {
   if (size() == 1) return "";
+  if (shm_) {  // one step through the segment that compares the signatures
+    try {
+      shm_->check(c, interrupt_for(c));
+      return "";
+    } catch (const ShmMismatch&) {
+      return mismatch_message(c);
+    }
+  }
   // max(s) == min(s) over the ranks, in one allreduce: [s, -s] with MAX gives [max, -min]. The
   // signature is halved so that -s cannot overflow.
   const int64_t s = static_cast<int64_t>(c.signature >> 1);

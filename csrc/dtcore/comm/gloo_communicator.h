@@ -19,8 +19,9 @@
 //
 // Ranks on one host exchange through shared memory instead (ShmExchange, DTCORE_SHM): the submitter
 // runs each collective there itself, in issue order, with the ranks' signatures compared in the
-// segment at no cost (no check allreduce through Gloo). Reductions of dtypes the host kernels do
-// not reduce (bool, complex) still go through Gloo, checked as above.
+// segment at no cost (no check allreduce through Gloo), whatever CollectiveCheck says. Reductions
+// of dtypes the host kernels do not reduce (bool, complex) still go through Gloo, after a step
+// through the segment that compares the signatures.
 //
 // Ownership: holds a reference to the backend and owns the submitter thread; a Work holds only
 // its own state and may outlive the communicator. Thread safety: see communicator.h.
@@ -83,6 +84,8 @@ class GlooCommunicator final : public Communicator {
                                         GlooScatter& scatter);
   // Runs `c` through shared memory, in this (the submitter's) thread, and completes `work`.
   void run_shared(const std::shared_ptr<GlooWork>& work);
+  // What stops `c`'s waits in shared memory: close(), or the heartbeat's finding of a mismatch.
+  ShmExchange::Interrupt interrupt_for(const Collective& c);
 
   std::unique_ptr<ShmExchange> shm_;  // null: everything through Gloo; used by the submitter only
   std::atomic<bool> closing_{false};  // close() began: a collective in shared memory stops waiting

@@ -13,10 +13,12 @@
 #include <cstring>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "dtcore/comm/host_reduce.h"
 #include "dtcore/common/c10_error.h"
 #include "dtcore/common/error.h"
+#include "dtcore/common/knobs.h"
 #include "dtcore/common/log.h"
 
 namespace dtcore {
@@ -31,8 +33,8 @@ namespace dtcore {
 //   1. wait until every counter >= 2t-1 (every rank has finished reading buffer t % 2 for chunk
 //      t-2, since it has begun chunk t-1)
 //   2. write the header (the collective's signature and number) and the data others need into
-//      this rank's slot; counter := 2t+1; wait until every counter >= 2t+1; compare the headers
-//      on the collective's first chunk
+//      this rank's slot; counter := 2t+1; wait until every counter >= 2t+1; compare the headers:
+//      the ranks are in the same collective, so they take the same chunks
 //   3. reduce this rank's part from its own tensor and the others' slots
 //   4. all_gather and broadcast read the others' slots now; counter := 2t+2
 //   5. all_reduce waits until every counter >= 2t+2 and copies the reduced chunk out
@@ -45,7 +47,10 @@ namespace dtcore {
 // Waiting: a rank spins briefly on a counter, then sleeps on it (futex) in slices of 100 ms,
 // after each of which it checks the interrupt, the peer's lock (a rank that exited releases it:
 // an open-file-description lock on byte r of the segment, held by rank r) and the timeout. A
-// rank wakes sleepers only when there are some, so the data path makes no system call.
+// rank wakes sleepers only when there are some, so the data path makes no system call. A process
+// forked from a rank (a DataLoader worker) shares its lock: a rank that exits is then seen exited
+// once its children have gone too (DataLoader's workers follow their parent within seconds), and at
+// worst at the timeout.
 
 namespace {
 
@@ -130,7 +135,10 @@ std::unique_ptr<ShmExchange> ShmExchange::create(const std::string& name, int si
   header->magic = kMagic;
   auto x =
       std::unique_ptr<ShmExchange>(new ShmExchange(0, size, std::move(job_ranks), timeout, fd, base, layout.bytes));
-  if (!x->lock(why)) x.reset();
+  if (!x->lock(why)) {
+    x.reset();
+    shm_unlink(name.c_str());
+  }
   return x;
 }
 
@@ -183,17 +191,30 @@ bool ShmExchange::lock(std::string& why) {
 std::unique_ptr<ShmExchange> ShmExchange::connect(const c10::intrusive_ptr<c10d::Backend>& backend, SharedMemory mode,
                                                   std::chrono::milliseconds timeout, std::vector<int> job_ranks) {
   const int rank = backend->getRank(), size = backend->getSize();
-  if (mode == SharedMemory::kOff || size == 1) return nullptr;
+  if (size == 1) return nullptr;
+  // Every rank takes part, whatever its DTCORE_SHM says: a rank that skipped the two collectives
+  // below would leave the others' out of step with its own.
+  const bool off = mode == SharedMemory::kOff;
 
-  // Rank 0 creates the segment under a random name and hands the name out ("" when it could not).
+  // Rank 0 creates the segment under a random name and hands the name out ("" when it did not).
   std::string why;  // this rank's reason for not mapping it
   std::unique_ptr<ShmExchange> x;
   at::Tensor name = at::zeros({static_cast<int64_t>(kNameBytes)}, at::kByte);
-  if (rank == 0) {
+  // Rank 0 unlinks the name once every rank has mapped it or given up, and on any way out.
+  struct Unlink {
+    std::string name;
+    ~Unlink() {
+      if (!name.empty()) ShmExchange::unlink(name);
+    }
+  } unlink_name;
+  if (rank == 0 && !off) {
     std::random_device random;
     const std::string n = detail::cat("/dtcore-", getpid(), "-", std::hex, random(), random());
     x = create(n, size, timeout, job_ranks, why);
-    if (x) std::memcpy(name.data_ptr(), n.data(), n.size());
+    if (x) {
+      std::memcpy(name.data_ptr(), n.data(), n.size());
+      unlink_name.name = n;
+    }
   }
   std::vector<at::Tensor> named{name};
   c10d::BroadcastOptions bopts;
@@ -201,41 +222,52 @@ std::unique_ptr<ShmExchange> ShmExchange::connect(const c10::intrusive_ptr<c10d:
   bopts.timeout = timeout;
   backend->broadcast(named, bopts)->wait(timeout);
   const std::string segment(static_cast<const char*>(name.data_ptr()));
-  if (rank != 0) {
+  if (rank != 0 && !off) {
     if (segment.empty()) {
-      why = "rank 0 could not create the segment";
+      why = "rank 0 did not create the segment";
     } else {
       x = open(segment, rank, size, timeout, job_ranks, why);
     }
   }
 
-  // Every rank learns who could not: a one-hot sum names them.
-  at::Tensor failed = at::zeros({size}, at::kInt);
-  failed.data_ptr<int32_t>()[rank] = x ? 0 : 1;
-  std::vector<at::Tensor> counted{failed};
+  // Every rank learns each one's state, a sum of one-hot entries: 0 mapped, 1 failed, 2 off.
+  constexpr int32_t kMapped = 0, kFailed = 1, kOffHere = 2;
+  at::Tensor states = at::zeros({size}, at::kInt);
+  states.data_ptr<int32_t>()[rank] = off ? kOffHere : x ? kMapped : kFailed;
+  std::vector<at::Tensor> counted{states};
   c10d::AllreduceOptions aopts;
   aopts.reduceOp = c10d::ReduceOp::SUM;
   aopts.timeout = timeout;
   backend->allreduce(counted, aopts)->wait(timeout);
-  if (rank == 0 && !segment.empty()) unlink(segment);  // all have mapped it, or given up
+  if (!unlink_name.name.empty()) unlink(std::exchange(unlink_name.name, std::string()));
 
-  std::string missing;
+  const int32_t* state = states.data_ptr<int32_t>();
+  const bool root_off = state[0] == kOffHere;  // then the others failed for want of its segment
+  std::string failed, turned_off;
   for (int r = 0; r < size; ++r) {
-    if (failed.data_ptr<int32_t>()[r] == 0) continue;
-    missing += detail::cat(missing.empty() ? "" : ", ", job_ranks.empty() ? r : job_ranks[static_cast<size_t>(r)]);
+    if (state[r] == kMapped || (root_off && r != 0)) continue;
+    std::string& list = state[r] == kFailed ? failed : turned_off;
+    list += detail::cat(list.empty() ? "" : ", ", job_ranks.empty() ? r : job_ranks[static_cast<size_t>(r)]);
   }
-  if (missing.empty()) {
+  if (failed.empty() && turned_off.empty()) {
     log::debug("collectives through shared memory: ", x->bytes_ >> 20, " MiB segment, ", size, " ranks");
     return x;
   }
   x.reset();
-  if (!why.empty()) log::warn("this rank cannot map the shared-memory segment for collectives: ", why);
-  std::string message =
-      detail::cat("collectives cannot go through shared memory: rank(s) ", missing, " could not map rank 0's segment",
-                  why.empty() ? std::string() : detail::cat(" (this rank: ", why, ")"));
-  DTCORE_CHECK(mode != SharedMemory::kRequired, ConfigError, message,
-               ". Fix: run the ranks on one host with a shared /dev/shm that has room, or unset DTCORE_SHM=1 to use "
-               "Gloo over the network instead.");
+  if (!failed.empty() && !why.empty()) {
+    log::warn("this rank cannot map the shared-memory segment for collectives: ", why);
+  }
+  if (failed.empty() && off) return nullptr;  // off here too: nothing to say
+  std::string message = failed.empty()
+                            ? detail::cat("collectives cannot go through shared memory: ", knobs::kShm.name,
+                                          "=0 on rank(s) ", turned_off, " only")
+                            : detail::cat("collectives cannot go through shared memory: rank(s) ", failed,
+                                          " could not map rank 0's segment",
+                                          why.empty() ? std::string() : detail::cat(" (this rank: ", why, ")"));
+  DTCORE_CHECK(mode != SharedMemory::kRequired, ConfigError, message, ". Fix: ",
+               failed.empty() ? detail::cat("set the same ", knobs::kShm.name, " on every rank")
+                              : std::string("run the ranks on one host with a shared /dev/shm that has room"),
+               ", or unset ", knobs::kShm.name, "=1 to let them go through Gloo.");
   log::info(message, "; they go through Gloo");
   return nullptr;
 }
@@ -264,8 +296,8 @@ bool ShmExchange::supports(const Collective& c) {
 // One chunk of a collective: See Note [Collectives through shared memory].
 class ShmExchange::Chunk {
  public:
-  Chunk(ShmExchange& x, const Collective& c, bool first, bool check, const Interrupt& interrupt)
-      : x_(x), c_(c), check_(check && first), interrupt_(interrupt), t_(x.chunk_++), b_(t_ & 1) {
+  Chunk(ShmExchange& x, const Collective& c, const Interrupt& interrupt)
+      : x_(x), c_(c), interrupt_(interrupt), t_(x.chunk_++), b_(t_ & 1) {
     const Layout layout(x.size_);
     layout_buffer_ = x.base_ + layout.control + b_ * layout.buffer;
     slot_stride_ = layout.slot;
@@ -279,11 +311,11 @@ class ShmExchange::Chunk {
   char* slot(int r) const { return layout_buffer_ + r * slot_stride_ + kPage; }
   char* result() const { return result_; }
 
-  // 2: this rank's slot is written; once all are, the headers are compared.
+  // 2: this rank's slot is written; once all are, the headers are compared: every rank is in the
+  // same collective (the signature covers its sizes, so all take the same chunks).
   void written() {
     x_.arrive(2 * t_ + 1);
     x_.wait_for_ranks(2 * t_ + 1, c_, interrupt_);
-    if (!check_) return;
     for (int r = 0; r < x_.size_; ++r) {
       if (header(r)->signature != c_.signature) {
         throw ShmMismatch(detail::cat("rank ", x_.job_rank(r), " called another collective at #", c_.seq));
@@ -302,7 +334,6 @@ class ShmExchange::Chunk {
 
   ShmExchange& x_;
   const Collective& c_;
-  const bool check_;
   const Interrupt& interrupt_;
   const uint32_t t_;
   const int b_;
@@ -311,21 +342,28 @@ class ShmExchange::Chunk {
   char* result_ = nullptr;
 };
 
-void ShmExchange::run(const Collective& c, bool check, const Interrupt& interrupt) {
+void ShmExchange::begin(const Collective& c) {
   std::atomic_ref<uint64_t>(reinterpret_cast<Control*>(base_ + kLine * (1 + rank_))->seq)
       .store(c.seq, std::memory_order_relaxed);
+  deadline_ = std::chrono::steady_clock::now() + timeout_;
+}
+
+void ShmExchange::run(const Collective& c, const Interrupt& interrupt) {
+  begin(c);
   switch (c.kind) {
-    case CollectiveKind::AllReduce: return all_reduce(c, check, interrupt);
-    case CollectiveKind::ReduceScatter: return reduce_scatter(c, check, interrupt);
-    case CollectiveKind::AllGather: return all_gather(c, check, interrupt);
-    case CollectiveKind::Broadcast: return broadcast(c, check, interrupt);
-    case CollectiveKind::Barrier: {
-      Chunk chunk(*this, c, true, check, interrupt);
-      chunk.written();
-      chunk.reduced();
-      return;
-    }
+    case CollectiveKind::AllReduce: return all_reduce(c, interrupt);
+    case CollectiveKind::ReduceScatter: return reduce_scatter(c, interrupt);
+    case CollectiveKind::AllGather: return all_gather(c, interrupt);
+    case CollectiveKind::Broadcast: return broadcast(c, interrupt);
+    case CollectiveKind::Barrier: return check(c, interrupt);
   }
+}
+
+void ShmExchange::check(const Collective& c, const Interrupt& interrupt) {
+  if (c.kind != CollectiveKind::Barrier) begin(c);
+  Chunk chunk(*this, c, interrupt);
+  chunk.written();
+  chunk.reduced();
 }
 
 namespace {
@@ -337,11 +375,16 @@ int64_t chunk_elements(int64_t element, int64_t parts) {
   return std::max<int64_t>(per_line, kSlotBytes / element / parts / per_line * per_line);
 }
 
+// memcpy, for any size: a zero-element tensor may have no memory at all.
+void copy(void* dst, const void* src, size_t bytes) {
+  if (bytes != 0) std::memcpy(dst, src, bytes);
+}
+
 int64_t chunks_of(int64_t n, int64_t per_chunk) { return std::max<int64_t>(1, (n + per_chunk - 1) / per_chunk); }
 
 }  // namespace
 
-void ShmExchange::all_reduce(const Collective& c, bool check, const Interrupt& interrupt) {
+void ShmExchange::all_reduce(const Collective& c, const Interrupt& interrupt) {
   const int64_t e = c.input.element_size(), n = c.input.numel();
   const int64_t per_chunk = chunk_elements(e, 1), line = kLine / e;
   char* data = static_cast<char*>(c.input.data_ptr());
@@ -353,9 +396,9 @@ void ShmExchange::all_reduce(const Collective& c, bool check, const Interrupt& i
     auto lo = [&](int p) { return std::min(m, p * part); };
     const int64_t mine = lo(rank_), mine_end = lo(rank_ + 1);
     char* src = data + off * e;
-    Chunk chunk(*this, c, k == 0, check, interrupt);
-    std::memcpy(chunk.slot(rank_), src, static_cast<size_t>(mine * e));  // the parts the others reduce
-    std::memcpy(chunk.slot(rank_) + mine_end * e, src + mine_end * e, static_cast<size_t>((m - mine_end) * e));
+    Chunk chunk(*this, c, interrupt);
+    copy(chunk.slot(rank_), src, static_cast<size_t>(mine * e));  // the parts the others reduce
+    copy(chunk.slot(rank_) + mine_end * e, src + mine_end * e, static_cast<size_t>((m - mine_end) * e));
     chunk.written();
     for (int r = 0, i = 0; r < size_; ++r) {
       if (r != rank_) peers[static_cast<size_t>(i++)] = chunk.slot(r) + mine * e;
@@ -364,11 +407,11 @@ void ShmExchange::all_reduce(const Collective& c, bool check, const Interrupt& i
                 c.input.scalar_type(), c.op, size_);
     chunk.reduced();
     chunk.all_reduced();
-    std::memcpy(src, chunk.result(), static_cast<size_t>(m * e));
+    copy(src, chunk.result(), static_cast<size_t>(m * e));
   }
 }
 
-void ShmExchange::reduce_scatter(const Collective& c, bool check, const Interrupt& interrupt) {
+void ShmExchange::reduce_scatter(const Collective& c, const Interrupt& interrupt) {
   const int64_t e = c.output.element_size(), n = c.output.numel();
   const int64_t per_chunk = chunk_elements(e, size_);  // of each shard: the slot holds one per rank
   const char* in = static_cast<const char*>(c.input.data_ptr());
@@ -376,10 +419,9 @@ void ShmExchange::reduce_scatter(const Collective& c, bool check, const Interrup
   std::vector<const void*> peers(static_cast<size_t>(size_ - 1));
   for (int64_t k = 0, chunks = chunks_of(n, per_chunk); k < chunks; ++k) {
     const int64_t off = k * per_chunk, m = std::min(per_chunk, n - off);
-    Chunk chunk(*this, c, k == 0, check, interrupt);
+    Chunk chunk(*this, c, interrupt);
     for (int r = 0; r < size_; ++r) {  // rank r's shard of ours, for rank r to reduce
-      if (r != rank_)
-        std::memcpy(chunk.slot(rank_) + r * per_chunk * e, in + (r * n + off) * e, static_cast<size_t>(m * e));
+      if (r != rank_) copy(chunk.slot(rank_) + r * per_chunk * e, in + (r * n + off) * e, static_cast<size_t>(m * e));
     }
     chunk.written();
     for (int r = 0, i = 0; r < size_; ++r) {
@@ -391,7 +433,7 @@ void ShmExchange::reduce_scatter(const Collective& c, bool check, const Interrup
   }
 }
 
-void ShmExchange::all_gather(const Collective& c, bool check, const Interrupt& interrupt) {
+void ShmExchange::all_gather(const Collective& c, const Interrupt& interrupt) {
   const int64_t e = c.input.element_size(), n = c.input.numel();
   const int64_t per_chunk = chunk_elements(e, 1);
   const char* in = static_cast<const char*>(c.input.data_ptr());
@@ -399,27 +441,27 @@ void ShmExchange::all_gather(const Collective& c, bool check, const Interrupt& i
   const bool in_place = in == out + rank_ * n * e;
   for (int64_t k = 0, chunks = chunks_of(n, per_chunk); k < chunks; ++k) {
     const int64_t off = k * per_chunk, m = std::min(per_chunk, n - off);
-    Chunk chunk(*this, c, k == 0, check, interrupt);
-    std::memcpy(chunk.slot(rank_), in + off * e, static_cast<size_t>(m * e));
+    Chunk chunk(*this, c, interrupt);
+    copy(chunk.slot(rank_), in + off * e, static_cast<size_t>(m * e));
     chunk.written();
     for (int r = 0; r < size_; ++r) {
-      if (r != rank_) std::memcpy(out + (r * n + off) * e, chunk.slot(r), static_cast<size_t>(m * e));
+      if (r != rank_) copy(out + (r * n + off) * e, chunk.slot(r), static_cast<size_t>(m * e));
     }
-    if (!in_place) std::memcpy(out + (rank_ * n + off) * e, in + off * e, static_cast<size_t>(m * e));
+    if (!in_place) copy(out + (rank_ * n + off) * e, in + off * e, static_cast<size_t>(m * e));
     chunk.reduced();
   }
 }
 
-void ShmExchange::broadcast(const Collective& c, bool check, const Interrupt& interrupt) {
+void ShmExchange::broadcast(const Collective& c, const Interrupt& interrupt) {
   const int64_t e = c.input.element_size(), n = c.input.numel();
   const int64_t per_chunk = chunk_elements(e, 1);
   char* data = static_cast<char*>(c.input.data_ptr());
   for (int64_t k = 0, chunks = chunks_of(n, per_chunk); k < chunks; ++k) {
     const int64_t off = k * per_chunk, m = std::min(per_chunk, n - off);
-    Chunk chunk(*this, c, k == 0, check, interrupt);
-    if (rank_ == c.root) std::memcpy(chunk.slot(rank_), data + off * e, static_cast<size_t>(m * e));
+    Chunk chunk(*this, c, interrupt);
+    if (rank_ == c.root) copy(chunk.slot(rank_), data + off * e, static_cast<size_t>(m * e));
     chunk.written();
-    if (rank_ != c.root) std::memcpy(data + off * e, chunk.slot(c.root), static_cast<size_t>(m * e));
+    if (rank_ != c.root) copy(data + off * e, chunk.slot(c.root), static_cast<size_t>(m * e));
     chunk.reduced();
   }
 }
@@ -444,8 +486,7 @@ bool ShmExchange::alive(int r) const {
 
 void ShmExchange::wait_for_ranks(uint32_t target, const Collective& c, const Interrupt& interrupt) {
   using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
-  auto next_check = start + kSlice;
+  auto next_check = Clock::now() + kSlice;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     auto* peer = reinterpret_cast<Control*>(base_ + kLine * (1 + r));
@@ -467,13 +508,14 @@ void ShmExchange::wait_for_ranks(uint32_t target, const Collective& c, const Int
       next_check = Clock::now() + kSlice;
       if (std::string why = interrupt ? interrupt() : std::string(); !why.empty()) throw CommError(why);
       const uint64_t last = std::atomic_ref<uint64_t>(peer->seq).load(std::memory_order_relaxed);
-      if (!alive(r)) {
+      // Gone, unless it arrived (and then exited, e.g. after the last barrier) since the counter was read.
+      if (!alive(r) && !reached(counter.load(std::memory_order_acquire), target)) {
         throw std::runtime_error(detail::cat("rank ", job_rank(r), " exited while ", c.what,
                                              " waited for it in shared memory (its process let go of the segment; "
                                              "the last collective it began: #",
                                              last, ")"));
       }
-      if (Clock::now() - start < timeout_) continue;
+      if (Clock::now() < deadline_) continue;
       std::string late;  // every rank not there yet, not only the first
       for (int q = 0; q < size_; ++q) {
         auto* other = reinterpret_cast<Control*>(base_ + kLine * (1 + q));

@@ -41,12 +41,12 @@ class ShmExchange {
   // with that message (thrown as CommError, whole: it is the caller's final word).
   using Interrupt = std::function<std::string()>;
 
-  // Called on every rank of `backend`'s group alike, before any collective (it runs two of
-  // Gloo's). Rank 0 creates the segment and names it to the others; each maps it and takes its
-  // lock; then every rank learns whether all succeeded, and rank 0 unlinks the name (the mapping
-  // lives on until the last rank unmaps it). Null when the ranks do not all map it (or `mode` is
-  // kOff, or one rank alone): the log says which ranks and why. `job_ranks` names the members in
-  // messages (empty: rank r is job rank r).
+  // Called on every rank of `backend`'s group alike, before any collective, whatever each rank's
+  // `mode` (it runs two of Gloo's collectives). Rank 0 creates the segment and names it to the
+  // others; each maps it and takes its lock; then every rank learns whether all succeeded, and
+  // rank 0 unlinks the name (the mapping lives on until the last rank unmaps it). Null when the
+  // ranks do not all map it (or one rank alone): the log says which ranks and why. `job_ranks`
+  // names the members in messages (empty: rank r is job rank r).
   static std::unique_ptr<ShmExchange> connect(const c10::intrusive_ptr<c10d::Backend>& backend, SharedMemory mode,
                                               std::chrono::milliseconds timeout, std::vector<int> job_ranks);
   // connect()'s parts, on one rank each (a test runs them in threads): rank 0 creates the segment
@@ -64,11 +64,14 @@ class ShmExchange {
   ShmExchange(const ShmExchange&) = delete;
   ShmExchange& operator=(const ShmExchange&) = delete;
 
-  // Runs `c` to completion on this rank, in the calling thread. Avg is divided here. With
-  // `check`, the ranks' signatures for `c` are compared before any rank reads another's data
-  // (ShmMismatch when they differ; at no cost, in the first chunk's header). Throws
-  // std::runtime_error when a peer times out or exits, CommError when `interrupt` answers.
-  void run(const Collective& c, bool check, const Interrupt& interrupt);
+  // Runs `c` to completion on this rank, in the calling thread, within the timeout from now. Avg
+  // is divided here. The ranks' signatures are compared in every chunk's headers before any rank
+  // reads another's data (ShmMismatch when they differ), at no cost. Throws std::runtime_error
+  // when a peer times out or exits, CommError when `interrupt` answers.
+  void run(const Collective& c, const Interrupt& interrupt);
+  // The signature check alone, for a collective that goes through Gloo (one step through the
+  // segment that moves no data): the ranks are in step before Gloo runs it.
+  void check(const Collective& c, const Interrupt& interrupt);
 
   // Whether `c` can run here: every collective can, except reductions of dtypes the host
   // kernels do not reduce (bool, complex): those take Gloo. Depends only on what the collective
@@ -82,11 +85,12 @@ class ShmExchange {
   ShmExchange(int rank, int size, std::vector<int> job_ranks, std::chrono::milliseconds timeout, int fd, void* base,
               int64_t bytes);
 
-  class Chunk;  // one step of the protocol, See Note [Collectives through shared memory]
-  void all_reduce(const Collective& c, bool check, const Interrupt& interrupt);
-  void reduce_scatter(const Collective& c, bool check, const Interrupt& interrupt);
-  void all_gather(const Collective& c, bool check, const Interrupt& interrupt);
-  void broadcast(const Collective& c, bool check, const Interrupt& interrupt);
+  class Chunk;                      // one step of the protocol, See Note [Collectives through shared memory]
+  void begin(const Collective& c);  // this rank is in `c`, whose timeout starts now
+  void all_reduce(const Collective& c, const Interrupt& interrupt);
+  void reduce_scatter(const Collective& c, const Interrupt& interrupt);
+  void all_gather(const Collective& c, const Interrupt& interrupt);
+  void broadcast(const Collective& c, const Interrupt& interrupt);
 
   // Waits until every rank's counter reaches `target`.
   void wait_for_ranks(uint32_t target, const Collective& c, const Interrupt& interrupt);
@@ -104,7 +108,8 @@ class ShmExchange {
   const int fd_;
   char* const base_;
   const int64_t bytes_;
-  uint32_t chunk_ = 0;  // the protocol's next chunk number, alike on every rank
+  uint32_t chunk_ = 0;                              // the protocol's next chunk number, alike on every rank
+  std::chrono::steady_clock::time_point deadline_;  // of the collective running
 };
 
 }  // namespace dtcore

@@ -115,3 +115,19 @@ def test_dead_stopped_or_stalled_rank_is_named_on_the_survivors(mode, buckets):
         assert message.count("health check on rank") <= 1, message  # one diagnosis, not one per bucket
         assert j["seconds"] < timeout + 2.5, j  # the failure, then about two heartbeats of diagnosis
     assert not leftover_processes(sessions)
+
+
+@pytest.mark.multirank
+def test_every_collective_through_gloo_when_one_rank_turns_shared_memory_off():
+    """DTCORE_SHM=0 on rank 1 alone: both ranks still agree (neither waits for the other's segment) and
+    every collective of the worker runs through Gloo (Note [Reduce-scatter on Gloo] and the rest), saying
+    why on rank 0."""
+    port = free_port()
+    envs = [clean_env(**torchrun_style(rank, 2, port), **({"DTCORE_SHM": "0"} if rank else {})) for rank in range(2)]
+    results, sessions = run_ranks("allreduce_worker.py", envs, timeout=120)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    for r in results:
+        j = r.json()
+        assert j["bad"] == [] and j["shared_memory"] is False, describe(results)
+    assert "DTCORE_SHM=0 on rank(s) 1 only; they go through Gloo" in results[0].stderr, results[0].stderr
+    assert not leftover_processes(sessions)
