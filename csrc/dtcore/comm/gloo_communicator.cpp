@@ -60,7 +60,8 @@ at::Tensor borrowed(const at::Tensor& t) { return at::from_blob(t.data_ptr(), t.
 // one, and torch's profiler, which sees the frees of the rank's own threads only, counts it as
 // never freed). A reduce-scatter's buffers (its input, the all-to-all's receive buffer and, at 2
 // ranks, its output) are handed to Gloo as borrowed views, which own nothing: the GlooWork owns
-// them and frees them with the caller's last reference (the receive buffer once reduced). A GlooWork
+// them and frees them with the caller's last reference (the receive buffer once reduced). Through
+// shared memory the submitter lets go of the GlooWork before it reports the end. A GlooWork
 // dropped before Gloo finished (an abandoned or failed wait) first waits for Gloo, with the
 // timeout; if Gloo still has not finished, the buffers are leaked rather than freed under it.
 
@@ -201,6 +202,18 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
   // Failed, before the message is known: the flight recorder and the peers' diagnoses learn it
   // now, not after this rank's own diagnosis (a rank that then raises and exits is no suspect).
   void failing() { report_finished(false); }
+
+  // The engine has finished with the buffers (shared memory: the submitter, before it lets go of
+  // this work and reports the end): the flight recorder learns it, and a destructor that runs
+  // before the end is reported has nothing to wait for.
+  void engine_done(bool ok) {
+    report_finished(ok);
+    {
+      std::lock_guard<std::mutex> lock(done_mu_);
+      gloo_done_ = true;
+    }
+    done_cv_.notify_all();
+  }
 
   // It will never reach Gloo: `why` is what every wait() raises.
   void failed(std::string why) {
@@ -422,7 +435,7 @@ void GlooCommunicator::submit_loop() {
       continue;
     }
     if (shm_ && ShmExchange::supports(c)) {
-      run_shared(work);
+      run_shared(std::move(work));
       continue;
     }
     std::string mismatch;
@@ -485,29 +498,37 @@ ShmExchange::Interrupt GlooCommunicator::interrupt_for(const Collective& c) {
   };
 }
 
-void GlooCommunicator::run_shared(const std::shared_ptr<GlooWork>& work) {
-  const Collective& c = work->collective();
+void GlooCommunicator::run_shared(std::shared_ptr<GlooWork> work) {
   auto shared = c10::make_intrusive<SharedWork>();
   work->submitted(shared, {}, /*averaged=*/true);  // waits see it running, and poll the heartbeat's finding
-  std::string failure;                             // what every later collective fails with
-  try {
-    shm_->run(c, interrupt_for(c));
-    shared->end(nullptr);
-    return;
-  } catch (const ShmMismatch&) {
-    failure = mismatch_message(c);
-    log::error(failure);
-    shared->end(std::make_exception_ptr(CommError(failure)));
-  } catch (const CommError& e) {
-    failure = e.what();
-    shared->end(std::current_exception());
-  } catch (const std::exception& e) {
-    failure = detail::cat(c.what, " failed on rank ", job_rank(), " in shared memory: ", error_text(e));
-    work->failing();  // first: the peers' diagnoses then see this rank failed, not died
-    shared->end(std::current_exception());
+  std::exception_ptr error;
+  std::string failure;  // what every later collective fails with
+  {
+    const Collective& c = work->collective();
+    try {
+      shm_->run(c, interrupt_for(c));
+    } catch (const ShmMismatch&) {
+      failure = mismatch_message(c);
+      log::error(failure);
+      error = std::make_exception_ptr(CommError(failure));
+    } catch (const CommError& e) {
+      failure = e.what();
+      error = std::current_exception();
+    } catch (const std::exception& e) {
+      failure = detail::cat(c.what, " failed on rank ", job_rank(), " in shared memory: ", error_text(e));
+      work->failing();  // first: the peers' diagnoses then see this rank failed, not died
+      error = std::current_exception();
+    }
   }
-  std::lock_guard<std::mutex> lock(mu_);  // the segment's state is unknown: nothing more runs
-  if (failure_.empty()) failure_ = failure;
+  if (error) {
+    std::lock_guard<std::mutex> lock(mu_);  // the segment's state is unknown: nothing more runs
+    if (failure_.empty()) failure_ = failure;
+  }
+  // Let go before the end is known, so that the caller's last reference frees the collective's
+  // tensors, on the caller's thread (See Note [Borrowed buffers on Gloo]).
+  work->engine_done(!error);
+  work.reset();
+  shared->end(error);
 }
 
 std::string GlooCommunicator::check_against_peers(const c10::intrusive_ptr<c10d::Backend>& backend,

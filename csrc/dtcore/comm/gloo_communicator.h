@@ -83,7 +83,7 @@ class GlooCommunicator final : public Communicator {
   c10::intrusive_ptr<c10d::Work> launch(const c10::intrusive_ptr<c10d::Backend>& backend, const Collective& c,
                                         GlooScatter& scatter);
   // Runs `c` through shared memory, in this (the submitter's) thread, and completes `work`.
-  void run_shared(const std::shared_ptr<GlooWork>& work);
+  void run_shared(std::shared_ptr<GlooWork> work);
   // What stops `c`'s waits in shared memory: close(), or the heartbeat's finding of a mismatch.
   ShmExchange::Interrupt interrupt_for(const Collective& c);
 
