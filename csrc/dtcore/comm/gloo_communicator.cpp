@@ -111,24 +111,12 @@ class GlooWorkGroup final : public c10d::Work {
 
 // A collective the submitter runs through shared memory, as Gloo's work: GlooWork waits on it as
 // on Gloo's. Its failure is a std::runtime_error (a peer timed out or exited: GlooWork adds the
-// diagnosis) or a CommError (a mismatch or an interruption: the whole message, as is).
+// diagnosis) or a CommError (a mismatch or an interruption: the whole message, as is). It has no
+// future: the submitter reports the end through GlooWork::engine_done().
 class SharedWork final : public c10d::Work {
  public:
-  SharedWork() : future_(c10::make_intrusive<c10::ivalue::Future>(c10::NoneType::get())) {}
-
-  // Ended: `error` null for success. Waits return first, then the future's callbacks run.
-  void end(std::exception_ptr error) {
-    finish(error);
-    if (error) {
-      future_->setError(error);
-    } else {
-      future_->markCompleted(c10::IValue());
-    }
-  }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-
- private:
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  // Ended: `error` null for success; waits return.
+  void end(std::exception_ptr error) { finish(std::move(error)); }
 };
 
 // One collective: queued until the submitter has checked it against the other ranks and handed
@@ -165,9 +153,8 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
   const Collective& collective() const { return c_; }
 
   // The submitter handed it to Gloo; `scatter` is what a reduce-scatter reduces into the output
-  // on completion (See Note [Reduce-scatter on Gloo]). `averaged`: the engine divided an Avg
-  // already (shared memory does).
-  void submitted(c10::intrusive_ptr<c10d::Work> work, GlooScatter scatter = {}, bool averaged = false) {
+  // on completion (See Note [Reduce-scatter on Gloo]).
+  void submitted(c10::intrusive_ptr<c10d::Work> work, GlooScatter scatter = {}) {
     // Some of Gloo's works (e.g. _reduce_scatter_base) have no future: their end is reported by
     // wait() or is_completed().
     c10::intrusive_ptr<c10::ivalue::Future> future;
@@ -179,7 +166,6 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
       std::lock_guard<std::mutex> lock(mu_);
       work_ = work;
       scatter_ = std::move(scatter);
-      averaged_ = averaged;
       has_future_ = future.defined();
     }
     cv_.notify_all();
@@ -202,6 +188,18 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
   // Failed, before the message is known: the flight recorder and the peers' diagnoses learn it
   // now, not after this rank's own diagnosis (a rank that then raises and exits is no suspect).
   void failing() { report_finished(false); }
+
+  // The submitter runs it itself, through shared memory: an Avg is divided there, and the end is
+  // reported by engine_done(), which a wait polls for as for a future's (heartbeat included).
+  void running_shared(c10::intrusive_ptr<c10d::Work> work) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      work_ = std::move(work);
+      averaged_ = true;
+      has_future_ = true;
+    }
+    cv_.notify_all();
+  }
 
   // The engine has finished with the buffers (shared memory: the submitter, before it lets go of
   // this work and reports the end): the flight recorder learns it, and a destructor that runs
@@ -359,7 +357,7 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
   c10::intrusive_ptr<c10d::Work> work_;  // set once handed to Gloo
   GlooScatter scatter_;                  // a reduce-scatter's shards, until reduced
   std::string failure_;                  // set when it never will be
-  bool has_future_ = false;              // Gloo's work has a future, whose callback sets gloo_done_
+  bool has_future_ = false;              // gloo_done_ will be set: by a future's callback or engine_done()
   bool averaged_ = false;                // the engine divided an Avg itself
   bool done_ = false;
   // Gloo finished it (ok or not): set by the future's callback, which must not take mu_ (a wait
@@ -372,6 +370,7 @@ class GlooWork final : public Work, public std::enable_shared_from_this<GlooWork
 GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Backend> backend, const Options& options)
     : Communicator(backend->getRank(), backend->getSize(), options), backend_(std::move(backend)) {
   shm_ = ShmExchange::connect(backend_, options.shared_memory, timeout(), options.ranks);
+  shared_memory_ = shm_ != nullptr;
   submitter_ = std::thread([this] { submit_loop(); });
 }
 
@@ -442,6 +441,14 @@ void GlooCommunicator::submit_loop() {
     try {
       // Through shared memory the check costs nothing, so it is always made.
       mismatch = check() == CollectiveCheck::kNever && !shm_ ? "" : check_against_peers(backend, c);
+    } catch (const CommError& e) {  // the check through shared memory was interrupted: the final word
+      work->failing();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (failure_.empty()) failure_ = e.what();
+      }
+      work->failed(e.what());
+      continue;
     } catch (const std::exception& e) {
       work->failing();
       // The check itself failed (a peer died or never issued the collective): Gloo's group is
@@ -500,7 +507,7 @@ ShmExchange::Interrupt GlooCommunicator::interrupt_for(const Collective& c) {
 
 void GlooCommunicator::run_shared(std::shared_ptr<GlooWork> work) {
   auto shared = c10::make_intrusive<SharedWork>();
-  work->submitted(shared, {}, /*averaged=*/true);  // waits see it running, and poll the heartbeat's finding
+  work->running_shared(shared);  // waits see it running, and poll the heartbeat's finding
   std::exception_ptr error;
   std::string failure;  // what every later collective fails with
   {
@@ -508,15 +515,17 @@ void GlooCommunicator::run_shared(std::shared_ptr<GlooWork> work) {
     try {
       shm_->run(c, interrupt_for(c));
     } catch (const ShmMismatch&) {
+      work->failing();  // first: the peers' diagnoses then see this rank failed, not stalled
       failure = mismatch_message(c);
       log::error(failure);
       error = std::make_exception_ptr(CommError(failure));
     } catch (const CommError& e) {
+      work->failing();
       failure = e.what();
       error = std::current_exception();
     } catch (const std::exception& e) {
+      work->failing();
       failure = detail::cat(c.what, " failed on rank ", job_rank(), " in shared memory: ", error_text(e));
-      work->failing();  // first: the peers' diagnoses then see this rank failed, not died
       error = std::current_exception();
     }
   }

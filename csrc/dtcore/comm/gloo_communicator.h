@@ -67,7 +67,7 @@ class GlooCommunicator final : public Communicator {
   // are reported in torch DDP's logging data); null once closed.
   c10::intrusive_ptr<c10d::Backend> engine();
   // Whether the ranks exchange through shared memory (See shm_exchange.h); set at construction.
-  bool shared_memory() const { return shm_ != nullptr; }
+  bool shared_memory() const { return shared_memory_; }
 
  protected:
   std::shared_ptr<Work> start(const Collective& c) override;
@@ -87,6 +87,7 @@ class GlooCommunicator final : public Communicator {
   // What stops `c`'s waits in shared memory: close(), or the heartbeat's finding of a mismatch.
   ShmExchange::Interrupt interrupt_for(const Collective& c);
 
+  bool shared_memory_ = false;        // shm_ was made: set before the submitter starts, never changed
   std::unique_ptr<ShmExchange> shm_;  // null: everything through Gloo; used by the submitter only
   std::atomic<bool> closing_{false};  // close() began: a collective in shared memory stops waiting
 

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -89,6 +90,22 @@ long futex(uint32_t* word, int op, uint32_t value, const timespec* timeout) {
 }
 
 std::string os_error(std::string_view what) { return detail::cat(what, ": ", std::strerror(errno)); }
+
+// This host as its processes see it: its name and its boot (two machines cloned from one image
+// share a name, never a boot id), hashed.
+uint64_t host_identity() {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  std::string id = name;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char boot[64] = {};
+    if (std::fgets(boot, sizeof boot, f) != nullptr) id += boot;
+    std::fclose(f);
+  }
+  uint64_t hash = 1469598103934665603ULL;  // FNV-1a
+  for (unsigned char ch : id) hash = (hash ^ ch) * 1099511628211ULL;
+  return hash;
+}
 
 }  // namespace
 
@@ -192,9 +209,28 @@ std::unique_ptr<ShmExchange> ShmExchange::connect(const c10::intrusive_ptr<c10d:
                                                   std::chrono::milliseconds timeout, std::vector<int> job_ranks) {
   const int rank = backend->getRank(), size = backend->getSize();
   if (size == 1) return nullptr;
-  // Every rank takes part, whatever its DTCORE_SHM says: a rank that skipped the two collectives
+  // Every rank takes part, whatever its DTCORE_SHM says: a rank that skipped the collectives
   // below would leave the others' out of step with its own.
   const bool off = mode == SharedMemory::kOff;
+
+  // First, whether the ranks share a host at all: rank 0 reserves no memory for a job of several
+  // (max(h) == min(h) over the ranks, in one allreduce of [h, -h] with MAX).
+  const int64_t h = static_cast<int64_t>(host_identity() >> 1);
+  at::Tensor hosts = at::empty({2}, at::kLong);
+  hosts.data_ptr<int64_t>()[0] = h;
+  hosts.data_ptr<int64_t>()[1] = -h;
+  std::vector<at::Tensor> compared{hosts};
+  c10d::AllreduceOptions hopts;
+  hopts.reduceOp = c10d::ReduceOp::MAX;
+  hopts.timeout = timeout;
+  backend->allreduce(compared, hopts)->wait(timeout);
+  if (hosts.data_ptr<int64_t>()[0] != -hosts.data_ptr<int64_t>()[1]) {
+    DTCORE_CHECK(mode != SharedMemory::kRequired, ConfigError, knobs::kShm.name,
+                 "=1, but the ranks are on several hosts, which cannot share memory. Fix: unset ", knobs::kShm.name,
+                 " to let them go through Gloo.");
+    log::debug("the ranks are on several hosts: collectives go through Gloo");
+    return nullptr;
+  }
 
   // Rank 0 creates the segment under a random name and hands the name out ("" when it did not).
   std::string why;  // this rank's reason for not mapping it
@@ -245,7 +281,7 @@ std::unique_ptr<ShmExchange> ShmExchange::connect(const c10::intrusive_ptr<c10d:
   const bool root_off = state[0] == kOffHere;  // then the others failed for want of its segment
   std::string failed, turned_off;
   for (int r = 0; r < size; ++r) {
-    if (state[r] == kMapped || (root_off && r != 0)) continue;
+    if (state[r] == kMapped || (root_off && state[r] == kFailed)) continue;
     std::string& list = state[r] == kFailed ? failed : turned_off;
     list += detail::cat(list.empty() ? "" : ", ", job_ranks.empty() ? r : job_ranks[static_cast<size_t>(r)]);
   }

@@ -42,11 +42,11 @@ class ShmExchange {
   using Interrupt = std::function<std::string()>;
 
   // Called on every rank of `backend`'s group alike, before any collective, whatever each rank's
-  // `mode` (it runs two of Gloo's collectives). Rank 0 creates the segment and names it to the
-  // others; each maps it and takes its lock; then every rank learns whether all succeeded, and
-  // rank 0 unlinks the name (the mapping lives on until the last rank unmaps it). Null when the
-  // ranks do not all map it (or one rank alone): the log says which ranks and why. `job_ranks`
-  // names the members in messages (empty: rank r is job rank r).
+  // `mode` (it runs up to three of Gloo's collectives). Once the ranks are found to share a host
+  // (name and boot id), rank 0 creates the segment and names it to the others; each maps it and takes its lock; then
+  // every rank learns whether all succeeded, and rank 0 unlinks the name (the mapping lives on until the last rank
+  // unmaps it). Null when the ranks do not all map it (or one rank alone): the log says which ranks and why.
+  // `job_ranks` names the members in messages (empty: rank r is job rank r).
   static std::unique_ptr<ShmExchange> connect(const c10::intrusive_ptr<c10d::Backend>& backend, SharedMemory mode,
                                               std::chrono::milliseconds timeout, std::vector<int> job_ranks);
   // connect()'s parts, on one rank each (a test runs them in threads): rank 0 creates the segment
