@@ -551,19 +551,7 @@ std::string GlooCommunicator::check_against_peers(const c10::intrusive_ptr<c10d:
       return mismatch_message(c);
     }
   }
-  // max(s) == min(s) over the ranks, in one allreduce: [s, -s] with MAX gives [max, -min]. The
-  // signature is halved so that -s cannot overflow.
-  const int64_t s = static_cast<int64_t>(c.signature >> 1);
-  at::Tensor t = at::empty({2}, at::TensorOptions().dtype(at::kLong));
-  int64_t* v = t.data_ptr<int64_t>();  // per collective: no indexing through the dispatcher
-  v[0] = s;
-  v[1] = -s;
-  std::vector<at::Tensor> tensors{t};
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = c10d::ReduceOp::MAX;
-  opts.timeout = timeout();
-  backend->allreduce(tensors, opts)->wait(timeout());
-  if (v[0] == -v[1]) return "";
+  if (same_on_every_rank(backend, c.signature, timeout())) return "";
   return mismatch_message(c);
 }
 

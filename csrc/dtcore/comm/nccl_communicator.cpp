@@ -24,6 +24,7 @@
 
 #include "dtcore/common/backoff.h"
 #include "dtcore/common/dtype.h"
+#include "dtcore/common/env.h"
 #include "dtcore/common/error.h"
 #include "dtcore/common/knobs.h"
 #include "dtcore/common/log.h"
@@ -49,12 +50,6 @@ double seconds(Clock::duration d) {
 // Waits the user sits in check for Ctrl-C; teardown passes kIgnore (see backoff.h).
 Backoff gpu_backoff(Backoff::Interrupt interrupt = Backoff::Interrupt::kCheck) {
   return Backoff(std::chrono::microseconds(20), std::chrono::microseconds(2000), interrupt);
-}
-
-std::string host_name() {
-  char host[256] = {};
-  if (gethostname(host, sizeof(host) - 1) != 0) return "?";
-  return host;
 }
 
 // ncclInProgress is not an error on a non-blocking communicator: the call goes on in the background.

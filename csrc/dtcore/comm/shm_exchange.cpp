@@ -18,6 +18,7 @@
 
 #include "dtcore/comm/host_reduce.h"
 #include "dtcore/common/c10_error.h"
+#include "dtcore/common/env.h"
 #include "dtcore/common/error.h"
 #include "dtcore/common/knobs.h"
 #include "dtcore/common/log.h"
@@ -63,12 +64,6 @@ constexpr auto kSlice = std::chrono::milliseconds(100);
 constexpr int kSpins = 2000;
 constexpr size_t kNameBytes = 64;
 
-struct alignas(kLine) Control {
-  uint32_t counter;   // See Note [Collectives through shared memory]; the futex word
-  uint32_t sleepers;  // ranks asleep on `counter`
-  uint64_t seq;       // the collective this rank last began, for messages
-};
-
 struct alignas(kLine) SlotHeader {
   uint64_t signature;
   uint64_t seq;
@@ -94,9 +89,7 @@ std::string os_error(std::string_view what) { return detail::cat(what, ": ", std
 // This host as its processes see it: its name and its boot (two machines cloned from one image
 // share a name, never a boot id), hashed.
 uint64_t host_identity() {
-  char name[256] = {};
-  gethostname(name, sizeof name - 1);
-  std::string id = name;
+  std::string id = host_name();
   if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
     char boot[64] = {};
     if (std::fgets(boot, sizeof boot, f) != nullptr) id += boot;
@@ -108,6 +101,14 @@ uint64_t host_identity() {
 }
 
 }  // namespace
+
+struct alignas(kLine) ShmExchange::Control {
+  uint32_t counter;   // See Note [Collectives through shared memory]; the futex word
+  uint32_t sleepers;  // ranks asleep on `counter`
+  uint64_t seq;       // the collective this rank last began, for messages
+};
+
+ShmExchange::Control* ShmExchange::control(int r) const { return reinterpret_cast<Control*>(base_ + kLine * (1 + r)); }
 
 struct ShmExchange::Layout {
   int64_t control;  // the control page(s): the segment header, then one Control per rank
@@ -121,6 +122,24 @@ struct ShmExchange::Layout {
         buffer(slot * size + kSlotBytes),
         bytes(control + 2 * buffer) {}
 };
+
+bool same_on_every_rank(const c10::intrusive_ptr<c10d::Backend>& backend, uint64_t value,
+                        std::chrono::milliseconds timeout) {
+  if (backend->getSize() == 1) return true;
+  // max(v) == min(v) over the ranks, in one allreduce: [v, -v] with MAX gives [max, -min]. The
+  // value is halved so that -v cannot overflow.
+  const int64_t v = static_cast<int64_t>(value >> 1);
+  at::Tensor t = at::empty({2}, at::TensorOptions().dtype(at::kLong));
+  int64_t* p = t.data_ptr<int64_t>();  // no indexing through the dispatcher: it runs per collective
+  p[0] = v;
+  p[1] = -v;
+  std::vector<at::Tensor> tensors{t};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::MAX;
+  opts.timeout = timeout;
+  backend->allreduce(tensors, opts)->wait(timeout);
+  return p[0] == -p[1];
+}
 
 std::unique_ptr<ShmExchange> ShmExchange::create(const std::string& name, int size, std::chrono::milliseconds timeout,
                                                  std::vector<int> job_ranks, std::string& why) {
@@ -213,18 +232,8 @@ std::unique_ptr<ShmExchange> ShmExchange::connect(const c10::intrusive_ptr<c10d:
   // below would leave the others' out of step with its own.
   const bool off = mode == SharedMemory::kOff;
 
-  // First, whether the ranks share a host at all: rank 0 reserves no memory for a job of several
-  // (max(h) == min(h) over the ranks, in one allreduce of [h, -h] with MAX).
-  const int64_t h = static_cast<int64_t>(host_identity() >> 1);
-  at::Tensor hosts = at::empty({2}, at::kLong);
-  hosts.data_ptr<int64_t>()[0] = h;
-  hosts.data_ptr<int64_t>()[1] = -h;
-  std::vector<at::Tensor> compared{hosts};
-  c10d::AllreduceOptions hopts;
-  hopts.reduceOp = c10d::ReduceOp::MAX;
-  hopts.timeout = timeout;
-  backend->allreduce(compared, hopts)->wait(timeout);
-  if (hosts.data_ptr<int64_t>()[0] != -hosts.data_ptr<int64_t>()[1]) {
+  // First, whether the ranks share a host at all: rank 0 reserves no memory for a job of several.
+  if (!same_on_every_rank(backend, host_identity(), timeout)) {
     DTCORE_CHECK(mode != SharedMemory::kRequired, ConfigError, knobs::kShm.name,
                  "=1, but the ranks are on several hosts, which cannot share memory. Fix: unset ", knobs::kShm.name,
                  " to let them go through Gloo.");
@@ -379,8 +388,7 @@ class ShmExchange::Chunk {
 };
 
 void ShmExchange::begin(const Collective& c) {
-  std::atomic_ref<uint64_t>(reinterpret_cast<Control*>(base_ + kLine * (1 + rank_))->seq)
-      .store(c.seq, std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(control(rank_)->seq).store(c.seq, std::memory_order_relaxed);
   deadline_ = std::chrono::steady_clock::now() + timeout_;
 }
 
@@ -503,7 +511,7 @@ void ShmExchange::broadcast(const Collective& c, const Interrupt& interrupt) {
 }
 
 void ShmExchange::arrive(uint32_t value) {
-  auto* me = reinterpret_cast<Control*>(base_ + kLine * (1 + rank_));
+  auto* me = control(rank_);
   std::atomic_ref<uint32_t>(me->counter).store(value, std::memory_order_seq_cst);
   if (std::atomic_ref<uint32_t>(me->sleepers).load(std::memory_order_seq_cst) != 0) {
     futex(&me->counter, FUTEX_WAKE, INT_MAX, nullptr);
@@ -525,7 +533,7 @@ void ShmExchange::wait_for_ranks(uint32_t target, const Collective& c, const Int
   auto next_check = Clock::now() + kSlice;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
-    auto* peer = reinterpret_cast<Control*>(base_ + kLine * (1 + r));
+    auto* peer = control(r);
     std::atomic_ref<uint32_t> counter(peer->counter), sleepers(peer->sleepers);
     for (int spin = 0; spin < kSpins && !reached(counter.load(std::memory_order_acquire), target); ++spin) {
 #if defined(__x86_64__)
@@ -554,7 +562,7 @@ void ShmExchange::wait_for_ranks(uint32_t target, const Collective& c, const Int
       if (Clock::now() < deadline_) continue;
       std::string late;  // every rank not there yet, not only the first
       for (int q = 0; q < size_; ++q) {
-        auto* other = reinterpret_cast<Control*>(base_ + kLine * (1 + q));
+        auto* other = control(q);
         if (q == rank_ || reached(std::atomic_ref<uint32_t>(other->counter).load(), target)) continue;
         late += detail::cat(late.empty() ? "" : ", ", "rank ", job_rank(q), " (last began #",
                             std::atomic_ref<uint64_t>(other->seq).load(std::memory_order_relaxed), ")");

@@ -35,6 +35,11 @@ class ShmMismatch : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Whether `value` is the same on every rank of `backend`'s group: one allreduce through Gloo,
+// waited for at most `timeout` (c10d's error when it passes). Ignores the value's lowest bit.
+bool same_on_every_rank(const c10::intrusive_ptr<c10d::Backend>& backend, uint64_t value,
+                        std::chrono::milliseconds timeout);
+
 class ShmExchange {
  public:
   // What run() polls while it waits, every 100 ms: a non-empty answer interrupts the collective
@@ -95,6 +100,8 @@ class ShmExchange {
   // Waits until every rank's counter reaches `target`.
   void wait_for_ranks(uint32_t target, const Collective& c, const Interrupt& interrupt);
   void arrive(uint32_t value);
+  struct Control;  // a rank's line of the control page
+  Control* control(int r) const;
   // Takes this rank's lock on the segment (See Note [Collectives through shared memory]).
   bool lock(std::string& why);
   // Whether rank `r`'s process still holds its lock on the segment.

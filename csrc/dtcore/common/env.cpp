@@ -1,5 +1,7 @@
 #include "dtcore/common/env.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
 
@@ -48,6 +50,12 @@ std::string ascii_lower(std::string_view value) {
 bool truthy(std::string_view value) {
   const std::string v = ascii_lower(value);
   return v == "1" || v == "true" || v == "yes" || v == "on";
+}
+
+std::string host_name() {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) return "?";
+  return host;
 }
 
 }  // namespace dtcore

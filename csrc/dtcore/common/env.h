@@ -43,4 +43,7 @@ std::string ascii_lower(std::string_view value);
 // A variable read as a switch: 1, true, yes or on (any case) mean on; anything else off.
 bool truthy(std::string_view value);
 
+// This machine's host name (gethostname), "?" when it cannot be read.
+std::string host_name();
+
 }  // namespace dtcore
