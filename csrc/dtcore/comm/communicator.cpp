@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include <ATen/ThreadLocalState.h>
+#include <ATen/record_function.h>
 #include <c10/core/ScalarType.h>
 
 #include "dtcore/common/dtype.h"
@@ -235,6 +237,36 @@ std::function<std::string()> Communicator::divergence_probe() const {
   return [health = std::move(health)] { return health ? health->divergence() : std::string(); };
 }
 
+namespace {
+
+// Note [Collectives in the profiler]
+// As c10d's process groups do, every collective is an event of torch's profiler named
+// "<backend>:<collective>" ("gloo:all_reduce", "nccl:broadcast"), with its tensors as inputs (for
+// record_shapes), from its issue to its end. The end is reported by the engine on another thread
+// (Gloo's submitter, NCCL's watchdog), so the event is async, and the end runs with the issuing
+// thread's profiler state. Nothing is recorded, and nothing allocated, when no profiler is on.
+std::string_view profiling_title(std::string_view backend, CollectiveKind kind) {
+  static constexpr std::string_view kGloo[] = {"gloo:all_reduce", "gloo:reduce_scatter", "gloo:all_gather",
+                                               "gloo:broadcast", "gloo:barrier"};  // in CollectiveKind's order
+  static constexpr std::string_view kNccl[] = {"nccl:all_reduce", "nccl:reduce_scatter", "nccl:all_gather",
+                                               "nccl:broadcast", "nccl:barrier"};
+  return (backend == "nccl" ? kNccl : kGloo)[static_cast<int>(kind)];
+}
+
+// The profiler's event for `c`, begun; null when no profiler records.
+std::function<void()> profile(const Collective& c, std::string_view backend) {
+  auto event = std::make_shared<at::RecordFunction>(at::RecordScope::USER_SCOPE);
+  if (!event->isActive()) return {};
+  event->_setAsync();
+  std::vector<c10::IValue> inputs;
+  if (c.input.defined()) inputs.emplace_back(c.input);
+  if (c.output.defined()) inputs.emplace_back(c.output);
+  event->before(profiling_title(backend, c.kind), c10::ArrayRef<const c10::IValue>(inputs.data(), inputs.size()));
+  return at::wrapPropagateTLSState(std::function<void()>([event] { event->end(); }));
+}
+
+}  // namespace
+
 std::shared_ptr<Work> Communicator::issue(Collective c) {
   // The ranks were found to differ (See Note [Collective signature]): nothing more runs.
   if (health_ && health_->diverged()) {
@@ -253,9 +285,10 @@ std::shared_ptr<Work> Communicator::issue(Collective c) {
   c.what = with_detail(detail::cat(name, " #", c.seq), detail);  // "all_reduce #12 (torch.float32[4096], avg)"
   recorder_->issued(CollectiveRecord{c.seq, std::string(name), std::move(detail), c.label, c.signature});
   if (health_) health_->record_started(c.seq, c.what, c.signature);
-  c.finished = [recorder = recorder_, health = health_, seq = c.seq](bool ok) {
+  c.finished = [recorder = recorder_, health = health_, seq = c.seq, profiled = profile(c, backend())](bool ok) {
     recorder->finished(seq, ok);
     if (health) health->record_finished(seq, ok);
+    if (profiled) profiled();  // See Note [Collectives in the profiler]
   };
   return start(c);
 }

@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
@@ -333,6 +334,7 @@ bool Reducer::find_unused_parameters() const {
 
 void Reducer::find_unused(const std::vector<at::Tensor>& outputs) {
   if (!find_unused_parameters()) return;
+  RECORD_USER_SCOPE("dtcore.reducer::search_unused_parameters");  // torch DDP's name for it, in profiles
   // Every node the outputs' graph reaches; a parameter whose accumulator is not among them gets
   // no gradient in the coming backward.
   std::unordered_set<torch::autograd::Node*> seen;

@@ -1,7 +1,7 @@
 """dtcore.DistributedDataParallel behaves as torch DDP where a difference would be silent: unused
 parameters, reassigned buffers, static graphs, ignored parameters, process groups, the error
-phrases, the compatibility surface, wrapping a module again and torch's logging data. One 2-rank
-job (workers/ddp_semantics_worker.py) runs them all."""
+phrases, the compatibility surface, wrapping a module again, torch's logging data and its
+profiler's events. One 2-rank job (workers/ddp_semantics_worker.py) runs them all."""
 
 import pytest
 
@@ -144,3 +144,13 @@ def test_torch_logging_data_reports_real_values(ranks):
         assert hooked == "allreduce_hook" and builtin == builtin_name
         assert "Expected to have finished reduction in the prior iteration" in j["error"]
         assert j["error_logged"] == "ConfigError: " + j["error"]
+
+
+def test_collectives_and_the_unused_search_are_events_of_torchs_profiler(ranks):
+    for r in ranks:
+        assert r["profiled"] == {
+            "all_reduce": 12,  # 3 steps of 4 buckets, nothing else
+            "async": [True],  # ended on the communicator's thread
+            "other_collectives": [],
+            "search": ["dtcore.reducer::search_unused_parameters"],
+        }

@@ -288,6 +288,31 @@ def logging_data(rank: int) -> dict:
     return result
 
 
+def profiled(rank: int) -> dict:
+    """Under torch's profiler, each collective is an async event named as c10d names its own
+    ("gloo:all_reduce"), one per bucket reduced, and the search for unused parameters is one event
+    per forward, as torch DDP records them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    model = DDP(TwoLayers(), bucket_cap_mb=1e-6)  # one bucket per parameter: 4 all-reduces a step
+    x = batch(rank)
+    model(x, use_spare=True).sum().backward()  # the first step also rebuilds the buckets (a broadcast)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            model(x, use_spare=True).sum().backward()
+    unused = DDP(TwoLayers(), find_unused_parameters=True)
+    with profile(activities=[ProfilerActivity.CPU]) as prof_unused:
+        unused(x).sum().backward()
+    names = [e.name for e in prof.events()]
+    return {
+        "all_reduce": names.count("gloo:all_reduce"),
+        "async": sorted({e.is_async for e in prof.events() if e.name == "gloo:all_reduce"}),
+        "other_collectives": sorted({n for n in names if n.startswith(("gloo:", "nccl:")) and n != "gloo:all_reduce"}),
+        "search": [e.name for e in prof_unused.events() if e.name.endswith("search_unused_parameters")],
+    }
+
+
 CASES = [
     unused_everywhere,
     functional_call,
@@ -300,6 +325,7 @@ CASES = [
     compatibility,
     rewrapped,
     logging_data,
+    profiled,
 ]
 
 
