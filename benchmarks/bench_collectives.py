@@ -1,6 +1,8 @@
 """dtcore's collectives on one host against torch's Gloo: torch.distributed on Gloo and dtcore side
 by side in one job, twice: dtcore through shared memory (Note [Collectives through shared memory]),
-then through Gloo (DTCORE_SHM=0; Note [Reduce-scatter on Gloo]).
+then through Gloo (DTCORE_SHM=0; Note [Reduce-scatter on Gloo]). Through shared memory, the
+all-reduce also runs on a tensor in a buffer every rank maps (Note [Buffers in shared memory]),
+where the reducer keeps its buckets.
 
     python benchmarks/bench_collectives.py [--world 2] [--op all_reduce|reduce_scatter|all_gather]
                                            [--numel 8388608] [--iters 10]
@@ -46,7 +48,16 @@ def worker(args) -> None:
             "torch Gloo all_reduce": lambda: dist.all_reduce(buf),
             "dtcore": lambda: comm.all_reduce(buf, "sum").wait(),
         }
-        result = lambda: buf  # noqa: E731
+        shared = comm.shared_buffer(4 * numel)  # None through Gloo
+        if shared is not None:  # Note [Buffers in shared memory]: in place, no copy through the exchange
+            in_buffer = shared.view(torch.float32)
+
+            def prepare() -> None:
+                buf.copy_(x)
+                in_buffer.copy_(x)
+
+            calls["dtcore, in a shared buffer"] = lambda: comm.all_reduce(in_buffer, "sum").wait()
+        outputs = {v: in_buffer if v == "dtcore, in a shared buffer" else buf for v in calls}
     elif args.op == "reduce_scatter":
         out = torch.empty(numel // n)
 
@@ -63,7 +74,7 @@ def worker(args) -> None:
             "torch all-to-all + sum": all_to_all,
             "dtcore": lambda: comm.reduce_scatter(out, x, "sum").wait(),
         }
-        result = lambda: out  # noqa: E731
+        outputs = {v: out for v in calls}
     else:
         part = x[: numel // n]
         out = torch.empty(numel)
@@ -75,7 +86,7 @@ def worker(args) -> None:
             "torch Gloo all_gather_into_tensor": lambda: dist.all_gather_into_tensor(out, part),
             "dtcore": lambda: comm.all_gather(out, part).wait(),
         }
-        result = lambda: out  # noqa: E731
+        outputs = {v: out for v in calls}
     wall: dict[str, list[float]] = {v: [] for v in calls}
     cpu: dict[str, list[float]] = {v: [] for v in calls}
     results: dict[str, torch.Tensor] = {}
@@ -88,7 +99,7 @@ def worker(args) -> None:
             if i >= 2:
                 wall[v].append(time.perf_counter() - start)
                 cpu[v].append(time.process_time() - cpu_start)
-            results[v] = result().clone()
+            results[v] = outputs[v].clone()
     first = next(iter(results.values()))
     agree = all(torch.allclose(r, first, rtol=1e-5, atol=1e-4) for r in results.values())
     if ctx.rank == 0:

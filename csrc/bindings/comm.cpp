@@ -60,6 +60,20 @@ void bind_comm(py::module_& m) {
           },
           "Whether a Gloo communicator's ranks exchange through shared memory (DTCORE_SHM)")
       .def(
+          "shared_buffer",
+          [](Communicator& c, int64_t nbytes) -> py::object {
+            at::Tensor t;
+            {
+              py::gil_scoped_release release;
+              t = c.shared_buffer(nbytes);
+            }
+            return t.defined() ? py::cast(t) : py::none();
+          },
+          py::arg("nbytes"),
+          "A collective: nbytes of zeroed memory (a uint8 tensor) that every rank maps, where an all_reduce "
+          "runs in place with no copy (the reducer keeps its buckets there); None where there is none (NCCL, "
+          "several hosts, no shared memory, a full /dev/shm)")
+      .def(
           "all_reduce",
           [](Communicator& c, const at::Tensor& t, const std::string& op) {
             ReduceOp rop = parse_reduce_op(op);

@@ -260,6 +260,15 @@ class Communicator {
   std::shared_ptr<Work> broadcast(const at::Tensor& tensor, int root, std::string_view label = {});
   std::shared_ptr<Work> barrier(std::string_view label = {});
 
+  // `bytes` of zeroed memory (a uint8 tensor) in which an all-reduce costs less: on Gloo between
+  // ranks that share a host, memory every rank maps, so that the reduction runs in place with no
+  // copy through the exchange (See shm_buffers.h). A collective: every rank calls it with the same
+  // size, in the same order as its collectives. Undefined where there is no such memory (another
+  // backend, ranks on several hosts, a full /dev/shm): the caller allocates its own.
+  virtual at::Tensor shared_buffer(int64_t /*bytes*/) { return {}; }
+  // Whether shared_buffer() can give memory (alike on every rank, decided at construction).
+  virtual bool offers_shared_buffers() const { return false; }
+
   // This rank's last collectives; see flight_recorder.h.
   const std::shared_ptr<FlightRecorder>& recorder() const { return recorder_; }
   // The flight record is dumped to `path` (lines naming this rank and `host`) on every failure

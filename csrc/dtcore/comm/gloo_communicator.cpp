@@ -371,7 +371,12 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Backend> backend, co
     : Communicator(backend->getRank(), backend->getSize(), options), backend_(std::move(backend)) {
   shm_ = ShmExchange::connect(backend_, options.shared_memory, timeout(), options.ranks);
   shared_memory_ = shm_ != nullptr;
+  if (shm_) buffers_ = shm_->buffers();
   submitter_ = std::thread([this] { submit_loop(); });
+}
+
+at::Tensor GlooCommunicator::shared_buffer(int64_t bytes) {
+  return buffers_ ? buffers_->allocate(*this, bytes) : at::Tensor();
 }
 
 GlooCommunicator::~GlooCommunicator() { close(); }

@@ -68,6 +68,8 @@ class GlooCommunicator final : public Communicator {
   c10::intrusive_ptr<c10d::Backend> engine();
   // Whether the ranks exchange through shared memory (See shm_exchange.h); set at construction.
   bool shared_memory() const { return shared_memory_; }
+  at::Tensor shared_buffer(int64_t bytes) override;
+  bool offers_shared_buffers() const override { return buffers_ != nullptr; }
 
  protected:
   std::shared_ptr<Work> start(const Collective& c) override;
@@ -87,9 +89,10 @@ class GlooCommunicator final : public Communicator {
   // What stops `c`'s waits in shared memory: close(), or the heartbeat's finding of a mismatch.
   ShmExchange::Interrupt interrupt_for(const Collective& c);
 
-  bool shared_memory_ = false;        // shm_ was made: set before the submitter starts, never changed
-  std::unique_ptr<ShmExchange> shm_;  // null: everything through Gloo; used by the submitter only
-  std::atomic<bool> closing_{false};  // close() began: a collective in shared memory stops waiting
+  bool shared_memory_ = false;           // shm_ was made: set before the submitter starts, never changed
+  std::unique_ptr<ShmExchange> shm_;     // null: everything through Gloo; used by the submitter only
+  std::shared_ptr<ShmBuffers> buffers_;  // shm_'s, for shared_buffer(); set with it
+  std::atomic<bool> closing_{false};     // close() began: a collective in shared memory stops waiting
 
   std::mutex mu_;  // guards everything below
   std::condition_variable cv_;

@@ -56,7 +56,8 @@ namespace dtcore {
 
 namespace {
 
-constexpr int64_t kSlotBytes = int64_t{1} << 20;  // per rank and buffer, the most a chunk moves
+constexpr int64_t kSlotBytes = int64_t{1} << 20;    // per rank and buffer, the most a chunk moves
+constexpr int64_t kBlockBytes = int64_t{64} << 10;  // reduced at a time in place (in a shared buffer)
 constexpr int64_t kPage = 4096;
 constexpr int64_t kLine = 64;
 constexpr uint64_t kMagic = 0x31304d4853544400ULL;  // "\0DTSHM01"
@@ -67,6 +68,8 @@ constexpr size_t kNameBytes = 64;
 struct alignas(kLine) SlotHeader {
   uint64_t signature;
   uint64_t seq;
+  uint64_t pool;    // an all-reduce's first chunk: the shared buffer its tensor lies in (0: none), and
+  uint64_t offset;  // where in it; See Note [Buffers in shared memory]
 };
 
 struct alignas(kLine) SegmentHeader {
@@ -141,26 +144,59 @@ bool same_on_every_rank(const c10::intrusive_ptr<c10d::Backend>& backend, uint64
   return p[0] == -p[1];
 }
 
-std::unique_ptr<ShmExchange> ShmExchange::create(const std::string& name, int size, std::chrono::milliseconds timeout,
-                                                 std::vector<int> job_ranks, std::string& why) {
-  const Layout layout(size);
+std::string ShmExchange::unique_name(std::string_view what) {
+  std::random_device random;
+  return detail::cat("/dtcore-", getpid(), "-", what, "-", std::hex, random(), random());
+}
+
+int ShmExchange::create_segment(const std::string& name, int64_t bytes, std::string& why) {
   const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) {
     why = os_error(detail::cat("shm_open(", name, ")"));
-    return nullptr;
+    return -1;
   }
-  void* base = MAP_FAILED;
-  if (ftruncate(fd, layout.bytes) != 0) {
+  if (ftruncate(fd, bytes) != 0) {
     why = os_error("ftruncate");
-  } else if (int err = posix_fallocate(fd, 0, layout.bytes); err != 0) {
+  } else if (int err = posix_fallocate(fd, 0, bytes); err != 0) {
     // Reserved now, or a full /dev/shm would kill the process (SIGBUS) at its first touch.
-    why = detail::cat("/dev/shm has no room for ", layout.bytes >> 20, " MiB (", std::strerror(err),
+    why = detail::cat("/dev/shm has no room for ", bytes >> 20, " MiB (", std::strerror(err),
                       "); in a container, raise its --shm-size");
-  } else if (base = mmap(nullptr, static_cast<size_t>(layout.bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-             base == MAP_FAILED) {
-    why = os_error("mmap");
+  } else {
+    return fd;
   }
-  if (!why.empty()) {
+  close(fd);
+  shm_unlink(name.c_str());
+  return -1;
+}
+
+int ShmExchange::open_segment(const std::string& name, int64_t bytes, std::string& why) {
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    why =
+        os_error(detail::cat("shm_open(", name, ") of rank 0's segment (not the same host, or not the same /dev/shm)"));
+    return -1;
+  }
+  struct stat st{};
+  if (fstat(fd, &st) == 0 && st.st_size == bytes) return fd;
+  why = detail::cat("the segment ", name, " is not the size this rank expects");
+  close(fd);
+  return -1;
+}
+
+void* ShmExchange::map_segment(int fd, int64_t bytes, std::string& why) {
+  void* base = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base != MAP_FAILED) return base;
+  why = os_error("mmap");
+  return nullptr;
+}
+
+std::unique_ptr<ShmExchange> ShmExchange::create(const std::string& name, int size, std::chrono::milliseconds timeout,
+                                                 std::vector<int> job_ranks, std::string& why) {
+  const Layout layout(size);
+  const int fd = create_segment(name, layout.bytes, why);
+  if (fd < 0) return nullptr;
+  void* base = map_segment(fd, layout.bytes, why);
+  if (base == nullptr) {
     close(fd);
     shm_unlink(name.c_str());
     return nullptr;
@@ -182,26 +218,19 @@ std::unique_ptr<ShmExchange> ShmExchange::open(const std::string& name, int rank
                                                std::chrono::milliseconds timeout, std::vector<int> job_ranks,
                                                std::string& why) {
   const Layout layout(size);
-  const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    why =
-        os_error(detail::cat("shm_open(", name, ") of rank 0's segment (not the same host, or not the same /dev/shm)"));
-    return nullptr;
+  const int fd = open_segment(name, layout.bytes, why);
+  if (fd < 0) return nullptr;
+  void* base = map_segment(fd, layout.bytes, why);
+  if (base != nullptr) {
+    if (const auto* header = static_cast<const SegmentHeader*>(base);
+        header->magic != kMagic || header->size != static_cast<uint64_t>(size) ||
+        header->slot_bytes != static_cast<uint64_t>(kSlotBytes)) {
+      why = detail::cat("the segment ", name, " was not written by this job's rank 0 (another dtcore version?)");
+      munmap(base, static_cast<size_t>(layout.bytes));
+      base = nullptr;
+    }
   }
-  struct stat st{};
-  void* base = MAP_FAILED;
-  if (fstat(fd, &st) != 0 || st.st_size != layout.bytes) {
-    why = detail::cat("the segment ", name, " is not the size this rank expects");
-  } else if (base = mmap(nullptr, static_cast<size_t>(layout.bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-             base == MAP_FAILED) {
-    why = os_error("mmap");
-  } else if (const auto* header = static_cast<const SegmentHeader*>(base);
-             header->magic != kMagic || header->size != static_cast<uint64_t>(size) ||
-             header->slot_bytes != static_cast<uint64_t>(kSlotBytes)) {
-    why = detail::cat("the segment ", name, " was not written by this job's rank 0 (another dtcore version?)");
-    munmap(base, static_cast<size_t>(layout.bytes));
-  }
-  if (!why.empty()) {
+  if (base == nullptr) {
     close(fd);
     return nullptr;
   }
@@ -253,8 +282,7 @@ std::unique_ptr<ShmExchange> ShmExchange::connect(const c10::intrusive_ptr<c10d:
     }
   } unlink_name;
   if (rank == 0 && !off) {
-    std::random_device random;
-    const std::string n = detail::cat("/dtcore-", getpid(), "-", std::hex, random(), random());
+    const std::string n = unique_name("exchange");
     x = create(n, size, timeout, job_ranks, why);
     if (x) {
       std::memcpy(name.data_ptr(), n.data(), n.size());
@@ -325,7 +353,8 @@ ShmExchange::ShmExchange(int rank, int size, std::vector<int> job_ranks, std::ch
       timeout_(timeout),
       fd_(fd),
       base_(static_cast<char*>(base)),
-      bytes_(bytes) {}
+      bytes_(bytes),
+      buffers_(std::make_shared<ShmBuffers>(rank, size)) {}
 
 ShmExchange::~ShmExchange() {
   munmap(base_, static_cast<size_t>(bytes_));
@@ -351,6 +380,22 @@ class ShmExchange::Chunk {
     auto* h = header(x_.rank_);
     h->signature = c.signature;
     h->seq = c.seq;
+    h->pool = 0;
+    h->offset = 0;
+  }
+
+  // Before written(): this rank's tensor lies at `place` in a shared buffer.
+  void offer(const ShmBuffers::Place& place) {
+    header(x_.rank_)->pool = place.pool->id;
+    header(x_.rank_)->offset = static_cast<uint64_t>(place.offset);
+  }
+  // After written(): whether every rank offered the same place.
+  bool offered_everywhere() const {
+    const SlotHeader* mine = header(x_.rank_);
+    for (int r = 0; r < x_.size_; ++r) {
+      if (header(r)->pool != mine->pool || header(r)->offset != mine->offset) return false;
+    }
+    return mine->pool != 0;
   }
 
   char* slot(int r) const { return layout_buffer_ + r * slot_stride_ + kPage; }
@@ -432,6 +477,7 @@ void ShmExchange::all_reduce(const Collective& c, const Interrupt& interrupt) {
   const int64_t e = c.input.element_size(), n = c.input.numel();
   const int64_t per_chunk = chunk_elements(e, 1), line = kLine / e;
   char* data = static_cast<char*>(c.input.data_ptr());
+  const auto place = buffers_->find(data, n * e);
   std::vector<const void*> peers(static_cast<size_t>(size_ - 1));
   for (int64_t k = 0, chunks = chunks_of(n, per_chunk); k < chunks; ++k) {
     const int64_t off = k * per_chunk, m = std::min(per_chunk, n - off);
@@ -443,7 +489,9 @@ void ShmExchange::all_reduce(const Collective& c, const Interrupt& interrupt) {
     Chunk chunk(*this, c, interrupt);
     copy(chunk.slot(rank_), src, static_cast<size_t>(mine * e));  // the parts the others reduce
     copy(chunk.slot(rank_) + mine_end * e, src + mine_end * e, static_cast<size_t>((m - mine_end) * e));
+    if (k == 0 && place) chunk.offer(*place);
     chunk.written();
+    if (k == 0 && chunk.offered_everywhere()) return all_reduce_in_place(c, *place, chunk);
     for (int r = 0, i = 0; r < size_; ++r) {
       if (r != rank_) peers[static_cast<size_t>(i++)] = chunk.slot(r) + mine * e;
     }
@@ -453,6 +501,29 @@ void ShmExchange::all_reduce(const Collective& c, const Interrupt& interrupt) {
     chunk.all_reduced();
     copy(src, chunk.result(), static_cast<size_t>(m * e));
   }
+}
+
+void ShmExchange::all_reduce_in_place(const Collective& c, const ShmBuffers::Place& place, Chunk& chunk) {
+  // Rank p reduces part p of every rank's tensor, a block at a time (the block stays in cache for
+  // the copies into the others'), and every part is reduced once, by one rank: all get the same bits.
+  const int64_t e = c.input.element_size(), n = c.input.numel(), line = kLine / e;
+  const int64_t part = (n + size_ * line - 1) / (size_ * line) * line, block = kBlockBytes / e;
+  const int64_t mine = std::min(n, rank_ * part), mine_end = std::min(n, (rank_ + 1) * part);
+  char* own = place.at(rank_);
+  std::vector<const void*> peers;
+  for (int64_t lo = mine; lo < mine_end; lo += block) {
+    const int64_t m = std::min(block, mine_end - lo);
+    peers.clear();
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) peers.push_back(place.at(r) + lo * e);
+    }
+    host_reduce(own + lo * e, own + lo * e, peers.data(), size_ - 1, m, c.input.scalar_type(), c.op, size_);
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) copy(place.at(r) + lo * e, own + lo * e, static_cast<size_t>(m * e));
+    }
+  }
+  chunk.reduced();
+  chunk.all_reduced();  // every part is in every rank's tensor
 }
 
 void ShmExchange::reduce_scatter(const Collective& c, const Interrupt& interrupt) {

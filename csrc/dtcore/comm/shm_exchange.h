@@ -20,11 +20,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "dtcore/comm/communicator.h"
+#include "dtcore/comm/shm_buffers.h"
 
 namespace dtcore {
 
@@ -65,6 +67,16 @@ class ShmExchange {
                                            std::string& why);
   static void unlink(const std::string& name);
 
+  // The segments' parts, for ShmBuffers too. A fresh POSIX shared-memory name for `what`.
+  static std::string unique_name(std::string_view what);
+  // Creates the segment `name` of `bytes`, all of them reserved in /dev/shm (zeroed): its file
+  // descriptor, or -1 with `why` said and nothing left behind.
+  static int create_segment(const std::string& name, int64_t bytes, std::string& why);
+  // Opens another rank's segment `name`, which must hold `bytes`: -1 with `why` on failure.
+  static int open_segment(const std::string& name, int64_t bytes, std::string& why);
+  // Maps all of it, shared; null with `why` on failure.
+  static void* map_segment(int fd, int64_t bytes, std::string& why);
+
   ~ShmExchange();  // unmaps the segment and lets go of this rank's lock
   ShmExchange(const ShmExchange&) = delete;
   ShmExchange& operator=(const ShmExchange&) = delete;
@@ -84,6 +96,9 @@ class ShmExchange {
   static bool supports(const Collective& c);
 
   int64_t segment_bytes() const { return bytes_; }
+  // The buffers every rank maps (See shm_buffers.h): an all-reduce of a tensor in one of them runs
+  // in place, with no copy through the slots.
+  const std::shared_ptr<ShmBuffers>& buffers() const { return buffers_; }
 
  private:
   struct Layout;
@@ -93,6 +108,8 @@ class ShmExchange {
   class Chunk;                      // one step of the protocol, See Note [Collectives through shared memory]
   void begin(const Collective& c);  // this rank is in `c`, whose timeout starts now
   void all_reduce(const Collective& c, const Interrupt& interrupt);
+  // The rest of an all-reduce whose first chunk found every rank's tensor at `place`.
+  void all_reduce_in_place(const Collective& c, const ShmBuffers::Place& place, Chunk& chunk);
   void reduce_scatter(const Collective& c, const Interrupt& interrupt);
   void all_gather(const Collective& c, const Interrupt& interrupt);
   void broadcast(const Collective& c, const Interrupt& interrupt);
@@ -117,6 +134,7 @@ class ShmExchange {
   const int64_t bytes_;
   uint32_t chunk_ = 0;                              // the protocol's next chunk number, alike on every rank
   std::chrono::steady_clock::time_point deadline_;  // of the collective running
+  const std::shared_ptr<ShmBuffers> buffers_;
 };
 
 }  // namespace dtcore

@@ -1,5 +1,6 @@
 #include "dtcore/reducer/reducer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <type_traits>
 #include <unordered_set>
@@ -79,7 +80,7 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
     slots_.push_back(std::move(s));
     specs_.push_back(GradSpec{p.numel(), p.scalar_type(), p.device()});
   }
-  build_buckets(reverse_registration_order(specs_.size()));
+  build_buckets(reverse_registration_order(specs_.size()), /*shared_memory=*/false);
 
   // See Note [One reducer per parameter]: checked for every parameter before any hook is added.
   for (Slot& s : slots_) {
@@ -135,18 +136,46 @@ void Reducer::release_parameters() {
   remove_hooks_locked();
 }
 
-void Reducer::build_buckets(const std::vector<size_t>& order) {
-  plan_ = plan_buckets(specs_, order, caps_);
-  shards_.clear();
+// Note [Buckets in shared memory]: with zero <= 1, whose buckets live as long as the plan, the
+// final plan's buckets of CPU parameters are carved from one shared buffer of the communicator
+// when it offers one (Gloo between ranks on one host: Note [Buffers in shared memory]), where
+// their all-reduce runs in place, with no copy through the exchange. Each starts on a cache line.
+// Allocating the buffer is a collective, so it is made where every rank rebuilds its buckets
+// alike, after the first reduction (rebuild_if_needed, outside mu_), even when the order stays:
+// the constructor issues no collective, since a copy of a wrapped model (copy.deepcopy on one
+// rank) builds a reducer too. zero=2 releases its buckets once the plan is final, so it keeps
+// ordinary memory.
+void Reducer::build_buckets(const std::vector<size_t>& order, bool shared_memory) {
+  std::vector<Bucket> plan = plan_buckets(specs_, order, caps_);
+  std::vector<BucketShard> shards;
+  std::vector<int64_t> numels, starts;  // each bucket's elements (padded for ZeRO) and its byte in the buffer
+  int64_t shared_bytes = 0;
+  for (const Bucket& bucket : plan) {
+    int64_t numel = bucket.numel;
+    if (options_.zero > 0) {  // padded: see Note [Shard layout]
+      shards.push_back(shard_bucket(bucket, comm_->size(), comm_->rank()));
+      numel = shards.back().padded_numel;
+    }
+    numels.push_back(numel);
+    starts.push_back(bucket.device.is_cpu() ? shared_bytes : -1);
+    if (bucket.device.is_cpu()) shared_bytes += (numel * c10::elementSize(bucket.dtype) + 63) / 64 * 64;
+  }
+  at::Tensor shared;
+  if (shared_memory && shared_bytes > 0) shared = comm_->shared_buffer(shared_bytes);
+
+  std::lock_guard<std::mutex> lock(mu_);
+  plan_ = std::move(plan);
+  shards_ = std::move(shards);
   std::vector<BucketState> fresh(plan_.size());
   for (size_t b = 0; b < plan_.size(); ++b) {
     const Bucket& bucket = plan_[b];
-    int64_t numel = bucket.numel;
-    if (options_.zero > 0) {  // padded: see Note [Shard layout]
-      shards_.push_back(shard_bucket(bucket, comm_->size(), comm_->rank()));
-      numel = shards_.back().padded_numel;
+    const int64_t numel = numels[b];
+    if (shared.defined() && starts[b] >= 0) {  // zeroed, as the buffer is
+      fresh[b].buffer =
+          shared.narrow(0, starts[b], numel * static_cast<int64_t>(c10::elementSize(bucket.dtype))).view(bucket.dtype);
+    } else {
+      fresh[b].buffer = at::zeros({numel}, at::TensorOptions().dtype(bucket.dtype).device(bucket.device));
     }
-    fresh[b].buffer = at::zeros({numel}, at::TensorOptions().dtype(bucket.dtype).device(bucket.device));
     fresh[b].label = detail::cat("bucket ", b + 1, "/", plan_.size());
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       Slot& s = slots_[bucket.params[k]];
@@ -741,14 +770,20 @@ void Reducer::rebuild_if_needed() {
   shared = shared.cpu();
   const int64_t* in = shared.data_ptr<int64_t>();
   std::vector<size_t> chosen(slots_.size());
-  std::lock_guard<std::mutex> lock(mu_);
-  plan_final_ = true;  // every rank decides alike, from rank 0's broadcast
-  for (size_t i = 0; i < chosen.size(); ++i) {
-    if (in[i] < 0) return;  // rank 0 has no complete order: keep the plan
-    chosen[i] = static_cast<size_t>(in[i]);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    plan_final_ = true;  // every rank decides alike, from rank 0's broadcast
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      if (in[i] < 0) return;  // rank 0 has no complete order: keep the plan
+      chosen[i] = static_cast<size_t>(in[i]);
+    }
   }
-  if (chosen == reverse_registration_order(slots_.size())) return;  // the plan already matches
-  build_buckets(chosen);
+  // The same decision on every rank: See Note [Buckets in shared memory].
+  const bool shared_memory =
+      options_.zero <= 1 && comm_->offers_shared_buffers() &&
+      std::any_of(specs_.begin(), specs_.end(), [](const GradSpec& g) { return g.device.is_cpu(); });
+  if (chosen == reverse_registration_order(slots_.size()) && !shared_memory) return;  // the plan already matches
+  build_buckets(chosen, shared_memory);  // a collective (the shared buffer), so outside mu_
   log::debug("reducer: buckets rebuilt in the order gradients became ready (", plan_.size(), " bucket(s))");
 }
 

@@ -287,7 +287,8 @@ class Reducer {
   void drain_locked(size_t keep);   // zero=2: finished buckets into their shards; see Note [Buckets in flight]
   void shard_gradients_locked();    // zero=2, once the plan is final: keep only this rank's shards
   void mark_ready_locked(size_t slot);
-  void build_buckets(const std::vector<size_t>& order);  // plans, allocates, points grads at views
+  // Plans, allocates (See Note [Buckets in shared memory]), points grads at views; takes mu_.
+  void build_buckets(const std::vector<size_t>& order, bool shared_memory);
   void rebuild_if_needed();  // after the first reduction: buckets in the order observed on rank 0
 
   std::shared_ptr<Communicator> comm_;

@@ -37,6 +37,7 @@ def _check_allreduce(results, world, launcher):
         assert (j["world_size"], j["launcher"]) == (world, launcher)
         assert j["local_rank"] == j["rank"]
         assert j["shared_memory"] == (world > 1)  # one host: the ranks exchange through /dev/shm
+        assert j["shared_buffer"] == (world > 1)  # and map buffers in it
     # seed + rank: every rank draws differently, reproducibly
     assert len({j["seed_draw"] for j in reports}) == world
 

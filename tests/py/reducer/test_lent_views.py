@@ -44,3 +44,8 @@ def test_the_gradients_keep_their_storage_from_step_to_step(ranks):
     for r in ranks:
         # the buckets are rebuilt once, at the end of the first reduced backward; then they stay
         assert r["steps"][1]["storages"] == r["steps"][2]["storages"]
+
+
+def test_the_rebuilt_buckets_are_in_memory_every_rank_maps(ranks):
+    for r in ranks:  # Note [Buckets in shared memory]: from the rebuild at the end of the first backward
+        assert [step["shared"] for step in r["steps"]] == [[True]] * 3

@@ -1,7 +1,9 @@
 """One rank: init, all-reduce float32 / bfloat16 / int64 with every op, the other collectives and the
-main-process helpers, collectives of several chunks through shared memory, check, report JSON."""
+main-process helpers, collectives of several chunks through shared memory and of tensors in a shared
+buffer, check, report JSON."""
 
 import json
+import os
 import sys
 import time
 
@@ -114,6 +116,51 @@ def chunked_paths(ctx) -> list[str]:
     return bad
 
 
+def shared_buffer_paths(ctx) -> tuple[bool, list[str]]:
+    """All-reduce of tensors in a buffer every rank maps (Note [Buffers in shared memory]): in place when
+    every rank's tensor is at the same place, through the exchange's slots when a rank's is elsewhere
+    or private, always the sum computed here from every rank's input, with the same bits on every rank.
+    Returns whether the communicator offered a buffer, and what was wrong."""
+    n, r = ctx.world_size, ctx.rank
+    comm = ctx.communicator
+    k, pad = 300_001, 64  # several slots' worth, split unevenly over the ranks
+    buf = comm.shared_buffer(4 * (k + pad))
+    if buf is None:
+        return False, []
+    bad = []
+    floats = buf.view(torch.float32)
+    if buf.numel() != 4 * (k + pad) or floats.count_nonzero().item() != 0:
+        bad.append("shared_buffer: not the size asked for, or not zeroed")
+    inputs = [torch.randn(k, generator=torch.Generator().manual_seed(300 + q)) for q in range(n)]
+    total = torch.stack(inputs).sum(0)
+    close = torch.equal if n <= 2 else lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+    cases = {
+        "in place": lambda: floats.narrow(0, 0, k),
+        "at another offset on each rank": lambda: floats.narrow(0, 16 * r, k),
+        "private on rank 0": lambda: torch.empty(k) if r == 0 else floats.narrow(0, 0, k),
+    }
+    for name, where in cases.items():
+        x = where()
+        x.copy_(inputs[r])
+        comm.all_reduce(x, "sum").wait()
+        if not close(x, total):
+            bad.append(f"shared buffer, {name}: max error {(x - total).abs().max().item()}")
+        if not torch.equal(dtcore.all_gather(x), x.expand(n, -1)):
+            bad.append(f"shared buffer, {name}: the ranks hold different bits")
+    x = floats.narrow(0, pad, k)  # avg, and a part of the buffer not starting at its beginning
+    x.copy_(inputs[r])
+    comm.all_reduce(x, "avg").wait()
+    if not torch.allclose(x, total / n, rtol=1e-6, atol=1e-6):
+        bad.append("shared buffer, avg")
+    # One /dev/shm cannot hold 64 TiB: rank 0 cannot reserve it, so no rank gets a buffer, and the name
+    # is gone; the collectives go on.
+    if comm.shared_buffer(1 << 46) is not None:
+        bad.append("shared_buffer: 64 TiB given")
+    if r == 0 and [f for f in os.listdir("/dev/shm") if f.startswith(f"dtcore-{os.getpid()}-buffer")]:
+        bad.append("shared_buffer: a name left in /dev/shm")
+    return True, bad
+
+
 def in_place_gather(ctx) -> list[str]:
     """all_gather whose input is this rank's chunk of its output (ZeRO's flat parameters): right values;
     an input that overlaps the output anywhere else is refused."""
@@ -200,6 +247,8 @@ def main() -> None:
         bad.append("dist.all_reduce")
     bad += gathers(ctx)
     bad += chunked_paths(ctx)
+    shared_buffer, wrong = shared_buffer_paths(ctx)
+    bad += wrong
     dtcore.barrier()
 
     report = {
@@ -212,6 +261,7 @@ def main() -> None:
         "log_file": ctx.log_file,
         "seed_draw": draw,
         "shared_memory": ctx.communicator.shared_memory,
+        "shared_buffer": shared_buffer,
     }
     sys.stdout.write(json.dumps(report) + "\n")  # one write: atomic on a pipe shared by ranks
     sys.stdout.flush()

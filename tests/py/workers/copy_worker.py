@@ -61,6 +61,11 @@ def main() -> None:
             torch.randn(8, 16, generator=data), torch.randn(8, 4, generator=data), shard, f"step {step}"
         )
 
+    if r == 0:  # one rank alone copies the model and evaluates the copy: no collective, so no wait
+        solo = copy.deepcopy(original.model)
+        with torch.no_grad():
+            solo(torch.randn(2, 16, generator=torch.Generator().manual_seed(5)))
+        del solo
     ema_model = copy.deepcopy(original.model)
     if not isinstance(ema_model, dtcore.DistributedModel) or ema_model._reducer is original.model._reducer:
         bad.append("the deep copy has no reducer of its own")

@@ -38,6 +38,17 @@ def storage(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.untyped_storage().data_ptr()
 
 
+def in_shared_buffer(t: torch.Tensor) -> bool:
+    """Whether t's memory is one of the communicator's shared buffers (Note [Buckets in shared memory])."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            if "/dev/shm/dtcore-" in line and "-buffer-" in line:
+                lo, hi = (int(v, 16) for v in line.split()[0].split("-"))
+                if lo <= t.data_ptr() < hi:
+                    return True
+    return False
+
+
 def set_to_none_steps(rank: int) -> dict:
     """Three steps of zero_grad(set_to_none=True), forward, backward, AdamW step (the third with two
     micro-batches, the first inside no_sync()); per step and parameter: what autograd accumulated
@@ -76,6 +87,7 @@ def set_to_none_steps(rank: int) -> dict:
                     name: [s == storage(grads[name]) for s in seen] for name, seen in accumulated_into.items()
                 },
                 "storages": {name: storage(g) for name, g in grads.items() if g is not None},
+                "shared": sorted({in_shared_buffer(g) for g in grads.values() if g is not None}),
             }
         )
         for opt in opts:
