@@ -69,7 +69,7 @@ class GlooCommunicator final : public Communicator {
   // Whether the ranks exchange through shared memory (See shm_exchange.h); set at construction.
   bool shared_memory() const { return shared_memory_; }
   at::Tensor shared_buffer(int64_t bytes) override;
-  bool offers_shared_buffers() const override { return buffers_ != nullptr; }
+  bool offers_shared_buffers() const override { return shared_memory_; }
 
  protected:
   std::shared_ptr<Work> start(const Collective& c) override;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -13,6 +14,7 @@
 #include "dtcore/comm/shm_exchange.h"
 #include "dtcore/common/error.h"
 #include "dtcore/common/log.h"
+#include "dtcore/common/units.h"
 
 namespace dtcore {
 
@@ -21,17 +23,24 @@ namespace dtcore {
 // a page; rank r's copy is at r * region, and every rank maps the whole segment. allocate() is
 // a collective of the communicator: rank 0 creates the segment (reserved in /dev/shm, so a full
 // one is refused here rather than SIGBUS later) and broadcasts its name; the others map it; an
-// all-reduce tells every rank whether all did; rank 0 then unlinks the name, on every way out, so
+// all-gather tells every rank whether all did; rank 0 then unlinks the name, on every way out, so
 // nothing is left in /dev/shm (the mappings live on). Either every rank gets its buffer or none
-// does, and a buffer's id, counted on success, is alike on every rank.
+// does (rank 0's log names the ranks that could not, each of them why), and a buffer's id,
+// counted on success, is alike on every rank.
 //
 // An all-reduce of a tensor in a buffer (ShmExchange::all_reduce) runs as one step of the
 // exchange's protocol whose headers say where each rank's tensor lies (the buffer's id and the
 // offset): when every rank's does, at the same place, rank p reduces part p of all the ranks'
 // copies, in place, and writes it into the others'; once every rank has, each holds the whole
 // result. Otherwise the ranks go on through the slots, as for any tensor, so a tensor that is in a
-// buffer on some ranks only is still reduced right. Liveness and timeouts are the exchange's: a
-// rank that exits lets go of the exchange's segment, not of the buffers it mapped.
+// buffer on some ranks only is still reduced right. The first chunk is copied into the slots before
+// the headers are compared (every rank must have its data there should one rank's tensor not be in
+// the buffer): half a slot at 2 ranks, the price of that choice. Liveness and timeouts are the
+// exchange's: a rank that exits lets go of the exchange's segment, not of the buffers it mapped.
+// After a failure the exchange is unusable (shm_exchange.h), and one more thing holds here: a
+// rank that timed out or was interrupted may still have its tensor written by a late peer that
+// found every header offering the same place, until that peer fails in turn. The failed rank's
+// gradients are then not reduced anyway, and its communicator refuses every later collective.
 // A process forked from a rank (a DataLoader worker) shares the buffers: what it writes into them
 // the rank sees, which a private copy-on-write page would not show. The reducer keeps gradients
 // there; a worker has no reason to write them.
@@ -39,29 +48,29 @@ namespace dtcore {
 ShmBuffers::Pool::~Pool() { munmap(base, static_cast<size_t>(region * size)); }
 
 at::Tensor ShmBuffers::allocate(Communicator& comm, int64_t bytes) {
-  DTCORE_CHECK(bytes >= 0, ConfigError, "a shared buffer of ", bytes, " bytes cannot be allocated");
   const int64_t page = sysconf(_SC_PAGESIZE);
+  const int64_t most = (std::numeric_limits<int64_t>::max() - page) / size_;
+  DTCORE_CHECK(bytes >= 0 && bytes <= most, ConfigError, "a shared buffer of ", bytes,
+               " bytes cannot be allocated. Fix: ask for 0 to ", most, " bytes.");
   const int64_t region = std::max<int64_t>(page, (bytes + page - 1) / page * page);
   const int64_t total = region * size_;
-  constexpr int64_t kNameBytes = 64;
 
-  // Rank 0 unlinks the name once every rank has mapped it or given up, and on any way out.
-  struct Unlink {
-    std::string name;
-    ~Unlink() {
-      if (!name.empty()) ShmExchange::unlink(name);
+  std::string why;             // this rank's reason for not mapping it
+  std::shared_ptr<Pool> pool;  // unmaps it on any way out
+  auto map = [&](int fd) {
+    if (void* base = ShmExchange::map_segment(fd, total, why)) {
+      pool = std::make_shared<Pool>(static_cast<char*>(base), region, size_);
     }
-  } unlink_name;
-  std::string why;
-  void* base = nullptr;
-  at::Tensor name = at::zeros({kNameBytes}, at::kByte);
+    close(fd);  // the mapping keeps the memory
+  };
+  ShmExchange::UnlinkOnExit unlink_name;  // rank 0's, once every rank has mapped it or given up
+  at::Tensor name = at::zeros({ShmExchange::kNameBytes}, at::kByte);
   if (rank_ == 0) {
     const std::string n = ShmExchange::unique_name("buffer");
     if (const int fd = ShmExchange::create_segment(n, total, why); fd >= 0) {
       unlink_name.name = n;
-      base = ShmExchange::map_segment(fd, total, why);
-      close(fd);  // the mapping keeps the memory
-      if (base != nullptr) std::memcpy(name.data_ptr(), n.data(), n.size());
+      map(fd);
+      if (pool) std::memcpy(name.data_ptr(), n.data(), n.size());
     }
   }
   comm.broadcast(name, 0, "shared buffer")->wait();
@@ -70,20 +79,21 @@ at::Tensor ShmBuffers::allocate(Communicator& comm, int64_t bytes) {
     if (n.empty()) {
       why = "rank 0 could not create it";
     } else if (const int fd = ShmExchange::open_segment(n, total, why); fd >= 0) {
-      base = ShmExchange::map_segment(fd, total, why);
-      close(fd);
+      map(fd);
     }
   }
-  auto pool =
-      base ? std::make_shared<Pool>(static_cast<char*>(base), region, size_) : nullptr;  // unmaps on any way out
-  at::Tensor failed = at::full({1}, base ? 0 : 1, at::kInt);
-  comm.all_reduce(failed, ReduceOp::Max, "shared buffer")->wait();
-  if (!unlink_name.name.empty()) ShmExchange::unlink(std::exchange(unlink_name.name, std::string()));
-  if (failed.item<int>() != 0) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!why.empty() || !std::exchange(warned_, true)) {
-      log::info("a buffer of ", bytes >> 20, " MiB in shared memory could not be mapped on every rank",
-                why.empty() ? std::string() : detail::cat(" (this rank: ", why, ")"),
+  // Every rank learns which could not map it.
+  at::Tensor failed = at::empty({size_}, at::kInt);
+  comm.all_gather(failed, at::full({1}, pool ? 0 : 1, at::kInt), "shared buffer")->wait();
+  unlink_name.now();
+  std::string ranks;
+  for (int r = 0; r < size_; ++r) {
+    if (failed.data_ptr<int32_t>()[r] != 0) ranks += detail::cat(ranks.empty() ? "" : ", ", comm.job_rank(r));
+  }
+  if (!ranks.empty()) {
+    if (!why.empty()) log::info("this rank cannot map a buffer in shared memory: ", why);
+    if (rank_ == 0) {
+      log::info("a buffer of ", format_bytes(bytes), " in shared memory could not be mapped on rank(s) ", ranks,
                 ": its collectives copy through the exchange instead");
     }
     return {};

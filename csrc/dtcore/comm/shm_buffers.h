@@ -8,8 +8,9 @@
 // allocates its gradient buckets here (Communicator::shared_buffer), which makes its collectives,
 // the bulk of a step's, cheaper. See Note [Buffers in shared memory] in shm_buffers.cpp.
 //
-// Thread safety: allocate() is a collective of the communicator, called on the user's thread;
-// find() may run at the same time on the communicator's submitter.
+// Thread safety: allocate() is a collective of the communicator, called on the caller's thread (the
+// reducer's: the thread that ends a backward); find() may run at the same time on the
+// communicator's submitter.
 #pragma once
 
 #include <cstdint>
@@ -47,7 +48,7 @@ class ShmBuffers {
   ShmBuffers(int rank, int size) : rank_(rank), size_(size) {}
 
   // A uint8 tensor of `bytes`, zeroed, in a buffer every rank of `comm` maps; undefined when one
-  // of them could not map it (a full /dev/shm: the log says which rank and why), in which case
+  // of them could not map it (a full /dev/shm: the log names the ranks and says why), in which case
   // the caller allocates ordinary memory. A collective: every rank calls it with the same size, in
   // the same order as its other collectives. The memory is freed when the last tensor viewing it
   // goes.
@@ -62,7 +63,6 @@ class ShmBuffers {
   mutable std::mutex mu_;  // guards the members below
   std::vector<std::weak_ptr<Pool>> pools_;
   uint32_t next_id_ = 1;  // 0 stands for "not in a buffer" in the exchange's headers
-  bool warned_ = false;
 };
 
 }  // namespace dtcore

@@ -36,7 +36,9 @@ namespace dtcore {
 //      t-2, since it has begun chunk t-1)
 //   2. write the header (the collective's signature and number) and the data others need into
 //      this rank's slot; counter := 2t+1; wait until every counter >= 2t+1; compare the headers:
-//      the ranks are in the same collective, so they take the same chunks
+//      the ranks are in the same collective, so they take the same chunks. An all-reduce's first
+//      header also says where its tensor lies when that is in a shared buffer: when every rank's
+//      is at the same place, the rest runs in place (Note [Buffers in shared memory])
 //   3. reduce this rank's part from its own tensor and the others' slots
 //   4. all_gather and broadcast read the others' slots now; counter := 2t+2
 //   5. all_reduce waits until every counter >= 2t+2 and copies the reduced chunk out
@@ -63,7 +65,6 @@ constexpr int64_t kLine = 64;
 constexpr uint64_t kMagic = 0x31304d4853544400ULL;  // "\0DTSHM01"
 constexpr auto kSlice = std::chrono::milliseconds(100);
 constexpr int kSpins = 2000;
-constexpr size_t kNameBytes = 64;
 
 struct alignas(kLine) SlotHeader {
   uint64_t signature;
@@ -273,14 +274,8 @@ std::unique_ptr<ShmExchange> ShmExchange::connect(const c10::intrusive_ptr<c10d:
   // Rank 0 creates the segment under a random name and hands the name out ("" when it did not).
   std::string why;  // this rank's reason for not mapping it
   std::unique_ptr<ShmExchange> x;
-  at::Tensor name = at::zeros({static_cast<int64_t>(kNameBytes)}, at::kByte);
-  // Rank 0 unlinks the name once every rank has mapped it or given up, and on any way out.
-  struct Unlink {
-    std::string name;
-    ~Unlink() {
-      if (!name.empty()) ShmExchange::unlink(name);
-    }
-  } unlink_name;
+  at::Tensor name = at::zeros({kNameBytes}, at::kByte);
+  UnlinkOnExit unlink_name;  // once every rank has mapped it or given up
   if (rank == 0 && !off) {
     const std::string n = unique_name("exchange");
     x = create(n, size, timeout, job_ranks, why);
@@ -312,7 +307,7 @@ std::unique_ptr<ShmExchange> ShmExchange::connect(const c10::intrusive_ptr<c10d:
   aopts.reduceOp = c10d::ReduceOp::SUM;
   aopts.timeout = timeout;
   backend->allreduce(counted, aopts)->wait(timeout);
-  if (!unlink_name.name.empty()) unlink(std::exchange(unlink_name.name, std::string()));
+  unlink_name.now();
 
   const int32_t* state = states.data_ptr<int32_t>();
   const bool root_off = state[0] == kOffHere;  // then the others failed for want of its segment
@@ -471,6 +466,10 @@ void copy(void* dst, const void* src, size_t bytes) {
 
 int64_t chunks_of(int64_t n, int64_t per_chunk) { return std::max<int64_t>(1, (n + per_chunk - 1) / per_chunk); }
 
+// An all-reduce's parts of `m` elements over `size` ranks: rank p reduces [p * part, (p + 1) * part)
+// (clipped to m), on cache lines of `line` elements.
+int64_t part_of(int64_t m, int size, int64_t line) { return (m + size * line - 1) / (size * line) * line; }
+
 }  // namespace
 
 void ShmExchange::all_reduce(const Collective& c, const Interrupt& interrupt) {
@@ -482,7 +481,7 @@ void ShmExchange::all_reduce(const Collective& c, const Interrupt& interrupt) {
   for (int64_t k = 0, chunks = chunks_of(n, per_chunk); k < chunks; ++k) {
     const int64_t off = k * per_chunk, m = std::min(per_chunk, n - off);
     // Rank p's part of the chunk: elements [lo(p), lo(p + 1)), on cache lines.
-    const int64_t part = (m + size_ * line - 1) / (size_ * line) * line;
+    const int64_t part = part_of(m, size_, line);
     auto lo = [&](int p) { return std::min(m, p * part); };
     const int64_t mine = lo(rank_), mine_end = lo(rank_ + 1);
     char* src = data + off * e;
@@ -507,7 +506,7 @@ void ShmExchange::all_reduce_in_place(const Collective& c, const ShmBuffers::Pla
   // Rank p reduces part p of every rank's tensor, a block at a time (the block stays in cache for
   // the copies into the others'), and every part is reduced once, by one rank: all get the same bits.
   const int64_t e = c.input.element_size(), n = c.input.numel(), line = kLine / e;
-  const int64_t part = (n + size_ * line - 1) / (size_ * line) * line, block = kBlockBytes / e;
+  const int64_t part = part_of(n, size_, line), block = kBlockBytes / e;
   const int64_t mine = std::min(n, rank_ * part), mine_end = std::min(n, (rank_ + 1) * part);
   char* own = place.at(rank_);
   std::vector<const void*> peers;

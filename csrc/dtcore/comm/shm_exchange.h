@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -67,7 +68,18 @@ class ShmExchange {
                                            std::string& why);
   static void unlink(const std::string& name);
 
-  // The segments' parts, for ShmBuffers too. A fresh POSIX shared-memory name for `what`.
+  // The segments' parts, for ShmBuffers too. Rank 0 hands a segment's name out in kNameBytes
+  // bytes, NUL-padded.
+  static constexpr int64_t kNameBytes = 64;
+  // The name of a segment rank 0 created: unlinked by now(), or on any way out (the mappings live on).
+  struct UnlinkOnExit {
+    std::string name;  // empty: nothing to unlink
+    ~UnlinkOnExit() { now(); }
+    void now() {
+      if (!name.empty()) unlink(std::exchange(name, std::string()));
+    }
+  };
+  // A fresh POSIX shared-memory name for `what`.
   static std::string unique_name(std::string_view what);
   // Creates the segment `name` of `bytes`, all of them reserved in /dev/shm (zeroed): its file
   // descriptor, or -1 with `why` said and nothing left behind.

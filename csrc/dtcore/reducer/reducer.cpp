@@ -80,7 +80,7 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
     slots_.push_back(std::move(s));
     specs_.push_back(GradSpec{p.numel(), p.scalar_type(), p.device()});
   }
-  build_buckets(reverse_registration_order(specs_.size()), /*shared_memory=*/false);
+  build_buckets(reverse_registration_order(specs_.size()), /*shared_memory=*/false, /*only_into_shared_memory=*/false);
 
   // See Note [One reducer per parameter]: checked for every parameter before any hook is added.
   for (Slot& s : slots_) {
@@ -145,7 +145,8 @@ void Reducer::release_parameters() {
 // the constructor issues no collective, since a copy of a wrapped model (copy.deepcopy on one
 // rank) builds a reducer too. zero=2 releases its buckets once the plan is final, so it keeps
 // ordinary memory.
-void Reducer::build_buckets(const std::vector<size_t>& order, bool shared_memory) {
+bool Reducer::build_buckets(const std::vector<size_t>& order, bool shared_memory, bool only_into_shared_memory) {
+  constexpr int64_t kAlign = 64;  // each bucket starts on a cache line of the shared buffer
   std::vector<Bucket> plan = plan_buckets(specs_, order, caps_);
   std::vector<BucketShard> shards;
   std::vector<int64_t> numels, starts;  // each bucket's elements (padded for ZeRO) and its byte in the buffer
@@ -158,10 +159,11 @@ void Reducer::build_buckets(const std::vector<size_t>& order, bool shared_memory
     }
     numels.push_back(numel);
     starts.push_back(bucket.device.is_cpu() ? shared_bytes : -1);
-    if (bucket.device.is_cpu()) shared_bytes += (numel * c10::elementSize(bucket.dtype) + 63) / 64 * 64;
+    if (bucket.device.is_cpu()) shared_bytes += (numel * c10::elementSize(bucket.dtype) + kAlign - 1) / kAlign * kAlign;
   }
   at::Tensor shared;
   if (shared_memory && shared_bytes > 0) shared = comm_->shared_buffer(shared_bytes);
+  if (only_into_shared_memory && !shared.defined()) return false;  // every rank alike: the buffer is all-or-nothing
 
   std::lock_guard<std::mutex> lock(mu_);
   plan_ = std::move(plan);
@@ -196,6 +198,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order, bool shared_memory
   buckets_ = std::move(fresh);
   ++plan_version_;
   reset_locked();
+  return true;
 }
 
 void Reducer::shard_gradients_locked() {
@@ -774,7 +777,10 @@ void Reducer::rebuild_if_needed() {
     std::lock_guard<std::mutex> lock(mu_);
     plan_final_ = true;  // every rank decides alike, from rank 0's broadcast
     for (size_t i = 0; i < chosen.size(); ++i) {
-      if (in[i] < 0) return;  // rank 0 has no complete order: keep the plan
+      if (in[i] < 0) {  // rank 0 has no complete order: keep the plan's
+        chosen = reverse_registration_order(slots_.size());
+        break;
+      }
       chosen[i] = static_cast<size_t>(in[i]);
     }
   }
@@ -782,9 +788,12 @@ void Reducer::rebuild_if_needed() {
   const bool shared_memory =
       options_.zero <= 1 && comm_->offers_shared_buffers() &&
       std::any_of(specs_.begin(), specs_.end(), [](const GradSpec& g) { return g.device.is_cpu(); });
-  if (chosen == reverse_registration_order(slots_.size()) && !shared_memory) return;  // the plan already matches
-  build_buckets(chosen, shared_memory);  // a collective (the shared buffer), so outside mu_
-  log::debug("reducer: buckets rebuilt in the order gradients became ready (", plan_.size(), " bucket(s))");
+  const bool same_order = chosen == reverse_registration_order(slots_.size());
+  if (same_order && !shared_memory) return;  // the plan already matches
+  // A collective (the shared buffer), so outside mu_; in the same order, only into a shared buffer.
+  if (!build_buckets(chosen, shared_memory, /*only_into_shared_memory=*/same_order)) return;
+  log::debug("reducer: buckets rebuilt", same_order ? "" : " in the order gradients became ready",
+             shared_memory ? " in shared memory" : "", " (", plan_.size(), " bucket(s))");
 }
 
 }  // namespace dtcore

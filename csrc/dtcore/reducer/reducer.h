@@ -287,8 +287,10 @@ class Reducer {
   void drain_locked(size_t keep);   // zero=2: finished buckets into their shards; see Note [Buckets in flight]
   void shard_gradients_locked();    // zero=2, once the plan is final: keep only this rank's shards
   void mark_ready_locked(size_t slot);
-  // Plans, allocates (See Note [Buckets in shared memory]), points grads at views; takes mu_.
-  void build_buckets(const std::vector<size_t>& order, bool shared_memory);
+  // Plans, allocates (in a shared buffer if `shared_memory`: See Note [Buckets in shared memory]),
+  // points grads at views; takes mu_. With `only_into_shared_memory`, keeps the buckets as they
+  // are when the buffer cannot be had, and says so: false.
+  bool build_buckets(const std::vector<size_t>& order, bool shared_memory, bool only_into_shared_memory);
   void rebuild_if_needed();  // after the first reduction: buckets in the order observed on rank 0
 
   std::shared_ptr<Communicator> comm_;

@@ -152,6 +152,14 @@ def shared_buffer_paths(ctx) -> tuple[bool, list[str]]:
     comm.all_reduce(x, "avg").wait()
     if not torch.allclose(x, total / n, rtol=1e-6, atol=1e-6):
         bad.append("shared buffer, avg")
+    # In place with parts of no element on some ranks, none at all, and other dtypes (exact sums).
+    for dtype, count in ((torch.int64, 5), (torch.bfloat16, 1000), (torch.float32, 0)):
+        t = buf.narrow(0, 0, count * torch.tensor([], dtype=dtype).element_size()).view(dtype)
+        values = torch.arange(count) % 16  # small integers: exact in bfloat16 too
+        t.copy_(values * (r + 1))
+        comm.all_reduce(t, "sum").wait()
+        if not torch.equal(t, (values * (n * (n + 1) // 2)).to(dtype)):
+            bad.append(f"shared buffer, {count} of {dtype}: {t[:5].tolist()}")
     # One /dev/shm cannot hold 64 TiB: rank 0 cannot reserve it, so no rank gets a buffer, and the name
     # is gone; the collectives go on.
     if comm.shared_buffer(1 << 46) is not None:
