@@ -10,7 +10,9 @@ sides always run with the same one.
 memory: one job per variant. Each rank records every CPU allocation and free with torch's
 profiler (profile_memory=True), from before the model is built to the end of the fourth step, and
 reports the peak of the bytes it holds during steps 3-4 (the steady state: dtcore's buckets are
-rebuilt, and zero=2's first backward is a whole allreduce, in step 1). --where also lists, for rank
+rebuilt, and zero=2's first backward is a whole allreduce, in step 1), plus this rank's share of
+the buffers every rank maps (dtcore's zero=1 buckets, rebuilt in shared memory), which the
+profiler does not see. --where also lists, for rank
 0, the allocations live at that peak (1 MiB and up, by the ops that made them) and the ops running
 then: where the peak goes. Batch 1 x 16 tokens, so that
 activations are small; AdamW with foreach=False, so that its temporaries are one parameter's,
@@ -67,6 +69,19 @@ def step(model, opt, x, y) -> None:
     opt.zero_grad()
 
 
+def shared_buffer_bytes() -> int:
+    """The bytes of the buffers this process maps that every rank of the host maps (dtcore's buckets from
+    the end of the first backward: Note [Buckets in shared memory]); each holds every rank's copy. torch's
+    profiler does not see them, so the memory figures add this rank's share."""
+    total = 0
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            if "/dev/shm/dtcore-" in line and "-buffer-" in line:
+                lo, hi = (int(v, 16) for v in line.split()[0].split("-"))
+                total += hi - lo
+    return total
+
+
 def memory_worker(args) -> None:
     from torch.profiler import ProfilerActivity, profile
 
@@ -92,9 +107,11 @@ def memory_worker(args) -> None:
             steady = True
         if steady:
             peak = max(peak, held)
+    shared = shared_buffer_bytes() // ctx.world_size  # held through steps 3-4, unseen by the profiler
+    peak, held = peak + shared, held + shared
     params = num_parameters(model.module)
     if ctx.rank == 0:
-        report = {"variant": args.variant, "peak": peak, "held": held, "params": params}
+        report = {"variant": args.variant, "peak": peak, "held": held, "params": params, "shared": shared}
         if args.where:
             report["where"] = live_at_peak(prof)
         print(json.dumps(report), flush=True)
