@@ -104,7 +104,7 @@ TEST(HostReduce, HalfPrecisionSumsAccumulateInFloatAndRoundOnce) {
   EXPECT_NEAR(own[0].item<float>(), (1.0 + std::ldexp(1.0, -7)) / 3, 1e-3);
 }
 
-TEST(HostReduce, MaxAndMinPropagateNaNAndIntegersStayExact) {
+TEST(HostReduce, MaxAndMinPropagateNaNAndIntegersStayExactAndWrap) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   at::Tensor own = at::tensor({1.0f, nan, 3.0f}), peer = at::tensor({nan, 2.0f, 4.0f}), out = at::empty({3});
   const void* peers[] = {peer.data_ptr()};
@@ -121,6 +121,17 @@ TEST(HostReduce, MaxAndMinPropagateNaNAndIntegersStayExact) {
   host_reduce(z.data_ptr(), x.data_ptr(), ys, 1, 2, at::kLong, ReduceOp::Sum, 2);
   EXPECT_EQ(z[0].item<int64_t>(), big + 1);
   EXPECT_EQ(z[1].item<int64_t>(), 2);
+  // Integer sums wrap around, as torch's do.
+  at::Tensor top = at::tensor({std::numeric_limits<int64_t>::max()}), one = at::tensor({int64_t{1}}),
+             wrapped = at::empty({1}, at::kLong);
+  const void* ones[] = {one.data_ptr()};
+  host_reduce(wrapped.data_ptr(), top.data_ptr(), ones, 1, 1, at::kLong, ReduceOp::Sum, 2);
+  EXPECT_EQ(wrapped[0].item<int64_t>(), std::numeric_limits<int64_t>::min());
+  at::Tensor small = at::tensor({int8_t{127}}, at::kChar), small_one = at::tensor({int8_t{1}}, at::kChar),
+             small_out = at::empty({1}, at::kChar);
+  const void* small_ones[] = {small_one.data_ptr()};
+  host_reduce(small_out.data_ptr(), small.data_ptr(), small_ones, 1, 1, at::kChar, ReduceOp::Sum, 2);
+  EXPECT_EQ(small_out[0].item<int8_t>(), -128);
   EXPECT_FALSE(host_reducible(at::kBool));
   EXPECT_FALSE(host_reducible(at::kComplexFloat));
 }

@@ -1,6 +1,7 @@
 #include "dtcore/comm/host_reduce.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -15,6 +16,17 @@ constexpr int64_t kBlock = 1024;
 
 template <typename T>
 using Acc = std::conditional_t<std::is_same_v<T, c10::Half> || std::is_same_v<T, c10::BFloat16>, float, T>;
+
+// Integer sums wrap around, as torch's do; added as unsigned, where C++ defines the wrap.
+template <typename A>
+A add(A a, A b) {
+  if constexpr (std::is_integral_v<A>) {
+    using U = std::make_unsigned_t<A>;
+    return static_cast<A>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  } else {
+    return a + b;
+  }
+}
 
 template <typename A>
 A max_nan(A a, A b) {
@@ -47,7 +59,7 @@ void reduce_typed(T* dst, const T* own, const T* const* peers, int npeers, int64
       switch (op) {
         case ReduceOp::Sum:
         case ReduceOp::Avg:
-          for (int64_t i = 0; i < len; ++i) acc[i] += static_cast<A>(src[i]);
+          for (int64_t i = 0; i < len; ++i) acc[i] = add(acc[i], static_cast<A>(src[i]));
           break;
         case ReduceOp::Max:
           for (int64_t i = 0; i < len; ++i) acc[i] = max_nan(acc[i], static_cast<A>(src[i]));
