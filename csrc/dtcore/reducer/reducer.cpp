@@ -196,6 +196,7 @@ bool Reducer::build_buckets(const std::vector<size_t>& order, bool shared_memory
     }
   }
   buckets_ = std::move(fresh);
+  buckets_shared_ = shared.defined();
   ++plan_version_;
   reset_locked();
   return true;
@@ -792,8 +793,9 @@ void Reducer::rebuild_if_needed() {
   if (same_order && !shared_memory) return;  // the plan already matches
   // A collective (the shared buffer), so outside mu_; in the same order, only into a shared buffer.
   if (!build_buckets(chosen, shared_memory, /*only_into_shared_memory=*/same_order)) return;
+  std::lock_guard<std::mutex> lock(mu_);
   log::debug("reducer: buckets rebuilt", same_order ? "" : " in the order gradients became ready",
-             shared_memory ? " in shared memory" : "", " (", plan_.size(), " bucket(s))");
+             buckets_shared_ ? " in shared memory" : "", " (", plan_.size(), " bucket(s))");
 }
 
 }  // namespace dtcore

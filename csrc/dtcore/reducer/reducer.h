@@ -304,6 +304,7 @@ class Reducer {
   std::vector<BucketState> buckets_;
   std::vector<BucketShard> shards_;  // zero >= 1: this rank's shard of each bucket
   int64_t plan_version_ = 0;         // build_buckets() calls
+  bool buckets_shared_ = false;      // the buckets are in a shared buffer: See Note [Buckets in shared memory]
 
   mutable std::mutex mu_;
   bool expect_hooks_ = false;             // armed by prepare_for_backward(sync=true), cleared at the end
