@@ -1,6 +1,5 @@
 #include "dtcore/reducer/reducer.h"
 
-#include <algorithm>
 #include <chrono>
 #include <type_traits>
 #include <unordered_set>
@@ -134,86 +133,6 @@ void Reducer::release_parameters() {
   std::unique_lock<std::mutex> lock(mu_);
   if (backward_started_) drain_unfinished(lock);  // a backward that raised: as prepare_for_backward() does
   remove_hooks_locked();
-}
-
-// Note [Buckets in shared memory]: with zero <= 1, whose buckets live as long as the plan, the
-// final plan's buckets of CPU parameters are carved from one shared buffer of the communicator
-// when it offers one (Gloo between ranks on one host: Note [Buffers in shared memory]), where
-// their all-reduce runs in place, with no copy through the exchange. Each starts on a cache line.
-// Allocating the buffer is a collective, so it is made where every rank rebuilds its buckets
-// alike, after the first reduction (rebuild_if_needed, outside mu_), even when the order stays:
-// the constructor issues no collective, since a copy of a wrapped model (copy.deepcopy on one
-// rank) builds a reducer too. zero=2 releases its buckets once the plan is final, so it keeps
-// ordinary memory.
-bool Reducer::build_buckets(const std::vector<size_t>& order, bool shared_memory, bool only_into_shared_memory) {
-  constexpr int64_t kAlign = 64;  // each bucket starts on a cache line of the shared buffer
-  std::vector<Bucket> plan = plan_buckets(specs_, order, caps_);
-  std::vector<BucketShard> shards;
-  std::vector<int64_t> numels, starts;  // each bucket's elements (padded for ZeRO) and its byte in the buffer
-  int64_t shared_bytes = 0;
-  for (const Bucket& bucket : plan) {
-    int64_t numel = bucket.numel;
-    if (options_.zero > 0) {  // padded: see Note [Shard layout]
-      shards.push_back(shard_bucket(bucket, comm_->size(), comm_->rank()));
-      numel = shards.back().padded_numel;
-    }
-    numels.push_back(numel);
-    starts.push_back(bucket.device.is_cpu() ? shared_bytes : -1);
-    if (bucket.device.is_cpu()) shared_bytes += (numel * c10::elementSize(bucket.dtype) + kAlign - 1) / kAlign * kAlign;
-  }
-  at::Tensor shared;
-  if (shared_memory && shared_bytes > 0) shared = comm_->shared_buffer(shared_bytes);
-  if (only_into_shared_memory && !shared.defined()) return false;  // every rank alike: the buffer is all-or-nothing
-
-  std::lock_guard<std::mutex> lock(mu_);
-  plan_ = std::move(plan);
-  shards_ = std::move(shards);
-  std::vector<BucketState> fresh(plan_.size());
-  for (size_t b = 0; b < plan_.size(); ++b) {
-    const Bucket& bucket = plan_[b];
-    const int64_t numel = numels[b];
-    if (shared.defined() && starts[b] >= 0) {  // zeroed, as the buffer is
-      fresh[b].buffer =
-          shared.narrow(0, starts[b], numel * static_cast<int64_t>(c10::elementSize(bucket.dtype))).view(bucket.dtype);
-    } else {
-      fresh[b].buffer = at::zeros({numel}, at::TensorOptions().dtype(bucket.dtype).device(bucket.device));
-    }
-    fresh[b].label = detail::cat("bucket ", b + 1, "/", plan_.size());
-    for (size_t k = 0; k < bucket.params.size(); ++k) {
-      Slot& s = slots_[bucket.params[k]];
-      s.bucket = b;
-      s.offset = bucket.offsets[k];
-      at::Tensor view = fresh[b].buffer.narrow(0, bucket.offsets[k], bucket.numels[k]).view(s.param.sizes());
-      // Keep the gradient the parameter holds (its old view, or one from before wrapping); None
-      // stays None until a gradient comes (zero=0, see Note [Unused parameters keep None]).
-      s.view = view;
-      if (s.param.grad().defined()) {
-        view.copy_(s.param.grad());
-        s.param.mutable_grad() = view;
-      } else if (options_.zero > 0) {
-        s.param.mutable_grad() = view;
-      }
-    }
-  }
-  buckets_ = std::move(fresh);
-  buckets_shared_ = shared.defined();
-  ++plan_version_;
-  reset_locked();
-  return true;
-}
-
-void Reducer::shard_gradients_locked() {
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    BucketState& state = buckets_[b];
-    state.grad_shard = state.buffer.narrow(0, shards_[b].begin, shards_[b].shard_numel).clone();
-    state.shard_is_zero = false;
-    state.buffer = at::Tensor();  // from now on allocated only while the bucket is in flight
-  }
-  for (Slot& s : slots_) {
-    s.view = at::Tensor();
-    s.param.mutable_grad() = at::Tensor();
-  }
-  sharded_grads_ = true;
 }
 
 bool Reducer::plan_final() const {
@@ -754,48 +673,6 @@ void Reducer::finalize() {
 void Reducer::raise(std::exception_ptr error) const {
   if (rethrow_) rethrow_(error);
   std::rethrow_exception(error);  // also when rethrow_ returned, which it must not
-}
-
-void Reducer::rebuild_if_needed() {
-  // Rank 0's observed order, so that every rank builds the same buckets (their collectives must
-  // pair up), whatever order autograd ran in on each.
-  std::vector<size_t> order;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    order = ready_order_;
-  }
-  at::Tensor shared = at::full({static_cast<int64_t>(slots_.size())}, -1, at::kLong);
-  if (order.size() == slots_.size()) {  // else this rank saw fewer: -1 says "no complete order"
-    int64_t* out = shared.data_ptr<int64_t>();
-    for (size_t i = 0; i < order.size(); ++i) out[i] = static_cast<int64_t>(order[i]);
-  }
-  if (comm_->backend() == "nccl") shared = shared.to(plan_.empty() ? c10::Device(c10::kCPU) : plan_[0].device);
-  comm_->broadcast(shared, 0)->wait();
-  shared = shared.cpu();
-  const int64_t* in = shared.data_ptr<int64_t>();
-  std::vector<size_t> chosen(slots_.size());
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    plan_final_ = true;  // every rank decides alike, from rank 0's broadcast
-    for (size_t i = 0; i < chosen.size(); ++i) {
-      if (in[i] < 0) {  // rank 0 has no complete order: keep the plan's
-        chosen = reverse_registration_order(slots_.size());
-        break;
-      }
-      chosen[i] = static_cast<size_t>(in[i]);
-    }
-  }
-  // The same decision on every rank: See Note [Buckets in shared memory].
-  const bool shared_memory =
-      options_.zero <= 1 && comm_->offers_shared_buffers() &&
-      std::any_of(specs_.begin(), specs_.end(), [](const GradSpec& g) { return g.device.is_cpu(); });
-  const bool same_order = chosen == reverse_registration_order(slots_.size());
-  if (same_order && !shared_memory) return;  // the plan already matches
-  // A collective (the shared buffer), so outside mu_; in the same order, only into a shared buffer.
-  if (!build_buckets(chosen, shared_memory, /*only_into_shared_memory=*/same_order)) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  log::debug("reducer: buckets rebuilt", same_order ? "" : " in the order gradients became ready",
-             buckets_shared_ ? " in shared memory" : "", " (", plan_.size(), " bucket(s))");
 }
 
 }  // namespace dtcore
