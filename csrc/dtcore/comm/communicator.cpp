@@ -244,8 +244,7 @@ namespace {
 // "<backend>:<collective>" ("gloo:all_reduce", "nccl:broadcast"), with its tensors as inputs (for
 // record_shapes), from its issue to its end. The end is reported by the engine on another thread
 // (Gloo's submitter, NCCL's watchdog), so the event is async, and the end runs with the issuing
-// thread's profiler state. When no profiler is on, nothing is recorded (the cost is one small
-// allocation per collective, to ask).
+// thread's profiler state. When no profiler is on, nothing is recorded or allocated.
 std::string_view profiling_title(std::string_view backend, CollectiveKind kind) {
   static constexpr std::string_view kGloo[] = {"gloo:all_reduce", "gloo:reduce_scatter", "gloo:all_gather",
                                                "gloo:broadcast", "gloo:barrier"};  // in CollectiveKind's order
@@ -256,6 +255,7 @@ std::string_view profiling_title(std::string_view backend, CollectiveKind kind) 
 
 // The profiler's event for `c`, begun; null when no profiler records.
 std::function<void()> profile(const Collective& c, std::string_view backend) {
+  if (!at::hasCallbacks()) return {};  // no profiler (nor any other observer): nothing to allocate
   auto event = std::make_shared<at::RecordFunction>(at::RecordScope::USER_SCOPE);
   if (!event->isActive()) return {};
   event->_setAsync();
