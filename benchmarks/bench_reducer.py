@@ -1,6 +1,6 @@
 """Step time of dtcore.wrap against torch DDP (Gloo), and what dtcore's hooks cost.
 
-    python benchmarks/bench_reducer.py [--world 2] [--preset 20m] [--steps 20] [--warmup 3] [--batch 4]
+    python benchmarks/bench_reducer.py [--world 2] [--preset 20m] [--steps 20] [--warmup 3] [--batch 4] [--find-unused]
     python benchmarks/bench_reducer.py --world1 [--preset 20m] [--steps 30]
 
 --world ranks (2 or 4) on loopback, float32, the same bucket size for both (--bucket-mb, 25 MB
@@ -26,6 +26,9 @@ that CPU time cannot overlap anything, and compute + it bounds any overlapping v
 llama25m, a Llama block stack built from transformers' LlamaConfig (4 layers of width 768, SwiGLU
 MLP of 2048, grouped-query attention with 4 key/value heads, RMSNorm, rotary positions, untied
 head; random weights, nothing downloaded): wider and shallower, with other layer types.
+
+--find-unused: ddp and dtcore with find_unused_parameters=True (each forward's graph search, and
+dtcore's function the outputs pass through: Note [Outputs the loss does not use]).
 
 --world1: one process; backward time of the plain model against dtcore.wrap (default buckets and
 one parameter per bucket), which is the bookkeeping the hooks add.
@@ -98,10 +101,12 @@ def worker(args) -> None:
     ctx = dtcore.init(timeout=600)
     base, block_size = make_model(args.preset)
     data = CharData(make_corpus(), block_size, seed=ctx.rank)
-    mb = args.bucket_mb
+    mb, unused = args.bucket_mb, args.find_unused
     models = {
-        "ddp": torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=mb),
-        "dtcore": dtcore.wrap(copy.deepcopy(base), bucket_mb=mb, first_bucket_mb=1),
+        "ddp": torch.nn.parallel.DistributedDataParallel(
+            copy.deepcopy(base), bucket_cap_mb=mb, find_unused_parameters=unused
+        ),
+        "dtcore": dtcore.wrap(copy.deepcopy(base), bucket_mb=mb, first_bucket_mb=1, find_unused_parameters=unused),
         "ddp no overlap": torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=mb),
         "dtcore no overlap": dtcore.wrap(copy.deepcopy(base), bucket_mb=mb, first_bucket_mb=1),
         "compute only": dtcore.wrap(copy.deepcopy(base)),  # backward inside no_sync, no communication
@@ -197,6 +202,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--bucket-mb", type=float, default=25.0, help="both sides' bucket cap (MB)")
     ap.add_argument("--world1", action="store_true")
+    ap.add_argument(
+        "--find-unused",
+        action="store_true",
+        help="ddp and dtcore with find_unused_parameters=True (the graph search, the outputs' function)",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -206,13 +216,13 @@ def main() -> None:
 
     flags = ["--preset", args.preset, "--steps", str(args.steps), "--warmup", str(args.warmup)]
     flags += ["--batch", str(args.batch), "--set-to-none" if args.set_to_none else "--no-set-to-none"]
-    flags += ["--bucket-mb", str(args.bucket_mb)]
+    flags += ["--bucket-mb", str(args.bucket_mb)] + (["--find-unused"] if args.find_unused else [])
     r = rank0_report(__file__, args.world, ["--worker", *flags])
     compute = r["compute only"]
     print(
         f"{args.world} ranks (Gloo, 1 thread each), preset {args.preset} ({r['params'] / 1e6:.1f}M parameters, "
         f"float32), batch {args.batch}x{r['block_size']} per rank, {args.bucket_mb:g} MB buckets "
-        f"({r['buckets']} for dtcore), "
+        f"({r['buckets']} for dtcore), {'find_unused_parameters=True, ' if args.find_unused else ''}"
         f"zero_grad(set_to_none={args.set_to_none}), median of {args.steps} steps after {args.warmup} warm-up, "
         "alternating"
     )

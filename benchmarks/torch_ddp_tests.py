@@ -3,7 +3,9 @@
     python benchmarks/torch_ddp_tests.py [--only PATTERN] [--impl both|torch|dtcore] [--jobs N]
 
 The tests are those of `torch/testing/_internal/distributed/distributed_test.py` (shipped in the
-torch wheel) whose names contain "ddp" or "DistributedDataParallel", driven as upstream's
+torch wheel) that build a DistributedDataParallel: the ones whose names contain "ddp" or
+"DistributedDataParallel" ("named"), and the others whose body, or a helper of the test class it
+calls, names DistributedDataParallel (most of them gated on 2 GPUs, as the named ones), driven as upstream's
 `test/distributed/test_distributed_spawn.py` drives them: backend gloo, 2 ranks, each test in
 freshly spawned processes that join a default group through a file:// init method. The gate
 that skips a test without 2 GPUs (`skip_if_lt_x_gpu`) runs it on CPU instead, as its own
@@ -16,7 +18,8 @@ dtcore's class wherever the tests name it. Each batch of tests runs in a process
 harness, DISTRIBUTED_TESTS_DEFAULT_TIMEOUT) and one for the batch.
 
 The table lists the tests torch passes, how many dtcore passes, and for each test torch passes
-and dtcore does not, the first line of dtcore's failure.
+and dtcore does not, the first line of dtcore's failure. Two tallies close it: the named tests
+alone, and all of them.
 
 torch's test utilities import `expecttest`, which torch's wheel does not install:
 `pip install expecttest==0.3.0` first.
@@ -137,9 +140,11 @@ def _attach_dtcore(dist) -> None:
     dist.init_process_group, dist.destroy_process_group = init_and_attach, detach_and_destroy
 
 
-def ddp_test_names(pattern: str | None = None) -> list[str]:
+def ddp_test_names(pattern: str | None = None) -> dict[str, bool]:
     """The DDP tests of DistributedTest._DistTestBase, read from its source (importing it takes long):
-    the methods its class body defines, not those in strings (upstream comments some tests out so)."""
+    the methods its class body defines (not those in strings: upstream comments some tests out so)
+    that are named for DDP or reach DistributedDataParallel, directly or through the class's own
+    helpers (self._test_...). Each name maps to whether it is named for DDP."""
     import ast
     import importlib.util
 
@@ -148,14 +153,29 @@ def ddp_test_names(pattern: str | None = None) -> list[str]:
         tree = ast.parse(f.read())
     outer = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DistributedTest")
     base = next(n for n in outer.body if isinstance(n, ast.ClassDef) and n.name == "_DistTestBase")
-    names = sorted(
-        n.name
-        for n in base.body
-        if isinstance(n, ast.FunctionDef)
-        and n.name.startswith("test_")
-        and ("ddp" in n.name.lower() or "distributeddataparallel" in n.name.lower())
-    )
-    return [n for n in names if pattern is None or re.search(pattern, n)]
+    methods = {n.name: n for n in base.body if isinstance(n, ast.FunctionDef)}
+
+    def reaches_ddp(name: str, seen: set[str]) -> bool:
+        seen.add(name)
+        for node in ast.walk(methods[name]):
+            if isinstance(node, ast.Name) and node.id == "DistributedDataParallel":
+                return True
+            if isinstance(node, ast.Attribute):
+                if node.attr == "DistributedDataParallel":
+                    return True
+                helper = isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr in methods
+                if helper and node.attr not in seen and reaches_ddp(node.attr, seen):
+                    return True
+        return False
+
+    found = {}
+    for name in sorted(methods):
+        if not name.startswith("test_") or (pattern is not None and not re.search(pattern, name)):
+            continue
+        named = "ddp" in name.lower() or "distributeddataparallel" in name.lower()
+        if named or reaches_ddp(name, set()):
+            found[name] = named
+    return found
 
 
 # --- worker: one batch of tests in this process, results as JSON lines -----------------------
@@ -302,7 +322,8 @@ def main() -> int:
     except ImportError:
         print("torch's test utilities need expecttest. Fix: pip install expecttest==0.3.0", file=sys.stderr)
         return 2
-    names = ddp_test_names(args.only)
+    named = ddp_test_names(args.only)
+    names = sorted(named)
     if not names:
         print(f"no DDP test matches {args.only!r}", file=sys.stderr)
         return 2
@@ -326,13 +347,20 @@ def main() -> int:
                 why = runs["dtcore"][name]["why"]
         print(f"{name:<{width}}  " + "  ".join(f"{c:<6}" for c in cells) + f"  {why}")
     print()
-    for impl in impls:
-        passed = sum(r["status"] == "pass" for r in runs[impl].values())
-        print(f"{impl}: {passed} of {len(names)} DDP tests pass")
-    if "torch" in runs and "dtcore" in runs:
-        torch_passes = [n for n in names if runs["torch"][n]["status"] == "pass"]
-        both = sum(runs["dtcore"][n]["status"] == "pass" for n in torch_passes)
-        print(f"dtcore passes {both} of the {len(torch_passes)} that torch passes")
+
+    def is_named(test: str) -> bool:  # a parametrized test's generated name starts with its method's
+        return any(test == n or test.startswith(n + "_") for n, by_name in named.items() if by_name)
+
+    tallies = {"named for DDP": [n for n in names if is_named(n)], "every test that builds a DDP": names}
+    for what, tests in tallies.items():
+        print(f"{what} ({len(tests)}):")
+        for impl in impls:
+            passed = sum(runs[impl][n]["status"] == "pass" for n in tests)
+            print(f"  {impl}: {passed} of {len(tests)} pass")
+        if "torch" in runs and "dtcore" in runs:
+            torch_passes = [n for n in tests if runs["torch"][n]["status"] == "pass"]
+            both = sum(runs["dtcore"][n]["status"] == "pass" for n in torch_passes)
+            print(f"  dtcore passes {both} of the {len(torch_passes)} that torch passes")
     print(f"({seconds:.0f} s)")
     if args.json:
         with open(args.json, "w") as f:

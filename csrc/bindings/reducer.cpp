@@ -15,17 +15,23 @@ void bind_reducer(py::module_& m) {
   const Options defaults;  // the defaults are Options' own (reducer.h), here and in dtcore.wrap's signature
   py::class_<Options>(m, "ReducerOptions")
       .def(py::init([](double bucket_mb, double first_bucket_mb, bool find_unused_parameters,
-                       std::optional<at::ScalarType> comm_dtype, int zero) {
-             return Options{bucket_mb, first_bucket_mb, find_unused_parameters, comm_dtype, zero};
+                       std::optional<at::ScalarType> comm_dtype, int zero, bool static_graph,
+                       bool skip_all_reduce_unused_params) {
+             return Options{bucket_mb, first_bucket_mb, find_unused_parameters,       comm_dtype,
+                            zero,      static_graph,    skip_all_reduce_unused_params};
            }),
            py::arg("bucket_mb") = defaults.bucket_mb, py::arg("first_bucket_mb") = defaults.first_bucket_mb,
            py::arg("find_unused_parameters") = defaults.find_unused_parameters, py::arg("comm_dtype") = py::none(),
-           py::arg("zero") = defaults.zero)
+           py::arg("zero") = defaults.zero, py::arg("static_graph") = defaults.static_graph,
+           py::arg("skip_all_reduce_unused_params") = defaults.skip_all_reduce_unused_params)
       .def_readwrite("bucket_mb", &Options::bucket_mb)
       .def_readwrite("first_bucket_mb", &Options::first_bucket_mb)
       .def_readwrite("find_unused_parameters", &Options::find_unused_parameters)
       .def_readwrite("comm_dtype", &Options::comm_dtype)
-      .def_readwrite("zero", &Options::zero);
+      .def_readwrite("zero", &Options::zero)
+      .def_readwrite("static_graph", &Options::static_graph)
+      .def_readwrite("skip_all_reduce_unused_params", &Options::skip_all_reduce_unused_params)
+      .def("check", &Reducer::check_options);
 
   py::class_<ShardPiece>(m, "ShardPiece")
       .def_readonly("param", &ShardPiece::param)
@@ -50,6 +56,16 @@ void bind_reducer(py::module_& m) {
       .def("prepare_for_backward", &Reducer::prepare_for_backward, py::arg("sync") = true,
            py::call_guard<py::gil_scoped_release>())
       .def_property("find_unused_parameters", &Reducer::find_unused_parameters, &Reducer::set_find_unused_parameters)
+      .def("set_static_graph", &Reducer::set_static_graph)
+      .def_property_readonly("static_graph", &Reducer::static_graph)
+      .def_property_readonly("static_graph_recorded", &Reducer::static_graph_recorded)
+      .def_property_readonly("last_buckets_reduced", &Reducer::last_buckets_reduced)
+      .def_property_readonly("order_rebuilt", &Reducer::order_rebuilt)
+      .def("last_backward_error",
+           [](const Reducer& r) {  // (count, class name, message)
+             auto e = r.last_backward_error();
+             return std::make_tuple(e.count, e.kind, e.message);
+           })
       .def(
           "register_comm_hook",
           [](Reducer& r, py::object state, py::object hook) {

@@ -170,6 +170,8 @@ class ReducerOptions:
     find_unused_parameters: bool
     comm_dtype: torch.dtype | None
     zero: int
+    static_graph: bool
+    skip_all_reduce_unused_params: bool
     def __init__(
         self,
         bucket_mb: float = ...,
@@ -177,7 +179,12 @@ class ReducerOptions:
         find_unused_parameters: bool = ...,
         comm_dtype: torch.dtype | None = None,
         zero: int = ...,
+        static_graph: bool = ...,
+        skip_all_reduce_unused_params: bool = ...,
     ) -> None: ...
+    def check(self) -> None:
+        """ConfigError naming the first option a reducer cannot honour, with the fix."""
+        ...
 
 class ShardPiece:
     """A parameter's part in this rank's shard (Note [Shard layout])."""
@@ -203,6 +210,16 @@ class Reducer:
     zero: int
     plan_final: bool
     plan_version: int
+    static_graph: bool
+    static_graph_recorded: bool  # the parameters a static graph uses are known: no search, no output function
+    last_buckets_reduced: int  # buckets reduced in the last reduced backward (torch's num_buckets_reduced)
+    order_rebuilt: bool  # buckets rebuilt in the order gradients became ready (torch's has_rebuilt_buckets)
+    def set_static_graph(self) -> None:
+        """torch DDP's _set_static_graph(), before the first reduced backward."""
+        ...
+    def last_backward_error(self) -> tuple[int, str, str]:
+        """(errors raised inside backward so far, the last one's class name, its message)."""
+        ...
     def __init__(
         self, params: list[torch.Tensor], names: list[str], communicator: Communicator, options: ReducerOptions = ...
     ) -> None: ...

@@ -8,6 +8,7 @@
 // Thread safety: the types are plain values; throwing from any thread is fine.
 #pragma once
 
+#include <exception>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -43,6 +44,28 @@ class CheckpointError : public Error {
  public:
   using Error::Error;
 };
+
+// The Python class an error becomes ("ConfigError", ..., "RuntimeError" for any other exception)
+// and its message: for errors that are recorded as well as raised.
+inline std::pair<std::string, std::string> describe_error(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const ConfigError& e) {
+    return {"ConfigError", e.what()};
+  } catch (const RendezvousError& e) {
+    return {"RendezvousError", e.what()};
+  } catch (const CommError& e) {
+    return {"CommError", e.what()};
+  } catch (const CheckpointError& e) {
+    return {"CheckpointError", e.what()};
+  } catch (const Error& e) {
+    return {"DtcoreError", e.what()};
+  } catch (const std::exception& e) {
+    return {"RuntimeError", e.what()};
+  } catch (...) {
+    return {"RuntimeError", "an exception that is not a std::exception"};
+  }
+}
 
 namespace detail {
 template <typename... Args>

@@ -2,12 +2,10 @@
 
 #include <chrono>
 #include <type_traits>
-#include <unordered_set>
 #include <utility>
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
-#include <ATen/record_function.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
@@ -33,35 +31,55 @@ int64_t now_ns() {  // See Note [Backward timeline]
 }
 constexpr size_t kDrainFinished = static_cast<size_t>(-1);
 
-// Runs `fn` just before its node, passing the gradients on unchanged (torch has a LambdaPostHook
-// only). See Note [Lent bucket views].
+// Runs `fn` with the gradients just before its node, passing them on unchanged (torch has a
+// LambdaPostHook only). See Note [Lent bucket views].
 class LambdaPreHook : public torch::autograd::FunctionPreHook {
  public:
-  explicit LambdaPreHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  using Fn = std::function<void(const torch::autograd::variable_list&)>;
+  explicit LambdaPreHook(Fn fn) : fn_(std::move(fn)) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
-    fn_();
+    fn_(grads);
     return grads;
   }
 
  private:
-  std::function<void()> fn_;
+  Fn fn_;
 };
+
+// The gradient an AccumulateGrad node was given: undefined behind an output the loss does not use
+// (See Note [Outputs the loss does not use]).
+bool defined_gradient(const torch::autograd::variable_list& grads) { return !grads.empty() && grads[0].defined(); }
 }  // namespace
 
-Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, std::shared_ptr<Communicator> comm,
-                 Options options)
-    : comm_(std::move(comm)),
-      options_(options),
-      caps_{mebibytes_to_bytes(options.bucket_mb, "bucket_mb"),
-            mebibytes_to_bytes(options.first_bucket_mb, "first_bucket_mb")} {
-  if (auto dtype = options_.comm_dtype) {
+void Reducer::check_options(const Options& options) {
+  mebibytes_to_bytes(options.bucket_mb, "bucket_mb");
+  mebibytes_to_bytes(options.first_bucket_mb, "first_bucket_mb");
+  if (auto dtype = options.comm_dtype) {
     DTCORE_CHECK(*dtype == at::kBFloat16 || *dtype == at::kHalf || *dtype == at::kFloat, ConfigError,
                  "comm_dtype=", dtype_name(*dtype),
                  " cannot carry gradients. Fix: use torch.bfloat16, torch.float16 or None.");
   }
-  DTCORE_CHECK(options_.zero >= 0 && options_.zero <= 2, ConfigError, "zero=", options_.zero,
+  DTCORE_CHECK(options.zero >= 0 && options.zero <= 2, ConfigError, "zero=", options.zero,
                " is not a ZeRO stage dtcore offers. Fix: pass zero=0 (whole gradients and optimizer state on every "
                "rank), 1 (optimizer state sharded) or 2 (gradients sharded too).");
+  DTCORE_CHECK(!options.skip_all_reduce_unused_params || options.zero == 0, ConfigError,
+               "skip_all_reduce_unused_params=True with zero=", options.zero,
+               ": a sharded optimizer steps every bucket's shard. Fix: wrap with zero=0 to skip buckets no rank "
+               "used, or drop skip_all_reduce_unused_params.");
+  DTCORE_CHECK(!options.skip_all_reduce_unused_params || options.find_unused_parameters || options.static_graph,
+               ConfigError,
+               "skip_all_reduce_unused_params=True without find_unused_parameters=True or static_graph=True: the "
+               "unused parameters are found by either. Fix: pass find_unused_parameters=True (or static_graph=True) "
+               "as well.");
+}
+
+Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, std::shared_ptr<Communicator> comm,
+                 Options options)
+    : comm_(std::move(comm)),
+      options_((check_options(options), options)),
+      caps_{mebibytes_to_bytes(options.bucket_mb, "bucket_mb"),
+            mebibytes_to_bytes(options.first_bucket_mb, "first_bucket_mb")} {
+  if (options_.static_graph) options_.find_unused_parameters = true;  // the first backward searches the graph
   DTCORE_CHECK(params.size() == names.size(), ConfigError, "Reducer: ", params.size(), " parameters but ", names.size(),
                " names. Fix: pass one name per parameter (module.named_parameters() gives both).");
   for (size_t i = 0; i < params.size(); ++i) {
@@ -79,7 +97,7 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
     slots_.push_back(std::move(s));
     specs_.push_back(GradSpec{p.numel(), p.scalar_type(), p.device()});
   }
-  build_buckets(reverse_registration_order(specs_.size()), /*shared_memory=*/false, /*only_into_shared_memory=*/false);
+  build_buckets(first_plan(), /*shared_memory=*/false, /*only_into_shared_memory=*/false);
 
   // See Note [One reducer per parameter]: checked for every parameter before any hook is added.
   for (Slot& s : slots_) {
@@ -94,18 +112,18 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     s.hook_key = s.accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+        [this, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list& inputs) {
           try {
-            on_grad_ready(i);
+            on_grad_ready(i, defined_gradient(inputs));
           } catch (...) {
             raise(std::current_exception());
           }
           return outputs;
         }));
     if (options_.zero == 0 && s.param.device().is_cpu()) {  // See Note [Lent bucket views]
-      auto lend = std::make_unique<LambdaPreHook>([this, i] {
+      auto lend = std::make_unique<LambdaPreHook>([this, i](const torch::autograd::variable_list& grads) {
         try {
-          lend_view(i);
+          lend_view(i, defined_gradient(grads));
         } catch (...) {
           raise(std::current_exception());
         }
@@ -252,67 +270,58 @@ void Reducer::prepare_for_backward(bool sync) {
     indices += detail::cat(k ? " " : "", missing[k].first);
     names += detail::cat(k ? ", " : "", missing[k].second);
   }
+  // torch's words for a static graph that changed, up to the indices (scripts and tests match them).
+  const std::string lead =
+      options_.static_graph
+          ? "Expected to have finished reduction in the prior iteration before starting a new one. This error "
+            "indicates that your training graph has changed in this iteration, e.g., one parameter is used in first "
+            "iteration, but then got unused in the second iteration. this is not compatible with static_graph set "
+            "to True.\n"
+          : detail::cat(
+                "Expected to have finished reduction in the prior iteration before starting a new one: the "
+                "previous backward pass on rank ",
+                comm_->rank(), " did not complete its gradient reduction. ");
   const std::string cause =
-      options_.find_unused_parameters
-          ? "Since `find_unused_parameters=True` is enabled, this likely means that not all `forward` outputs "
-            "participate in computing loss, or that a backward raised before reaching these parameters. Fix: make "
-            "sure all `forward` function outputs participate in calculating loss"
+      options_.static_graph ? "Fix: use the same parameters in every step with static_graph=True, or wrap with "
+                              "find_unused_parameters=True instead"
+      : options_.find_unused_parameters  // outputs the loss does not use are fine: Note [Outputs the loss does not use]
+          ? "Since `find_unused_parameters=True` is enabled, this likely means that a backward raised before "
+            "reaching these parameters, or that the loss was computed from tensors these parameters made outside "
+            "the wrapped model's forward (the forward's own outputs may go unused). Fix: compute the loss from the "
+            "wrapped model's outputs"
           : "Your module has parameters that were not used in producing loss (or that backward raised before "
             "reaching them). Fix: enable unused parameter detection by passing the keyword argument "
             "`find_unused_parameters=True` when wrapping, and make sure all `forward` function outputs participate "
             "in calculating loss; or freeze unused parameters with requires_grad_(False)";
-  DTCORE_CHECK(false, ConfigError,
-               "Expected to have finished reduction in the prior iteration before starting a new one: the previous "
-               "backward pass on rank ",
-               comm_->rank(), " did not complete its gradient reduction. ", cause,
+  if (options_.static_graph) {
+    DTCORE_CHECK(false, ConfigError, lead, "Parameter indices which did not receive grad for rank ", comm_->rank(),
+                 ": ", indices, ". Parameters which did not receive grad for rank ", comm_->rank(), ": ", names, ". ",
+                 cause, "; after a backward that raised, restart the step on every rank.");
+  }
+  // The parameters are named whatever TORCH_DISTRIBUTED_DEBUG is; torch's advice is quoted for those who
+  // search for it.
+  DTCORE_CHECK(false, ConfigError, lead, cause,
                "; after a backward that raised, restart the step on every rank. Parameter indices which did not "
                "receive grad for rank ",
                comm_->rank(), ": ", indices, ". Parameters which did not receive grad for rank ", comm_->rank(), ": ",
-               names, ".");
+               names,
+               ". dtcore names them whatever TORCH_DISTRIBUTED_DEBUG is (torch DDP names them only if you set the "
+               "environment variable TORCH_DISTRIBUTED_DEBUG to either INFO or DETAIL).");
 }
 
-void Reducer::set_find_unused_parameters(bool on) {
+int64_t Reducer::last_buckets_reduced() const {
   std::lock_guard<std::mutex> lock(mu_);
-  DTCORE_CHECK(!backward_started_, ConfigError, "find_unused_parameters was changed on rank ", comm_->rank(),
-               " while a backward pass is reducing gradients. Fix: change it before the forward or after the "
-               "backward.");
-  options_.find_unused_parameters = on;
+  return last_buckets_reduced_;
 }
 
-bool Reducer::find_unused_parameters() const {
+bool Reducer::order_rebuilt() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return options_.find_unused_parameters;
+  return order_rebuilt_;
 }
 
-void Reducer::find_unused(const std::vector<at::Tensor>& outputs) {
-  if (!find_unused_parameters()) return;
-  RECORD_USER_SCOPE("dtcore.reducer::search_unused_parameters");  // torch DDP's name for it, in profiles
-  // Every node the outputs' graph reaches; a parameter whose accumulator is not among them gets
-  // no gradient in the coming backward.
-  std::unordered_set<torch::autograd::Node*> seen;
-  std::vector<torch::autograd::Node*> stack;
-  for (const auto& t : outputs) {
-    if (!t.defined()) continue;
-    if (auto fn = t.grad_fn()) {
-      stack.push_back(fn.get());
-    } else if (t.requires_grad() && t.is_leaf()) {
-      if (auto acc = torch::autograd::impl::try_get_grad_accumulator(t)) seen.insert(acc.get());
-    }
-  }
-  while (!stack.empty()) {
-    torch::autograd::Node* node = stack.back();
-    stack.pop_back();
-    if (!seen.insert(node).second) continue;
-    for (const auto& edge : node->next_edges()) {
-      if (edge.function) stack.push_back(edge.function.get());
-    }
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  unused_.clear();
-  if (!expect_hooks_) return;  // no_sync: nothing is reduced in this backward
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    if (!seen.count(slots_[i].accumulator.get())) unused_.push_back(i);
-  }
+Reducer::ErrorRecord Reducer::last_backward_error() const {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  return last_error_;
 }
 
 void Reducer::reset_locked() {
@@ -339,27 +348,8 @@ void Reducer::reset_locked() {
 void Reducer::launch_ready_locked() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     const size_t index = next_bucket_++;
-    BucketState& b = buckets_[index];
-    if (index == 0) times_.comm_start_ns = now_ns();  // See Note [Backward timeline]
-    at::Tensor payload = b.buffer;
-    if (options_.comm_dtype && *options_.comm_dtype != b.buffer.scalar_type()) {
-      b.sent = b.buffer.to(*options_.comm_dtype);  // copied back into the buffer in finalize()
-      payload = b.sent;
-    }
-    // Overlaps with the rest of backward; the label names it in the flight recorder.
-    if (hook_) {
-      b.future = run_hook_locked(index, payload);
-    } else if (sharded_grads_) {
-      // Straight into the shard when it holds zeros (after zero_grad()); else into a buffer that
-      // is added to it, as .grad accumulates.
-      if (b.sent.defined()) b.buffer = at::Tensor();  // the cast is what is sent
-      const bool direct = b.shard_is_zero && payload.scalar_type() == b.grad_shard.scalar_type();
-      b.received = direct ? b.grad_shard : at::empty({shards_[index].shard_numel}, payload.options());
-      b.work = comm_->reduce_scatter(b.received, payload, ReduceOp::Avg, b.label);
-      drain_locked(kDrainFinished);
-    } else {
-      b.work = comm_->all_reduce(payload, ReduceOp::Avg, b.label);
-    }
+    if (index == 0) times_.comm_start_ns = now_ns();        // See Note [Backward timeline]
+    if (!buckets_[index].skip) start_bucket_locked(index);  // See Note [Skipped buckets]
     if (next_bucket_ == buckets_.size()) {
       times_.compute_end_ns = now_ns();       // every gradient is ready: the last bucket starts
       if (options_.find_unused_parameters) {  // See Note [Unused parameters keep None]
@@ -381,6 +371,30 @@ void Reducer::launch_ready_locked() {
         times_.comm_end_ns = now_ns();
       });
     }
+  }
+}
+
+void Reducer::start_bucket_locked(size_t index) {
+  BucketState& b = buckets_[index];
+  ++buckets_reduced_;
+  at::Tensor payload = b.buffer;
+  if (options_.comm_dtype && *options_.comm_dtype != b.buffer.scalar_type()) {
+    b.sent = b.buffer.to(*options_.comm_dtype);  // copied back into the buffer in finalize()
+    payload = b.sent;
+  }
+  // Overlaps with the rest of backward; the label names it in the flight recorder.
+  if (hook_) {
+    b.future = run_hook_locked(index, payload);
+  } else if (sharded_grads_) {
+    // Straight into the shard when it holds zeros (after zero_grad()); else into a buffer that
+    // is added to it, as .grad accumulates.
+    if (b.sent.defined()) b.buffer = at::Tensor();  // the cast is what is sent
+    const bool direct = b.shard_is_zero && payload.scalar_type() == b.grad_shard.scalar_type();
+    b.received = direct ? b.grad_shard : at::empty({shards_[index].shard_numel}, payload.options());
+    b.work = comm_->reduce_scatter(b.received, payload, ReduceOp::Avg, b.label);
+    drain_locked(kDrainFinished);
+  } else {
+    b.work = comm_->all_reduce(payload, ReduceOp::Avg, b.label);
   }
 }
 
@@ -442,21 +456,39 @@ void Reducer::set_divisor(int64_t ranks) {
 void Reducer::shadow_backward() {
   std::vector<std::shared_ptr<Work>> works;
   std::vector<std::pair<std::string, HookFuture>> futures;
+  auto shadow_locked = [&](size_t b) {  // the others' collective (or hook) on this bucket, on zeros
+    const Bucket& bucket = plan_[b];
+    at::ScalarType dtype = options_.comm_dtype.value_or(bucket.dtype);
+    at::Tensor zeros = at::zeros({bucket.numel}, at::TensorOptions().dtype(dtype).device(bucket.device));
+    if (hook_) {
+      futures.emplace_back(buckets_[b].label, run_hook_locked(b, zeros));
+    } else {
+      works.push_back(comm_->all_reduce(zeros, ReduceOp::Avg, buckets_[b].label));
+    }
+  };
+  std::shared_ptr<Work> used_work;  // the others' used map, with find_unused_parameters: this rank used nothing
+  at::Tensor used_map;
   {
     std::lock_guard<std::mutex> lock(mu_);
     check_joinable();
     DTCORE_CHECK(!backward_started_, ConfigError, "shadow_backward() during a backward pass on rank ", comm_->rank(),
                  ". Fix: a joined rank runs no backward of its own.");
     for (size_t b = 0; b < plan_.size(); ++b) {
-      const Bucket& bucket = plan_[b];
-      at::ScalarType dtype = options_.comm_dtype.value_or(bucket.dtype);
-      at::Tensor zeros = at::zeros({bucket.numel}, at::TensorOptions().dtype(dtype).device(bucket.device));
-      if (hook_) {
-        futures.emplace_back(buckets_[b].label, run_hook_locked(b, zeros));
-      } else {
-        works.push_back(comm_->all_reduce(zeros, ReduceOp::Avg, buckets_[b].label));
-      }
+      if (!buckets_[b].skip) shadow_locked(b);  // See Note [Skipped buckets]
     }
+    if (options_.find_unused_parameters) {
+      used_map = at::zeros({static_cast<int64_t>(slots_.size())}, at::kFloat);
+      if (comm_->backend() == "nccl") used_map = used_map.to(plan_.front().device);
+      used_work = comm_->all_reduce(used_map, ReduceOp::Sum, "used parameters");
+    }
+  }
+  std::vector<float> sums;
+  if (used_work) {  // the skipped buckets the others reduce late, in the same order
+    used_work->wait();
+    at::Tensor summed = used_map.cpu();
+    sums.assign(summed.data_ptr<float>(), summed.data_ptr<float>() + summed.numel());
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t b : skipped_but_used_locked(sums)) shadow_locked(b);
   }
   for (auto& w : works) w->wait();
   for (auto& [label, f] : futures) {
@@ -468,6 +500,8 @@ void Reducer::shadow_backward() {
     final_plan = plan_final_;
   }
   if (!final_plan) rebuild_if_needed();  // as the others do at the end of their first reduced backward
+  std::lock_guard<std::mutex> lock(mu_);
+  plan_skips_locked(sums);  // as the others plan theirs
 }
 
 void Reducer::adopt_grad_locked(Slot& s) {
@@ -544,7 +578,8 @@ void Reducer::mark_ready_locked(size_t index) {
   if (--buckets_[s.bucket].pending == 0) launch_ready_locked();
 }
 
-void Reducer::lend_view(size_t index) {
+void Reducer::lend_view(size_t index, bool defined) {
+  if (!defined) return;                    // nothing comes: See Note [Outputs the loss does not use]
   if (at::GradMode::is_enabled()) return;  // create_graph=True: on_grad_ready() refuses it
   std::lock_guard<std::mutex> lock(mu_);
   Slot& s = slots_[index];
@@ -553,7 +588,7 @@ void Reducer::lend_view(size_t index) {
   s.param.mutable_grad() = s.view;
 }
 
-void Reducer::on_grad_ready(size_t index) {
+void Reducer::on_grad_ready(size_t index, bool defined) {
   std::lock_guard<std::mutex> lock(mu_);
   if (slots_[index].accumulator->post_hooks().size() > 1) {  // See Note [One reducer per parameter]
     reset_locked();
@@ -570,33 +605,33 @@ void Reducer::on_grad_ready(size_t index) {
                  "gradients would be averaged without their graph. Fix: compute higher-order gradients on the "
                  "unwrapped module (model.module), or average them yourself with dtcore.all_reduce.");
   }
-  if (!expect_hooks_) {  // no_sync, or a backward the wrapper's forward did not prepare
-    slots_[index].used_unsynced = true;
-    if (!sharded_grads_) adopt_grad_locked(slots_[index]);  // zero=2: .grad stays autograd's, full
+  Slot& s = slots_[index];
+  if (!expect_hooks_) {    // no_sync, or a backward the wrapper's forward did not prepare
+    if (!defined) return;  // nothing came: .grad stays as it is, as without a wrapper
+    s.used_unsynced = true;
+    if (!sharded_grads_) adopt_grad_locked(s);  // zero=2: .grad stays autograd's, full
     return;
   }
   if (!backward_started_) {
     backward_started_ = true;
     times_ = BackwardTimes{};
     grad_order_.clear();
+    buckets_reduced_ = 0;
     for (size_t u : unused_) mark_ready_locked(u);  // see find_unused()
   }
-  slots_[index].used = true;
-  mark_ready_locked(index);
-}
-
-void Reducer::restore_globally_unused() {
-  used_work_->wait();
-  at::Tensor summed = used_map_.cpu();
-  const float* in = summed.data_ptr<float>();
-  std::lock_guard<std::mutex> lock(mu_);
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    if (in[i] != 0.0f) {
-      slots_[i].without_grad = false;
-    } else if (slots_[i].grad_was_none && !sharded_grads_) {
-      slots_[i].param.mutable_grad() = at::Tensor();
-    }
+  if (static_recorded_ && s.static_unused) {  // See Note [Static graph]: marked ready when backward started
+    if (!defined) return;
+    // The backward's state stays for the next forward's report, which drains it.
+    DTCORE_CHECK(false, ConfigError,
+                 "Your training graph has changed in this iteration, e.g., one parameter is unused in first "
+                 "iteration, but then got used in the second iteration. this is not compatible with static_graph "
+                 "set to True. Parameter '",
+                 s.name, "' (index ", index, ") got a gradient on rank ", comm_->rank(),
+                 " but got none in the first backward. Fix: use the same parameters in every step with "
+                 "static_graph=True, or wrap with find_unused_parameters=True instead.");
   }
+  s.used = defined;  // an undefined gradient readies it without using it: Note [Outputs the loss does not use]
+  mark_ready_locked(index);
 }
 
 void Reducer::finalize() {
@@ -607,6 +642,15 @@ void Reducer::finalize() {
   lock.unlock();
   // Waited without the lock: no hook of the next backward can run before this returns.
   std::exception_ptr failure;
+  std::vector<float> used_sums;  // with `mapped`: how many ranks used each parameter
+  if (mapped) {
+    try {
+      used_sums = summed_used_map();
+      reduce_skipped_if_used(used_sums);  // See Note [Skipped buckets]
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
   for (BucketState* b : launched) {
     try {
       if (b->work) b->work->wait_on_stream();  // See Note [Waiting on the stream]
@@ -625,11 +669,12 @@ void Reducer::finalize() {
       if (!failure) failure = std::current_exception();
     }
   }
-  if (!failure && used_work_) {
-    try {
-      restore_globally_unused();
-    } catch (...) {
-      failure = std::current_exception();
+  if (!failure && mapped) restore_globally_unused(used_sums);
+  if (!failure) {
+    std::lock_guard<std::mutex> relock(mu_);
+    if (options_.static_graph && !static_recorded_) {  // before a rebuild resets `used`: See Note [Static graph]
+      for (Slot& s : slots_) s.static_unused = !s.used;
+      static_recorded_ = true;
     }
   }
   std::vector<HookFuture> post_futures;
@@ -650,7 +695,9 @@ void Reducer::finalize() {
   }
   if (!failure && divisor > 0 && divisor != comm_->size()) {  // averaged over the world: over `divisor` ranks instead
     const double scale = static_cast<double>(comm_->size()) / static_cast<double>(divisor);
-    for (BucketState* b : launched) b->buffer.mul_(scale);
+    for (BucketState* b : launched) {
+      if (b->work || b->future) b->buffer.mul_(scale);  // a skipped bucket holds no average
+    }
   }
   if (!failure && !plan_final_) {
     try {
@@ -660,6 +707,10 @@ void Reducer::finalize() {
     }
   }
   lock.lock();
+  if (!failure) {
+    plan_skips_locked(used_sums);  // on the final plan; See Note [Skipped buckets]
+    last_buckets_reduced_ = buckets_reduced_;
+  }
   reset_locked();
   if (failure) std::rethrow_exception(failure);
   for (Slot& s : slots_) {
@@ -671,6 +722,11 @@ void Reducer::finalize() {
 }
 
 void Reducer::raise(std::exception_ptr error) const {
+  {
+    auto [kind, message] = describe_error(error);
+    std::lock_guard<std::mutex> lock(error_mu_);
+    last_error_ = ErrorRecord{last_error_.count + 1, std::move(kind), std::move(message)};
+  }
   if (rethrow_) rethrow_(error);
   std::rethrow_exception(error);  // also when rethrow_ returned, which it must not
 }

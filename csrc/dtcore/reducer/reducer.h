@@ -29,6 +29,33 @@
 // zero_grad(set_to_none=True) or since wrapping), and ShardedOptimizer skips their pieces. The
 // used map is reduced for that with zero=2 too.
 //
+// Note [Outputs the loss does not use]: with find_unused_parameters, the graph search counts a
+// parameter as used when any output reaches it, but autograd runs only what the loss reaches: a
+// parameter behind an output the loss ignores (an auxiliary head, an entry of a dict kept for
+// logging) would never get its hook, and its bucket would never start. As torch DDP's _DDPSink, the
+// wrapper's forward passes the outputs that need a gradient through one autograd function whose
+// backward hands on what it gets, None included (python/dtcore/reducer/outputs.py): once the loss
+// reaches any output, autograd runs every output's graph, and the hooks of parameters behind the
+// unused ones fire with an undefined gradient. Such a hook marks the parameter ready without
+// counting it as used, so it keeps its None where no rank gave it a gradient (Note [Unused
+// parameters keep None]); the pre-hook lends it no view. An undefined gradient never becomes zeros
+// in .grad by itself, in any backward: only the average of other ranks' gradients is written.
+//
+// Note [Static graph]: static_graph=True promises that every step uses the same parameters. The
+// first reduced backward searches the graph as find_unused_parameters does and records, on each
+// rank, which parameters got no gradient; later forwards need no search (those are marked ready
+// when the backward starts) and no output function. A graph that changes is an error with torch's
+// words, naming the parameter: a recorded-unused parameter that gets a gradient raises inside the
+// backward, and a recorded-used one that gets none leaves the reduction unfinished, which the next
+// forward reports. Either way the backward's state is kept for that report, which then drains it.
+//
+// Note [Skipped buckets]: with skip_all_reduce_unused_params, a bucket none of whose parameters any
+// rank used in the last reduced backward (the summed used map says so on every rank alike) is not
+// reduced in the next one: ranks decide from the same numbers, so their collectives still pair up,
+// whatever each rank's graph. If the used map of that backward shows a rank used one of them after
+// all, every rank reduces the bucket at the end of the backward, before .grad is read: late, never
+// wrong, never a hang (torch's variant decides per rank and hangs when ranks differ).
+//
 // Note [Lent bucket views]: with zero=0, a pre-hook on each parameter's AccumulateGrad node runs
 // just before autograd accumulates the parameter's gradient. If .grad is None there
 // (optimizer.zero_grad(set_to_none=True), torch's default), it becomes the parameter's bucket view,
@@ -144,10 +171,23 @@ class Reducer {
     // ZeRO stage: 0 (every rank keeps whole gradients), 1 (the optimizer keeps this rank's shard:
     // buckets padded, see Note [Shard layout]) or 2 (gradients sharded too). ConfigError otherwise.
     int zero = 0;
+    // torch DDP's static_graph: the parameters used in each step are those of the first reduced
+    // backward; later steps need no graph search, and a graph that changes is an error. See
+    // Note [Static graph]. Turns find_unused_parameters on.
+    bool static_graph = false;
+    // torch DDP's skip_all_reduce_unused_params: a bucket none of whose parameters any rank used in
+    // the last reduced backward is not reduced. Needs find_unused_parameters (or static_graph) and
+    // zero=0. See Note [Skipped buckets].
+    bool skip_all_reduce_unused_params = false;
   };
 
+  // ConfigError naming the first option that cannot be honoured, with the fix; the constructor
+  // checks them so first. A wrapper checks them before it takes parameters over from another.
+  static void check_options(const Options& options);
+
   // `params` in registration order, with `names` for messages; parameters that do not require
-  // grad are skipped. ConfigError for sparse parameters or parameters that are not leaves.
+  // grad are skipped. ConfigError for bad options (check_options), sparse parameters or
+  // parameters that are not leaves.
   Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, std::shared_ptr<Communicator> comm,
           Options options);
   ~Reducer();
@@ -164,10 +204,17 @@ class Reducer {
   // nothing). Marked then, not now, so that every rank issues its collectives inside backward.
   void find_unused(const std::vector<at::Tensor>& outputs);
 
-  // Turns find_unused_parameters on or off for the coming backward passes (static_graph=True set
-  // after construction turns it on). ConfigError during a backward.
+  // Turns find_unused_parameters on or off for the coming backward passes. ConfigError during a
+  // backward.
   void set_find_unused_parameters(bool on);
   bool find_unused_parameters() const;
+  // torch DDP's _set_static_graph(): Options::static_graph after construction, before the first
+  // reduced backward (ConfigError after it). See Note [Static graph].
+  void set_static_graph();
+  bool static_graph() const;
+  // True once static_graph has recorded the parameters each step uses: forwards need neither the
+  // graph search nor the output function (Note [Outputs the loss does not use]) any more.
+  bool static_graph_recorded() const;
 
   // How an error raised inside backward (a hook, or the final wait) leaves autograd. By default it
   // is rethrown as is, and autograd's Python face turns any C++ exception into RuntimeError; the
@@ -203,6 +250,23 @@ class Reducer {
   const std::vector<Bucket>& buckets() const { return plan_; }
   // Backward passes fully reduced so far.
   int64_t reductions() const;
+  // Buckets whose collective (or hook) ran in the last reduced backward: fewer than buckets() when
+  // some were skipped (Note [Skipped buckets]). torch's logging data's num_buckets_reduced.
+  int64_t last_buckets_reduced() const;
+  // True once the buckets were rebuilt in the order gradients became ready (torch's
+  // has_rebuilt_buckets): after the first reduced backward, unless find_unused_parameters without
+  // static_graph keeps the first plan's order, as torch DDP does, since a graph that changes
+  // changes that order too.
+  bool order_rebuilt() const;
+  // The last error raised inside a backward (a hook or the final wait), which reaches only the
+  // caller of backward(): how many there were so far, its class's name and its message. torch DDP's
+  // logging data records it (python/dtcore/reducer/logging_data.py).
+  struct ErrorRecord {
+    int64_t count = 0;
+    std::string kind;
+    std::string message;
+  };
+  ErrorRecord last_backward_error() const;
 
   // Note [Backward timeline]: what torch DDP's logging data reports of a backward, for the last
   // synced backward, on the host clock in nanoseconds since the epoch (Python's time.time_ns()):
@@ -257,6 +321,7 @@ class Reducer {
     bool grad_was_none = false;  // marked unused while .grad was None: None again if unused on every rank
     bool used_unsynced = false;  // got a gradient in a no_sync backward since the last reduced one
     bool without_grad = true;    // no rank gave it one since zero_grad(set_to_none=True): params_without_grad()
+    bool static_unused = false;  // static_graph: got no gradient in the first reduced backward, on this rank
   };
   struct BucketState {
     at::Tensor buffer;
@@ -268,30 +333,39 @@ class Reducer {
     bool shard_is_zero = false;  // grad_shard holds zeros (zero_grad()): the reduce-scatter writes it directly
     at::Tensor received;         // zero=2, accumulating: the reduce-scatter's output, added into grad_shard
     HookFuture future;           // with a comm hook: its result, copied into buffer at the end
+    bool skip = false;           // not reduced in the coming backward: See Note [Skipped buckets]
   };
 
-  void lend_view(size_t slot);                              // autograd pre-hook; See Note [Lent bucket views]
-  void on_grad_ready(size_t slot);                          // autograd post-hook, on an engine thread
-  void finalize();                                          // queued with the engine when the last bucket starts
+  void lend_view(size_t slot, bool defined);      // autograd pre-hook; See Note [Lent bucket views]
+  void on_grad_ready(size_t slot, bool defined);  // autograd post-hook, on an engine thread; `defined`: a gradient came
+  void finalize();                                // queued with the engine when the last bucket starts
   [[noreturn]] void raise(std::exception_ptr error) const;  // through rethrow_
   void reset_locked();
   // With `lock` held on entry and return: waits (unlocked, with the timeout) for the collectives and
   // hook futures an unfinished backward launched, then resets.
   void drain_unfinished(std::unique_lock<std::mutex>& lock);
-  void remove_hooks_locked();      // the destructor's and release_parameters()'s
-  void launch_ready_locked();      // starts buckets next_bucket_, ... while they are complete
-  void restore_globally_unused();  // see Note [Unused parameters keep None]
+  void remove_hooks_locked();              // the destructor's and release_parameters()'s
+  void launch_ready_locked();              // starts buckets next_bucket_, ... while they are complete
+  void start_bucket_locked(size_t index);  // its collective (or hook), overlapping the rest of backward
+  std::vector<float> summed_used_map();    // waits for the used map's sum; see Note [Unused parameters keep None]
+  void restore_globally_unused(const std::vector<float>& sums);  // ditto
+  // The skipped buckets some rank used after all (by the used map's `sums`), reduced now: See Note
+  // [Skipped buckets]. skipped_but_used_locked() lists them, for a joined rank's shadow too.
+  void reduce_skipped_if_used(const std::vector<float>& sums);
+  std::vector<size_t> skipped_but_used_locked(const std::vector<float>& sums) const;
+  void plan_skips_locked(const std::vector<float>& sums);  // the coming backward's skips, from this one's sums
   HookFuture run_hook_locked(size_t bucket, const at::Tensor& contents);  // the hook on a bucket's contents
   void adopt_grad_locked(Slot& s);  // makes s.param.grad the bucket view again, keeping its value
   void stage_grad_locked(Slot& s);  // zero=2: s.param.grad into its in-flight bucket, then released
   void drain_locked(size_t keep);   // zero=2: finished buckets into their shards; see Note [Buckets in flight]
   void shard_gradients_locked();    // zero=2, once the plan is final: keep only this rank's shards
   void mark_ready_locked(size_t slot);
-  // Plans, allocates (in a shared buffer if `shared_memory`: See Note [Buckets in shared memory]),
+  // Allocates `plan`'s buckets (in a shared buffer if `shared_memory`: See Note [Buckets in shared memory]),
   // points grads at views; takes mu_. With `only_into_shared_memory`, keeps the buckets as they
   // are when the buffer cannot be had, and says so: false.
-  bool build_buckets(const std::vector<size_t>& order, bool shared_memory, bool only_into_shared_memory);
-  void rebuild_if_needed();  // after the first reduction: buckets in the order observed on rank 0
+  bool build_buckets(std::vector<Bucket> plan, bool shared_memory, bool only_into_shared_memory);
+  std::vector<Bucket> first_plan() const;  // before any backward is observed: See Note [The first plan]
+  void rebuild_if_needed();                // after the first reduction: buckets in the order observed on rank 0
 
   std::shared_ptr<Communicator> comm_;
   Options options_;
@@ -321,7 +395,14 @@ class Reducer {
   BackwardTimes times_;                   // See Note [Backward timeline]; cleared when a backward starts
   bool plan_final_ = false;               // the one rebuild was tried: buckets stay as they are
   bool sharded_grads_ = false;            // zero=2 after shard_gradients_locked()
+  bool static_recorded_ = false;          // See Note [Static graph]: Slot::static_unused is set
+  bool order_rebuilt_ = false;            // order_rebuilt()
   int64_t reductions_ = 0;
+  int64_t buckets_reduced_ = 0;  // in the backward so far; last_buckets_reduced() once it is reduced
+  int64_t last_buckets_reduced_ = 0;
+
+  mutable std::mutex error_mu_;  // last_error_ alone: raise() runs with or without mu_
+  mutable ErrorRecord last_error_;
 };
 
 }  // namespace dtcore

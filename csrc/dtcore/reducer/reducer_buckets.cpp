@@ -1,6 +1,6 @@
 // The reducer's buckets over its life: built at construction, rebuilt once after the first
-// reduction in the order rank 0 observed (and into shared memory), cut to this rank's shards for
-// zero=2. The rest of the Reducer is in reducer.cpp.
+// reduction in the order rank 0 observed (unless the graph is dynamic) and into shared memory, cut
+// to this rank's shards for zero=2. The rest of the Reducer is in reducer.cpp.
 #include <algorithm>
 #include <vector>
 
@@ -21,9 +21,27 @@ namespace dtcore {
 // the constructor issues no collective, since a copy of a wrapped model (copy.deepcopy on one
 // rank) builds a reducer too. zero=2 releases its buckets once the plan is final, so it keeps
 // ordinary memory.
-bool Reducer::build_buckets(const std::vector<size_t>& order, bool shared_memory, bool only_into_shared_memory) {
-  constexpr int64_t kAlign = 64;  // each bucket starts on a cache line of the shared buffer
+// Note [The first plan]: before any backward is observed, gradients are expected to become ready
+// in reverse registration order, and buckets are filled in that order, the small first bucket
+// reduced first; the first reduced backward then rebuilds them in the order observed on rank 0.
+// A graph that may change from step to step (find_unused_parameters without static_graph) keeps
+// its first plan for good, since its order changes too, and that plan is grouped as torch DDP
+// groups it: filled in registration order, the buckets reduced in reverse, so that which
+// parameters share a bucket (what skip_all_reduce_unused_params skips, what torch's logging data
+// lists) is torch's.
+std::vector<Bucket> Reducer::first_plan() const {
+  if (!options_.find_unused_parameters || options_.static_graph) {
+    return plan_buckets(specs_, reverse_registration_order(specs_.size()), caps_);
+  }
+  std::vector<size_t> order = reverse_registration_order(specs_.size());
+  std::reverse(order.begin(), order.end());  // registration order
   std::vector<Bucket> plan = plan_buckets(specs_, order, caps_);
+  std::reverse(plan.begin(), plan.end());
+  return plan;
+}
+
+bool Reducer::build_buckets(std::vector<Bucket> plan, bool shared_memory, bool only_into_shared_memory) {
+  constexpr int64_t kAlign = 64;  // each bucket starts on a cache line of the shared buffer
   std::vector<BucketShard> shards;
   std::vector<int64_t> numels, starts;  // each bucket's elements (padded for ZeRO) and its byte in the buffer
   int64_t shared_bytes = 0;
@@ -110,27 +128,35 @@ void Reducer::rebuild_if_needed() {
   shared = shared.cpu();
   const int64_t* in = shared.data_ptr<int64_t>();
   std::vector<size_t> chosen(slots_.size());
+  bool complete = true;  // rank 0 saw every gradient
   {
     std::lock_guard<std::mutex> lock(mu_);
     plan_final_ = true;  // every rank decides alike, from rank 0's broadcast
+    // A graph that changes from step to step keeps its first plan: See Note [The first plan]
+    // (broadcast all the same, so that every rank issues the same collectives whatever its options).
+    order_rebuilt_ = !options_.find_unused_parameters || options_.static_graph;
     for (size_t i = 0; i < chosen.size(); ++i) {
-      if (in[i] < 0) {  // rank 0 has no complete order: keep the plan's
-        chosen = reverse_registration_order(slots_.size());
-        break;
-      }
-      chosen[i] = static_cast<size_t>(in[i]);
+      if (in[i] < 0) complete = false;
+      chosen[i] = static_cast<size_t>(std::max<int64_t>(in[i], 0));
     }
   }
+  std::vector<Bucket> plan = order_rebuilt_ && complete ? plan_buckets(specs_, chosen, caps_) : first_plan();
   // The same decision on every rank: See Note [Buckets in shared memory].
   const bool shared_memory =
       options_.zero <= 1 && comm_->offers_shared_buffers() &&
       std::any_of(specs_.begin(), specs_.end(), [](const GradSpec& g) { return g.device.is_cpu(); });
-  const bool same_order = chosen == reverse_registration_order(slots_.size());
-  if (same_order && !shared_memory) return;  // the plan already matches
-  // A collective (the shared buffer), so outside mu_; in the same order, only into a shared buffer.
-  if (!build_buckets(chosen, shared_memory, /*only_into_shared_memory=*/same_order)) return;
+  bool same_plan;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    same_plan = plan.size() == plan_.size() &&
+                std::equal(plan.begin(), plan.end(), plan_.begin(),
+                           [](const Bucket& a, const Bucket& b) { return a.params == b.params; });
+  }
+  if (same_plan && !shared_memory) return;  // the plan already matches
+  // A collective (the shared buffer), so outside mu_; the same plan only into a shared buffer.
+  if (!build_buckets(std::move(plan), shared_memory, /*only_into_shared_memory=*/same_plan)) return;
   std::lock_guard<std::mutex> lock(mu_);
-  log::debug("reducer: buckets rebuilt", same_order ? "" : " in the order gradients became ready",
+  log::debug("reducer: buckets rebuilt", same_plan ? "" : " in the order gradients became ready",
              buckets_shared_ ? " in shared memory" : "", " (", plan_.size(), " bucket(s))");
 }
 

@@ -26,7 +26,6 @@ _UNSUPPORTED_DDP = {
     "mixed_precision": "use comm_dtype-style compression through dtcore.wrap(comm_dtype=torch.bfloat16)",
     "delay_all_reduce_named_params": "every parameter is reduced during backward",
     "param_to_hook_all_reduce": "every parameter is reduced during backward",
-    "skip_all_reduce_unused_params": "unused parameters are reduced with zeros (find_unused_parameters=True)",
 }
 
 # torch 2.13's warnings, word for word: scripts and tests match them.
@@ -56,7 +55,10 @@ class DistributedDataParallel(DistributedModel):
     averaged over its ranks, on a communicator of its own (See Note [Subgroup communicators] in
     csrc/dtcore/comm/communicator.h), and parameters broadcast from its first rank.
     static_graph=True (or _set_static_graph()) lets parameters go unused without
-    find_unused_parameters, as long as the same ones do in every step.
+    find_unused_parameters, as long as the same ones do in every step (a graph that changes is an
+    error). skip_all_reduce_unused_params=True (with find_unused_parameters or static_graph) skips
+    the collective of a bucket no rank used in the previous step; unlike torch's, it stays correct
+    (the bucket is reduced late) when a rank uses one of its parameters after all.
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class DistributedDataParallel(DistributedModel):
         device_mesh: Any = None,
         bucket_cap_mb_list: list[float] | None = None,
         forward_sync_buffers: bool | None = None,
+        skip_all_reduce_unused_params: bool = False,
         **unsupported: Any,
     ) -> None:
         ctx = get_context()
@@ -139,6 +142,8 @@ class DistributedDataParallel(DistributedModel):
             find_unused_parameters=find_unused_parameters,
             comm_dtype=None,
             zero=0,
+            static_graph=static_graph,
+            skip_all_reduce_unused_params=skip_all_reduce_unused_params,
         )
         if bucket_cap_mb_list:
             options.update(_bucket_caps(bucket_cap_mb_list))

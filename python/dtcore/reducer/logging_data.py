@@ -73,6 +73,7 @@ class _Log:
     forward_start: int = 0  # ns since the epoch, of the last synced forward
     backward_compute_start: int = 0  # its end: the backward can start
     reductions: int = 0  # the reducer's count at that forward: a later one is that forward's backward
+    backward_errors: int = 0  # the reducer's count of errors raised inside backward, as last recorded
 
 
 def _env(name: str) -> str:
@@ -85,10 +86,11 @@ def records_errors(method: Callable) -> Callable:
 
     @functools.wraps(method)
     def recording(self: Any, *args: Any, **kwargs: Any) -> Any:
+        self._note_backward_error()  # first: an error raised since is the newer one
         try:
             return method(self, *args, **kwargs)
         except _C.DtcoreError as e:
-            self._record_error(type(e), str(e))
+            self._record_error(type(e).__name__, str(e))
             raise
 
     return recording
@@ -109,19 +111,20 @@ class DdpLogging:
         is_multi_device_module, has_sync_bn, num_parameter_tensors, total_parameter_size_bytes and
         dtypes of the parameters reduced, bucket_sizes (bytes, at construction), the environment
         variables torch logs for the backend, comm_hook (once registered), join_uneven_inputs (once
-        join() ran), has_error and error (the last dtcore error raised by the model's forward or hook
-        registration). Sampled as torch samples (the first 10 iterations, then one in
+        join() ran), has_error and error (the last dtcore error raised by the model's forward, hook
+        registration or reducer inside a backward). Sampled as torch samples (the first 10 iterations, then one in
         `_set_ddp_runtime_logging_sample_rate`'s rate, 100 by default), at the next synced forward:
         iteration, has_rebuilt_buckets, rebuilt_bucket_sizes, rebuilt_per_bucket_param_indices,
-        prev_iteration_grad_ready_order_indices, and the previous iteration's timings in ns
+        prev_iteration_grad_ready_order_indices, num_buckets_reduced (fewer than the buckets when
+        skip_all_reduce_unused_params skipped some), and the previous iteration's timings in ns
         (forward_compute_time, backward_compute_time, backward_comm_time,
         backward_compute_comm_overlap_time, their avg_* over the sampled iterations, and the events'
         host times *_start / *_end); a timing whose events that iteration did not reach is 0.
 
         With Gloo, gloo_num_threads is the thread count of the process group dtcore's communicator drives.
         Left out, as dtcore does not have the fact: unused_parameter_size,
-        initial_bucket_size_limits and rebuilt_bucket_size_limits, can_set_static_graph, and errors
-        raised inside backward (they reach the caller of backward() only)."""
+        initial_bucket_size_limits and rebuilt_bucket_size_limits, and can_set_static_graph."""
+        self._note_backward_error()
         return dict(self._ddp_log.data)
 
     def _set_ddp_runtime_logging_sample_rate(self, sample_rate: int) -> None:
@@ -136,12 +139,23 @@ class DdpLogging:
 
     def _log_and_throw(self, err_type: type, err_msg: str) -> None:
         """As torch DDP's: records the error in the logging data, then raises it."""
-        self._record_error(err_type, err_msg)
+        self._record_error(err_type.__name__, err_msg)
         raise err_type(err_msg)
 
-    def _record_error(self, err_type: type, err_msg: str) -> None:
+    def _record_error(self, kind: str, err_msg: str) -> None:
         if self._ddp_log is not None:  # None while the model is being built
-            self._ddp_log.data.update(has_error=1, error=f"{err_type.__name__}: {err_msg}")
+            self._ddp_log.data.update(has_error=1, error=f"{kind}: {err_msg}")
+
+    def _note_backward_error(self) -> None:
+        """An error the reducer raised inside a backward reached only backward()'s caller: recorded
+        when the model is next used or asked, before anything newer."""
+        reducer = getattr(self, "_live_reducer", None)
+        if reducer is None or self._ddp_log is None:
+            return
+        count, kind, message = reducer.last_backward_error()
+        if count and count != self._ddp_log.backward_errors:
+            self._ddp_log.backward_errors = count
+            self._record_error(kind, message)
 
     def _start_logging(self) -> None:
         """The construction data, once the reducer exists."""
@@ -199,13 +213,14 @@ class DdpLogging:
         data = log.data
         log.recorded += 1
         data["iteration"] = iteration
-        rebuilt = int(reducer.plan_final)
+        rebuilt = int(reducer.order_rebuilt)
         if data.get("has_rebuilt_buckets", 0) != rebuilt:  # once, when the plan becomes final
             data["rebuilt_bucket_sizes"] = self._bucket_sizes()
             data["rebuilt_per_bucket_param_indices"] = ", ".join(
                 " ".join(str(i) for i in b) for b in reducer.bucket_params()
             )
         data["has_rebuilt_buckets"] = rebuilt
+        data["num_buckets_reduced"] = reducer.last_buckets_reduced
         order = reducer.last_ready_order()
         if order:
             data["prev_iteration_grad_ready_order_indices"] = ", ".join(str(i) for i in order)

@@ -26,6 +26,7 @@ from ..comm.subgroup import communicator_for
 from . import stacking, zero_guard
 from .comm_hooks import CommHooks
 from .logging_data import DdpLogging, records_errors
+from .outputs import join_outputs, tensors_in
 from .torch_face import TorchDDPFace
 from .uneven import Uneven
 
@@ -35,19 +36,6 @@ _DEFAULTS = _C.ReducerOptions()
 def _signature(named: list[tuple[str, torch.Tensor]]) -> list[str]:
     # requires_grad too: ranks that freeze differently would plan different buckets
     return [f"{name} {tuple(p.shape)} {p.dtype}{'' if p.requires_grad else ' frozen'}" for name, p in named]
-
-
-def _tensors_in(value: Any) -> list[torch.Tensor]:
-    """Every tensor in a (nested) output: tuples, lists, dicts, dataclass-like objects' fields."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors_in(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors_in(v)]
-    if hasattr(value, "__dict__"):
-        return [t for v in vars(value).values() for t in _tensors_in(v)]
-    return []
 
 
 class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
@@ -72,6 +60,7 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
     """
 
     _retired: tuple[str, str] | None = None  # (what happened, the fix) once its hooks are gone: _retire
+    _ddp_sink_clone = True  # torch DDP's: the output function clones the outputs (_set_ddp_sink_clone)
 
     def __init__(
         self,
@@ -174,7 +163,8 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
     def _attach(self) -> None:
         """Builds this model's reducer on the current context (at wrap, or in a copy at first use)."""
         named = self._named_parameters()
-        options = _C.ReducerOptions(**self._options)  # checked before an earlier wrapper gives anything up
+        options = _C.ReducerOptions(**self._options)
+        options.check()  # before an earlier wrapper of these parameters gives anything up
         stacking.take_over(self, [p for _, p in named])
         self._live_reducer = _C.Reducer([p for _, p in named], [n for n, _ in named], self._comm, options)
         self._trainable = [p for _, p in named if p.requires_grad]  # the reducer's indices (bucket_layout)
@@ -257,42 +247,43 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
         if synced:
             self._log_forward_end()
         if synced and (self.find_unused_parameters or self.static_graph):
-            reducer.find_unused(_tensors_in(out))
+            recorded = reducer.static_graph_recorded  # its unused parameters are known: no join, no search
+            if not recorded:  # See Note [Outputs the loss does not use] (outputs.py)
+                out = join_outputs(out, clone=self._ddp_sink_clone)
+            reducer.find_unused([] if recorded else tensors_in(out))
         return out
 
     def _arm_sync_backward(self, outputs: Any) -> None:
         """torch DDP's reducer.prepare_for_backward(outputs): the next backward reduces, whatever the
         forward before it was (accelerate's trigger_sync_in_backward, after forwards under no_sync)."""
         self._reducer.prepare_for_backward(True)
-        tensors = _tensors_in(outputs)
+        tensors = tensors_in(outputs)
         if (self.find_unused_parameters or self.static_graph) and tensors:
             self._reducer.find_unused(tensors)
 
     def _set_ddp_sink_clone(self, val: bool) -> None:
-        """As torch DDP's: whether the autograd function torch puts around the outputs clones them, so that
-        changing them in place cannot disturb it. dtcore puts nothing there and returns the outputs as the
-        module made them: nothing to protect, so either value leaves them so."""
+        """As torch DDP's: whether the function the outputs pass through with find_unused_parameters (or in a
+        static graph's first step) clones them, so that they may be changed in place (True, the default)."""
         if not isinstance(val, bool):
             raise _C.ConfigError(f"_set_ddp_sink_clone({val!r}): expected True or False. Fix: pass a bool.")
         self._ddp_sink_clone = val
 
     def _set_static_graph(self) -> None:
         """As torch DDP's static_graph=True: the set of parameters used in each step does not change, so
-        unused ones need not be declared (find_unused_parameters); dtcore finds them after each forward."""
+        unused ones need not be declared (find_unused_parameters): the first backward finds them, later ones
+        need no search, and a graph that changes is an error naming the parameter (See Note [Static graph])."""
         if self.static_graph:
             warnings.warn("You've set static_graph to be True, no need to set it again.", stacklevel=2)
             return
-        if self._live_reducer is not None and self._live_reducer.reductions > 0:
-            raise _C.ConfigError(
-                f"_set_static_graph() on a {type(self).__name__} that has already reduced gradients: the graph is "
-                "declared static before training. Fix: pass static_graph=True when wrapping, or call it before "
-                "the first backward."
-            )
+        if self._live_reducer is not None:
+            try:
+                self._live_reducer.set_static_graph()  # refused once it has reduced gradients
+            except _C.ConfigError as e:
+                self._record_error(type(e).__name__, str(e))  # as torch records it
+                raise
         self.static_graph = True
         self._ddp_log.data["static_graph"] = 1  # as torch's logging data
-        self._options["find_unused_parameters"] = True  # what a static graph lets the reducer do (Note above)
-        if self._live_reducer is not None:
-            self._live_reducer.find_unused_parameters = True
+        self._options["static_graph"] = True  # a copy's reducer too; See Note [Static graph]
 
     @property
     def zero(self) -> int:

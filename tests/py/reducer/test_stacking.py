@@ -72,6 +72,17 @@ def test_a_second_dtcore_wrapper_takes_the_parameters_over_and_the_first_refuses
     assert net[0].weight.grad is not None
 
 
+def test_a_second_wrapper_with_an_option_it_refuses_leaves_the_first_working(fresh_dtcore):
+    dtcore.init(timeout=30)
+    net = mlp()
+    first = dtcore.wrap(net)
+    for bad, words in (({"bucket_mb": 0}, "bucket_mb=0 is not a positive size"), ({"zero": 5}, "zero=5")):
+        with pytest.raises(dtcore.ConfigError, match=words):
+            dtcore.wrap(net, **bad)
+    first(torch.ones(2, 3)).sum().backward()  # checked before it took anything over
+    assert net[0].weight.grad is not None
+
+
 def test_a_zero_wrapper_is_not_taken_over(fresh_dtcore):
     dtcore.init(timeout=30)
     net = mlp()

@@ -76,7 +76,7 @@ def test_torch_ddp_members_work_or_refuse_clearly(fresh_dtcore):
         TorchDDP._set_params_and_buffers_to_ignore_for_model(model, ["module.0.bias"])
 
 
-def test_outputs_are_never_cloned_and_sink_clone_takes_a_bool(fresh_dtcore):
+def test_outputs_are_cloned_unless_sink_clone_is_false_and_it_takes_a_bool(fresh_dtcore):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class NoClone(TorchDispatchMode):
@@ -87,10 +87,12 @@ def test_outputs_are_never_cloned_and_sink_clone_takes_a_bool(fresh_dtcore):
 
     dtcore.init(timeout=30)
     model = dtcore.wrap(mlp(), find_unused_parameters=True)
-    for val in (False, True):  # dtcore has no output sink: outputs are the module's either way
-        model._set_ddp_sink_clone(val)
-        with NoClone():
-            model(torch.randn(2, 3)).sum().backward()
+    model._set_ddp_sink_clone(False)  # as torch's sink_noclone test: nothing cloned
+    with NoClone():
+        model(torch.randn(2, 3)).sum().backward()
+    model._set_ddp_sink_clone(True)  # torch's default: the outputs may then be changed in place
+    with NoClone(), pytest.raises(RuntimeError, match="clone encountered"):
+        model(torch.randn(2, 3))
     with pytest.raises(dtcore.ConfigError, match=r"_set_ddp_sink_clone\('no'\): expected True or False"):
         model._set_ddp_sink_clone("no")
 

@@ -47,16 +47,18 @@ def state(model) -> list[torch.Tensor]:
 def main() -> None:
     ctx = dtcore.init(timeout=60)
     report: dict = {"rank": ctx.rank, "grad_diff": {}, "final_diff": {}, "steps": {}}
-    for case, divide, hook in (
-        ("default", True, None),
-        ("divide_by_initial_world_size=False", False, None),
-        ("allreduce_hook", True, default.allreduce_hook),
+    for case, divide, hook, find_unused in (
+        ("default", True, None, False),
+        ("divide_by_initial_world_size=False", False, None, False),
+        ("allreduce_hook", True, default.allreduce_hook, False),
+        # The joined rank also matches the used map the others sum.
+        ("find_unused_parameters", True, None, True),
     ):
         torch.manual_seed(0)
         module = model_with_buffers()
         reference = copy.deepcopy(module)
-        model = dtcore.DistributedDataParallel(module)
-        theirs = torch.nn.parallel.DistributedDataParallel(reference)
+        model = dtcore.DistributedDataParallel(module, find_unused_parameters=find_unused)
+        theirs = torch.nn.parallel.DistributedDataParallel(reference, find_unused_parameters=find_unused)
         if hook is not None:
             model.register_comm_hook(None, hook)
             theirs.register_comm_hook(None, hook)
