@@ -271,7 +271,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
     # --- the shards ------------------------------------------------------------------------
 
     def _check_groups(self) -> None:
-        trainable = {id(p) for p in self._model.module.parameters() if p.requires_grad}
+        # Frozen parameters are accepted and never stepped, as a torch optimizer skips a parameter
+        # whose .grad is None: fine-tuning passes model.parameters() with a frozen backbone.
+        of_model = {id(p) for p in self._model.module.parameters()}
         ignored = {id(p): n for n, p in self._model.module.named_parameters() if n in self._model.parameters_to_ignore}
         seen: set[int] = set()
         for group in self.param_groups:
@@ -283,10 +285,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
                         "to step, and each rank's gradient of it is its own. Fix: leave it out of the ShardedOptimizer "
                         "and step it with a torch optimizer of its own on every rank."
                     )
-                if id(p) not in trainable:
+                if id(p) not in of_model:
                     raise _C.ConfigError(
-                        f"ShardedOptimizer got a parameter of shape {tuple(p.shape)} that is not a trainable parameter "
-                        "of the wrapped model. Fix: pass model.parameters() (or groups over them) of the model given."
+                        f"ShardedOptimizer got a parameter of shape {tuple(p.shape)} that is not a parameter of the "
+                        "wrapped model. Fix: pass model.parameters() (or groups over them) of the model given."
                     )
                 if id(p) in seen:
                     raise _C.ConfigError(
@@ -333,11 +335,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._locals_of.setdefault(id(piece.param), []).append(piece.local)
         # Every optimized parameter has a local tensor here, a proxy if this rank holds no piece of
         # it, so that each rank's optimizer has every parameter's scalar state and the same state
-        # keys (state_dict gathers them).
+        # keys (state_dict gathers them). A frozen parameter has none: never stepped, no state.
+        reduced = {id(p) for p in params}
         inner_groups = []
         for group in self.param_groups:
             for param in group["params"]:
-                if id(param) not in self._locals_of:
+                if id(param) not in reduced:
+                    self._locals_of[id(param)] = []
+                elif id(param) not in self._locals_of:
                     proxy = torch.zeros(0, dtype=self._master_dtype or param.dtype, device=param.device)
                     proxy.grad = torch.zeros_like(proxy)
                     self._locals_of[id(param)] = [proxy]

@@ -104,12 +104,15 @@ def gather_state(opt: ShardedOptimizer) -> dict[str, Any]:
 
 
 def _scalars(opt: ShardedOptimizer, param: torch.Tensor) -> dict[str, Any] | None:
-    """`param`'s scalar state, from its local tensor on this rank; None if it was never stepped."""
-    local = opt._locals_of[id(param)][0]
-    entry = opt._inner.state.get(local)
+    """`param`'s scalar state, from its local tensor on this rank; None if it was never stepped (or is
+    frozen: it has no local tensor)."""
+    locals_ = opt._locals_of.get(id(param))
+    if not locals_:
+        return None
+    entry = opt._inner.state.get(locals_[0])
     if not entry:
         return None
-    return {k: entry[k] for k in _split(opt, local)[1]}
+    return {k: entry[k] for k in _split(opt, locals_[0])[1]}
 
 
 def _any_rank_has_master(opt: ShardedOptimizer) -> bool:

@@ -311,6 +311,39 @@ def skipped(ctx, zero: int) -> dict:
     return {"bad": bad}
 
 
+def frozen(ctx, zero: int) -> dict:
+    """Fine-tuning: the embedding and the head's bias frozen, ShardedOptimizer built as documented over
+    model.parameters() (frozen ones included, as a torch optimizer takes them): trains as torch DDP + AdamW,
+    the frozen ones untouched and without state."""
+    torch.manual_seed(0)
+    base = TinyLM()
+    base.embed.requires_grad_(False)
+    base.head.bias.requires_grad_(False)
+    reference = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base))
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.1)
+    model = dtcore.wrap(copy.deepcopy(base), zero=zero, bucket_mb=0.004, first_bucket_mb=0.001)
+    opt = dtcore.ShardedOptimizer(model, torch.optim.AdamW, lr=1e-2, weight_decay=0.1)
+    bad = []
+    for step, (tokens,) in enumerate(batches(5, 1, 4 * ctx.world_size)):
+        mine = tokens[ctx.rank * 4 : (ctx.rank + 1) * 4]
+        for m, o in ((reference, ref_opt), (model, opt)):
+            loss_of(m, mine).backward()
+            o.step()
+            o.zero_grad()
+        for (name, p), q in zip(model.module.named_parameters(), reference.module.parameters(), strict=True):
+            if not close(p, q):
+                bad.append(f"step {step} {name}: {(p - q).abs().max().item():.3g}")
+    for name, p in [("embed.weight", model.module.embed.weight), ("head.bias", model.module.head.bias)]:
+        if not torch.equal(p, dict(base.named_parameters())[name]):
+            bad.append(f"frozen {name} changed")
+    ours, theirs = opt.state_dict(), ref_opt.state_dict()
+    if sorted(ours["state"]) != sorted(theirs["state"]):
+        bad.append(f"state for parameters {sorted(ours['state'])}, torch's for {sorted(theirs['state'])}")
+    if [g["params"] for g in ours["param_groups"]] != [g["params"] for g in theirs["param_groups"]]:
+        bad.append("param_groups differ from torch's")
+    return {"bad": bad}
+
+
 def main() -> None:
     mode = sys.argv[1]
     ctx = dtcore.init(timeout=60)
@@ -322,6 +355,8 @@ def main() -> None:
         report = unused(ctx, int(sys.argv[2]))
     elif mode == "skipped":
         report = skipped(ctx, int(sys.argv[2]))
+    elif mode == "frozen":
+        report = frozen(ctx, int(sys.argv[2]))
     else:
         report = refusals(ctx)
     report["rank"] = ctx.rank

@@ -52,6 +52,13 @@ def test_a_parameter_no_rank_gave_a_gradient_is_skipped_as_torch_ddp_skips_it(ze
 
 
 @pytest.mark.multirank
+@pytest.mark.parametrize("zero", [1, 2])
+def test_frozen_parameters_are_accepted_and_never_stepped_as_torchs_optimizers_skip_them(zero):
+    for j in _run(2, "frozen", zero):
+        assert j["bad"] == [], j
+
+
+@pytest.mark.multirank
 def test_what_cannot_be_right_is_refused():
     for j in _run(2, "refusals"):
         e = j["errors"]
