@@ -286,16 +286,19 @@ void Reducer::prepare_for_backward(bool sync) {
                               "find_unused_parameters=True instead"
       : options_.find_unused_parameters  // outputs the loss does not use are fine: Note [Outputs the loss does not use]
           ? "Since `find_unused_parameters=True` is enabled, this likely means that a backward raised before "
-            "reaching these parameters, or that the loss was computed from tensors these parameters made outside "
-            "the wrapped model's forward (the forward's own outputs may go unused). Fix: compute the loss from the "
-            "wrapped model's outputs"
+            "reaching these parameters, that the loss was computed from tensors these parameters made outside "
+            "the wrapped model's forward, or that the loss left out an output the forward returned inside an "
+            "object other than a tensor, list, tuple, dict or dataclass (a SimpleNamespace, say: outputs in those "
+            "may go unused). Fix: compute the loss from the wrapped model's outputs, returned in those containers"
           : "Your module has parameters that were not used in producing loss (or that backward raised before "
             "reaching them). Fix: enable unused parameter detection by passing the keyword argument "
             "`find_unused_parameters=True` when wrapping, and make sure all `forward` function outputs participate "
             "in calculating loss; or freeze unused parameters with requires_grad_(False)";
   if (options_.static_graph) {
     DTCORE_CHECK(false, ConfigError, lead, "Parameter indices which did not receive grad for rank ", comm_->rank(),
-                 ": ", indices, ". Parameters which did not receive grad for rank ", comm_->rank(), ": ", names, ". ",
+                 ": ", indices, ". Parameters which did not receive grad for rank ", comm_->rank(), ": ", names,
+                 ". (If the previous backward raised \"Your training graph has changed in this iteration\", these "
+                 "are the parameters it had not reached when it stopped.) ",
                  cause, "; after a backward that raised, restart the step on every rank.");
   }
   // The parameters are named whatever TORCH_DISTRIBUTED_DEBUG is; torch's advice is quoted for those who
@@ -565,7 +568,10 @@ void Reducer::mark_ready_locked(size_t index) {
                "rank ",
                comm_->rank(),
                ", so its reduction has already started. Fix: use each parameter once per "
-               "backward, or accumulate over several backward passes inside no_sync() before the one that reduces.");
+               "backward, or accumulate over several backward passes inside no_sync() before the one that reduces. "
+               "With find_unused_parameters or static_graph, checkpointing with use_reentrant=True hides the "
+               "parameters inside a checkpointed block from the graph search (they count as unused, then get "
+               "gradients): use use_reentrant=False, as dtcore.checkpoint_activations does.");
   s.ready = true;
   if (!s.used) s.grad_was_none = !s.param.grad().defined();  // marked by find_unused(), not by a gradient
   if (!plan_final_) ready_order_.push_back(index);
@@ -707,10 +713,10 @@ void Reducer::finalize() {
     }
   }
   lock.lock();
-  if (!failure) {
-    plan_skips_locked(used_sums);  // on the final plan; See Note [Skipped buckets]
-    last_buckets_reduced_ = buckets_reduced_;
-  }
+  // From the summed map, the same on every rank, even where a later, rank-local step failed (a hook's
+  // future): a rank that goes on must skip what the others skip. See Note [Skipped buckets].
+  if (!failure || !used_sums.empty()) plan_skips_locked(used_sums);
+  if (!failure) last_buckets_reduced_ = buckets_reduced_;
   reset_locked();
   if (failure) std::rethrow_exception(failure);
   for (Slot& s : slots_) {

@@ -48,6 +48,10 @@
 // words, naming the parameter: a recorded-unused parameter that gets a gradient raises inside the
 // backward, and a recorded-used one that gets none leaves the reduction unfinished, which the next
 // forward reports. Either way the backward's state is kept for that report, which then drains it.
+// Like find_unused_parameters, the first backward's search cannot see the parameters inside a block
+// checkpointed with use_reentrant=True (its node hides them until its nested backward): they count
+// as unused, then get gradients, which is refused. torch's static graph counts hook calls instead;
+// dtcore.checkpoint_activations uses use_reentrant=False, which the search sees through.
 //
 // Note [Skipped buckets]: with skip_all_reduce_unused_params, a bucket none of whose parameters any
 // rank used in the last reduced backward (the summed used map says so on every rank alike) is not

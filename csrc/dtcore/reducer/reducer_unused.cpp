@@ -31,12 +31,13 @@ bool Reducer::find_unused_parameters() const {
 
 void Reducer::set_static_graph() {
   std::lock_guard<std::mutex> lock(mu_);
-  DTCORE_CHECK(reductions_ == 0 && !backward_started_, ConfigError,  // torch's words first: scripts match them
-               "set_static_graph() should be called before training loop starts and after DistributedDataParallel "
-               "is constructed: this model has already reduced gradients on rank ",
-               comm_->rank(),
-               ". Fix: pass static_graph=True when wrapping, or call _set_static_graph() before the first "
-               "backward.");
+  DTCORE_CHECK(
+      reductions_ == 0 && !backward_started_, ConfigError,  // torch's words first: scripts match them
+      "set_static_graph() should be called before training loop starts and after DistributedDataParallel "
+      "is constructed: this model has already reduced gradients on rank ",
+      comm_->rank(),
+      ". Fix: pass DistributedDataParallel(..., static_graph=True), or call _set_static_graph() before the first "
+      "backward.");
   options_.static_graph = true;
   options_.find_unused_parameters = true;  // the first backward searches the graph: See Note [Static graph]
 }

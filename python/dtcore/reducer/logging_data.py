@@ -73,7 +73,8 @@ class _Log:
     forward_start: int = 0  # ns since the epoch, of the last synced forward
     backward_compute_start: int = 0  # its end: the backward can start
     reductions: int = 0  # the reducer's count at that forward: a later one is that forward's backward
-    backward_errors: int = 0  # the reducer's count of errors raised inside backward, as last recorded
+    # (id of the reducer, its count of errors raised inside backward) as last recorded: a copy's reducer counts anew
+    backward_errors: tuple[int, int] = (0, 0)
 
 
 def _env(name: str) -> str:
@@ -153,8 +154,9 @@ class DdpLogging:
         if reducer is None or self._ddp_log is None:
             return
         count, kind, message = reducer.last_backward_error()
-        if count and count != self._ddp_log.backward_errors:
-            self._ddp_log.backward_errors = count
+        seen = (id(reducer), count)
+        if count and seen != self._ddp_log.backward_errors:
+            self._ddp_log.backward_errors = seen
             self._record_error(kind, message)
 
     def _start_logging(self) -> None:

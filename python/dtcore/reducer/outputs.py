@@ -12,8 +12,9 @@ dicts, and their subclasses such as Hugging Face's ModelOutput; dataclasses thro
 The graph search also looks inside any other object's attributes (a KV cache, say: a parameter
 the loss reaches only through it must count as used), but the join leaves such an object as it is,
 since copying it to put other tensors in would hand the caller an object it did not make; a
-parameter reached only through one and not by the loss then behaves as without the join (torch
-DDP does not look inside them at all).
+parameter reached only through one and not by the loss then behaves as without the join: the next
+forward reports it, saying so (torch DDP does not look inside such objects at all, and cannot
+train through them with find_unused_parameters).
 """
 
 from __future__ import annotations

@@ -274,6 +274,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # Frozen parameters are accepted and never stepped, as a torch optimizer skips a parameter
         # whose .grad is None: fine-tuning passes model.parameters() with a frozen backbone.
         of_model = {id(p) for p in self._model.module.parameters()}
+        self._check_not_unfrozen(p for group in self.param_groups for p in group["params"])
         ignored = {id(p): n for n, p in self._model.module.named_parameters() if n in self._model.parameters_to_ignore}
         seen: set[int] = set()
         for group in self.param_groups:
@@ -296,6 +297,19 @@ class ShardedOptimizer(torch.optim.Optimizer):
                         "each parameter once."
                     )
                 seen.add(id(p))
+
+    def _check_not_unfrozen(self, params: Iterable[torch.Tensor]) -> None:
+        """A parameter frozen when the model was wrapped has no bucket: unfrozen since, it would be neither
+        averaged nor stepped. Refused, naming it."""
+        reduced = {id(p) for p in self._model._trainable}
+        names = {id(p): n for n, p in self._model.module.named_parameters()}
+        for p in params:
+            if p.requires_grad and id(p) not in reduced and id(p) in names:
+                raise _C.ConfigError(
+                    f"ShardedOptimizer got parameter '{names[id(p)]}', which requires grad now but was frozen when the "
+                    "model was wrapped: it has no bucket, so it would be neither averaged nor stepped. Fix: unfreeze "
+                    "it before dtcore.wrap (wrap the module again after changing what is frozen)."
+                )
 
     def _ensure_built(self) -> bool:
         """Cuts the pieces on the reducer's final plan (Note [Shard layout]); False before it is final."""
@@ -337,6 +351,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # it, so that each rank's optimizer has every parameter's scalar state and the same state
         # keys (state_dict gathers them). A frozen parameter has none: never stepped, no state.
         reduced = {id(p) for p in params}
+        self._check_not_unfrozen(p for group in self.param_groups for p in group["params"])
         inner_groups = []
         for group in self.param_groups:
             for param in group["params"]:

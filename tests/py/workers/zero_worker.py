@@ -341,7 +341,14 @@ def frozen(ctx, zero: int) -> dict:
         bad.append(f"state for parameters {sorted(ours['state'])}, torch's for {sorted(theirs['state'])}")
     if [g["params"] for g in ours["param_groups"]] != [g["params"] for g in theirs["param_groups"]]:
         bad.append("param_groups differ from torch's")
-    return {"bad": bad}
+    late = dtcore.wrap(copy.deepcopy(base), zero=zero)  # the embedding frozen at wrap, unfrozen after it
+    late.module.embed.requires_grad_(True)
+    try:
+        dtcore.ShardedOptimizer(late, torch.optim.AdamW, lr=1e-2)
+        unfrozen = None
+    except dtcore.ConfigError as e:
+        unfrozen = str(e)
+    return {"bad": bad, "unfrozen": unfrozen}
 
 
 def main() -> None:

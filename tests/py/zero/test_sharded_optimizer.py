@@ -56,6 +56,9 @@ def test_a_parameter_no_rank_gave_a_gradient_is_skipped_as_torch_ddp_skips_it(ze
 def test_frozen_parameters_are_accepted_and_never_stepped_as_torchs_optimizers_skip_them(zero):
     for j in _run(2, "frozen", zero):
         assert j["bad"] == [], j
+        # one unfrozen after wrapping has no bucket: neither averaged nor stepped, so refused
+        assert "parameter 'embed.weight', which requires grad now but was frozen when" in j["unfrozen"], j
+        assert "Fix: " in j["unfrozen"]
 
 
 @pytest.mark.multirank
