@@ -61,6 +61,7 @@ void bind_reducer(py::module_& m) {
       .def_property_readonly("static_graph_recorded", &Reducer::static_graph_recorded)
       .def_property_readonly("last_buckets_reduced", &Reducer::last_buckets_reduced)
       .def_property_readonly("order_rebuilt", &Reducer::order_rebuilt)
+      .def_property_readonly("backward_errors", [](const Reducer& r) { return r.last_backward_error().count; })
       .def("last_backward_error",
            [](const Reducer& r) {  // (count, class name, message)
              auto e = r.last_backward_error();

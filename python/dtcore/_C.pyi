@@ -214,6 +214,7 @@ class Reducer:
     static_graph_recorded: bool  # the parameters a static graph uses are known: no search, no output function
     last_buckets_reduced: int  # buckets reduced in the last reduced backward (torch's num_buckets_reduced)
     order_rebuilt: bool  # buckets rebuilt in the order gradients became ready (torch's has_rebuilt_buckets)
+    backward_errors: int  # errors raised inside backward so far (last_backward_error() gives the last one)
     def set_static_graph(self) -> None:
         """torch DDP's _set_static_graph(), before the first reduced backward."""
         ...

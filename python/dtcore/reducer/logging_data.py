@@ -153,10 +153,10 @@ class DdpLogging:
         reducer = getattr(self, "_live_reducer", None)
         if reducer is None or self._ddp_log is None:
             return
-        count, kind, message = reducer.last_backward_error()
-        seen = (id(reducer), count)
-        if count and seen != self._ddp_log.backward_errors:
+        seen = (id(reducer), reducer.backward_errors)  # a count: cheap, before every forward
+        if seen[1] and seen != self._ddp_log.backward_errors:
             self._ddp_log.backward_errors = seen
+            _, kind, message = reducer.last_backward_error()
             self._record_error(kind, message)
 
     def _start_logging(self) -> None:

@@ -268,6 +268,7 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
             raise _C.ConfigError(f"_set_ddp_sink_clone({val!r}): expected True or False. Fix: pass a bool.")
         self._ddp_sink_clone = val
 
+    @records_errors  # as torch records it
     def _set_static_graph(self) -> None:
         """As torch DDP's static_graph=True: the set of parameters used in each step does not change, so
         unused ones need not be declared (find_unused_parameters): the first backward finds them, later ones
@@ -276,11 +277,7 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
             warnings.warn("You've set static_graph to be True, no need to set it again.", stacklevel=2)
             return
         if self._live_reducer is not None:
-            try:
-                self._live_reducer.set_static_graph()  # refused once it has reduced gradients
-            except _C.ConfigError as e:
-                self._record_error(type(e).__name__, str(e))  # as torch records it
-                raise
+            self._live_reducer.set_static_graph()  # refused once it has reduced gradients
         self.static_graph = True
         self._ddp_log.data["static_graph"] = 1  # as torch's logging data
         self._options["static_graph"] = True  # a copy's reducer too; See Note [Static graph]

@@ -274,7 +274,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # Frozen parameters are accepted and never stepped, as a torch optimizer skips a parameter
         # whose .grad is None: fine-tuning passes model.parameters() with a frozen backbone.
         of_model = {id(p) for p in self._model.module.parameters()}
-        self._check_not_unfrozen(p for group in self.param_groups for p in group["params"])
         ignored = {id(p): n for n, p in self._model.module.named_parameters() if n in self._model.parameters_to_ignore}
         seen: set[int] = set()
         for group in self.param_groups:
@@ -297,6 +296,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                         "each parameter once."
                     )
                 seen.add(id(p))
+        self._check_not_unfrozen(p for group in self.param_groups for p in group["params"])
 
     def _check_not_unfrozen(self, params: Iterable[torch.Tensor]) -> None:
         """A parameter frozen when the model was wrapped has no bucket: unfrozen since, it would be neither
