@@ -358,9 +358,7 @@ void Reducer::launch_ready_locked() {
       if (options_.find_unused_parameters) {  // See Note [Unused parameters keep None]
         std::vector<float> used(slots_.size());
         for (size_t i = 0; i < slots_.size(); ++i) used[i] = slots_[i].used || slots_[i].used_unsynced ? 1.0f : 0.0f;
-        used_map_ = at::tensor(used, at::kFloat);
-        if (comm_->backend() == "nccl") used_map_ = used_map_.to(plan_.front().device);
-        used_work_ = comm_->all_reduce(used_map_, ReduceOp::Sum, "used parameters");
+        start_used_map_locked(used);
       }
       // The last one: collect them all when this backward ends. Queued now rather than at the
       // first hook, so that a nested backward (reentrant checkpointing) cannot end it early.
@@ -469,8 +467,7 @@ void Reducer::shadow_backward() {
       works.push_back(comm_->all_reduce(zeros, ReduceOp::Avg, buckets_[b].label));
     }
   };
-  std::shared_ptr<Work> used_work;  // the others' used map, with find_unused_parameters: this rank used nothing
-  at::Tensor used_map;
+  bool mapped = false;  // the others' used map, with find_unused_parameters: this rank used nothing
   {
     std::lock_guard<std::mutex> lock(mu_);
     check_joinable();
@@ -479,18 +476,14 @@ void Reducer::shadow_backward() {
     for (size_t b = 0; b < plan_.size(); ++b) {
       if (!buckets_[b].skip) shadow_locked(b);  // See Note [Skipped buckets]
     }
-    if (options_.find_unused_parameters) {
-      used_map = at::zeros({static_cast<int64_t>(slots_.size())}, at::kFloat);
-      if (comm_->backend() == "nccl") used_map = used_map.to(plan_.front().device);
-      used_work = comm_->all_reduce(used_map, ReduceOp::Sum, "used parameters");
-    }
+    mapped = options_.find_unused_parameters;
+    if (mapped) start_used_map_locked(std::vector<float>(slots_.size(), 0.0f));
   }
   std::vector<float> sums;
-  if (used_work) {  // the skipped buckets the others reduce late, in the same order
-    used_work->wait();
-    at::Tensor summed = used_map.cpu();
-    sums.assign(summed.data_ptr<float>(), summed.data_ptr<float>() + summed.numel());
+  if (mapped) {  // the skipped buckets the others reduce late, in the same order
+    sums = summed_used_map();
     std::lock_guard<std::mutex> lock(mu_);
+    used_work_.reset();  // this rank runs no backward of its own (checked above): nothing else waits on it
     for (size_t b : skipped_but_used_locked(sums)) shadow_locked(b);
   }
   for (auto& w : works) w->wait();

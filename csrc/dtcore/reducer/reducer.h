@@ -351,7 +351,10 @@ class Reducer {
   void remove_hooks_locked();              // the destructor's and release_parameters()'s
   void launch_ready_locked();              // starts buckets next_bucket_, ... while they are complete
   void start_bucket_locked(size_t index);  // its collective (or hook), overlapping the rest of backward
-  std::vector<float> summed_used_map();    // waits for the used map's sum; see Note [Unused parameters keep None]
+  // The used map's all-reduce (1 per parameter this rank used: a joined rank sends zeros), and its
+  // sum, waited for with the timeout; see Note [Unused parameters keep None].
+  void start_used_map_locked(const std::vector<float>& used);
+  std::vector<float> summed_used_map();
   void restore_globally_unused(const std::vector<float>& sums);  // ditto
   // The skipped buckets some rank used after all (by the used map's `sums`), reduced now: See Note
   // [Skipped buckets]. skipped_but_used_locked() lists them, for a joined rank's shadow too.

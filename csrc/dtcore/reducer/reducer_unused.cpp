@@ -94,6 +94,12 @@ void Reducer::find_unused(const std::vector<at::Tensor>& outputs) {
   }
 }
 
+void Reducer::start_used_map_locked(const std::vector<float>& used) {
+  used_map_ = at::tensor(used, at::kFloat);
+  if (comm_->backend() == "nccl") used_map_ = used_map_.to(plan_.front().device);
+  used_work_ = comm_->all_reduce(used_map_, ReduceOp::Sum, "used parameters");
+}
+
 std::vector<float> Reducer::summed_used_map() {
   used_work_->wait();
   at::Tensor summed = used_map_.cpu();
