@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in one run (CI machines have none):
 #   - dtcore built with NCCL (built here first unless the dtcore Python imports has NCCL),
-#   - tests/py/gpu (init, collectives, reducer, ZeRO and activation offload on NCCL; ranks sharing a GPU),
+#   - tests/py/gpu (init, collectives, reducer, ZeRO-1/2/3 and activation offload on NCCL; ranks sharing a GPU),
 #   - python -m dtcore.check,
 #   - benchmarks/bench_gpu.py on GPT-2 124M (step time and memory) and 350M (step time), and
 #     benchmarks/bench_activation.py (offload too).

@@ -34,9 +34,9 @@ try:
         main_process_first,
         reduce_scatter,
     )
-    from .reducer import DistributedDataParallel, DistributedModel, wrap
+    from .reducer import DistributedDataParallel, DistributedModel
     from .train import TrainConfig, Trainer
-    from .zero import ShardedOptimizer, clip_grad_norm_
+    from .zero import FullyShardedModel, ShardedOptimizer, clip_grad_norm_, wrap
 except ImportError as e:  # only `python -m dtcore.check` gets here with a mismatch: it reports it
     if _mismatch is None:
         raise
@@ -63,6 +63,7 @@ __all__ = [
     "check",
     "units",
     "DistributedModel",
+    "FullyShardedModel",
     "DistributedDataParallel",
     "ShardedOptimizer",
     "clip_grad_norm_",

@@ -1,8 +1,10 @@
 """`dtcore.load_checkpoint` and `dtcore.checkpoint.export`: any checkpoint into any world size.
 
 Each rank reads what it needs from every file it needs (Note [Checkpoint layout]): the model
-whole (it is replicated under DDP and ZeRO-1/2), the optimizer's state whole, cut to this rank's
-shard by ShardedOptimizer (zero/state.py). No collective is needed to read; one small exchange
+whole (it is replicated under DDP and ZeRO-1/2), or under zero=3 only the ranges of each parameter
+that its shards hold (Note [Fully sharded storage] in zero/flat.py), whatever the world size and
+stage the checkpoint was saved at; the optimizer's state whole, cut to this rank's shard by
+ShardedOptimizer (zero/state.py). No collective is needed to read; one small exchange
 checks that every rank loads the same checkpoint. Every file is checked against the manifest's
 size and SHA-256 before it is opened, and it is opened by the `safetensors` library, which never
 executes anything from a file: a truncated, altered or pickle-carrying file is a CheckpointError
@@ -21,10 +23,11 @@ from safetensors import SafetensorError, safe_open
 from .. import _C
 from ..bootstrap import context
 from ..comm import agree
+from ..zero import state as zero_state
 from ..zero.optimizer import ShardedOptimizer
-from ..zero.state import MASTER_KEY
+from ..zero.stage3 import FullyShardedModel
 from . import manifest, values
-from .collect import unwrap
+from .collect import Shape, fully_sharded, persistent_buffers, shape_getter, unwrap
 from .save import wait
 
 log = logging.getLogger("dtcore")
@@ -80,6 +83,16 @@ class Reader:
         if flat.data_ptr() != out.data_ptr() or not out.is_contiguous():
             out.copy_(flat.view(out.shape))
 
+    def read_range(self, name: str, lo: int, hi: int, out: torch.Tensor) -> None:
+        """`out` (hi - lo,) = elements [lo, hi) of the flattened saved tensor `name`, read from the chunks
+        that overlap them (and nothing else of the files)."""
+        key = self.manifest["aliases"].get(name, name)
+        for index, chunk_lo, chunk_hi in self.info(name)["chunks"]:  # sorted by lo (save.py: _check_tiled)
+            a, b = max(lo, chunk_lo), min(hi, chunk_hi)
+            if a < b:
+                part = self.file(index).get_slice(manifest.chunk_key(key, chunk_lo))[a - chunk_lo : b - chunk_lo]
+                out[a - lo : b - lo].copy_(part)
+
     def full(self, name: str) -> torch.Tensor:
         info = self.info(name)
         out = torch.empty(info["shape"], dtype=values.dtype_of(info["dtype"]))
@@ -107,7 +120,7 @@ def load_checkpoint(
     ctx = context.current()
     rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
     if os.path.isfile(path) and path.endswith(".safetensors"):
-        return _load_weights_file(path, model, strict)
+        return _load_weights_file(path, model, strict, optimizer)
     try:
         directory, problem = manifest.resolve(path), ""
     except _C.CheckpointError as e:
@@ -125,9 +138,13 @@ def load_checkpoint(
         raise _C.CheckpointError(problem)
     reader = Reader(directory)
     saved = reader.manifest
-    _load_model(reader, model, strict)
+    sharded = fully_sharded(model, optimizer)
+    if sharded is not None:
+        _load_sharded_model(reader, sharded, strict)
+    else:
+        _load_model(reader, model, strict)
     if optimizer is not None:
-        _load_optimizer(reader, optimizer)
+        _load_optimizer(reader, optimizer, shape_getter(sharded))
     rank_extra = None
     if saved["world_size"] == world:
         rank_extra = values.decode(saved["rank_extra"][rank], lambda key: reader.tensor(key, rank))
@@ -148,21 +165,83 @@ def load_checkpoint(
 
 
 def _load_model(reader: Reader, model: torch.nn.Module, strict: bool) -> None:
-    target = unwrap(model).state_dict()
-    names = (*reader.manifest["tensors"], *reader.manifest["aliases"])
-    saved = {n.removeprefix("model/") for n in names if n.startswith("model/")}
+    module = unwrap(model)
+    target = module.state_dict()
+    _refuse_bare_sharded(module, target)
+    saved = _saved_model_keys(reader)
     _check_keys(reader.directory, set(target), saved, strict)
     with torch.no_grad():
         for key, tensor in target.items():
             if key not in saved:
                 continue
-            info = reader.info(f"model/{key}")
-            if list(tensor.shape) != info["shape"]:
-                raise _C.CheckpointError(
-                    f"checkpoint {reader.directory}: '{key}' has shape {info['shape']} there and "
-                    f"{list(tensor.shape)} in the model. Fix: build the model with the configuration it was saved with."
-                )
+            _check_shape(
+                f"checkpoint {reader.directory}", key, reader.info(f"model/{key}")["shape"], tuple(tensor.shape)
+            )
             reader.copy_into(f"model/{key}", tensor)
+
+
+def _load_sharded_model(reader: Reader, model: FullyShardedModel, strict: bool) -> None:
+    """A zero=3 model: each rank reads only the ranges its shards hold of each parameter (by its
+    groups' cuts), whatever layout saved them; buffers (and parameters in no unit) whole. Nothing is
+    gathered: the parameters' own data is empty between uses (Note [Fully sharded storage])."""
+    module = unwrap(model)
+    params = list(module.named_parameters(remove_duplicate=False))
+    buffers = persistent_buffers(module)
+    saved = _saved_model_keys(reader)
+    _check_keys(reader.directory, {k for k, _ in params} | {k for k, _ in buffers}, saved, strict)
+    for unit in model.units:
+        unit.free()  # a unit gathered now would keep the old values until freed
+    done: set[int] = set()  # a tied parameter is read once, under its first key the checkpoint has
+    with torch.no_grad():
+        for key, p in params:
+            if key not in saved or id(p) in done:
+                continue
+            done.add(id(p))
+            name = f"model/{key}"
+            found = model.group_of(p)
+            if found is None:  # in no unit (ignored): whole
+                _check_shape(f"checkpoint {reader.directory}", key, reader.info(name)["shape"], tuple(p.shape))
+                reader.copy_into(name, p)
+                continue
+            group, i = found
+            _check_shape(f"checkpoint {reader.directory}", key, reader.info(name)["shape"], group.shapes[i])
+            for cut in group.cuts:
+                if cut.param == i:
+                    out = group.shard.narrow(0, cut.shard_offset, cut.numel)
+                    reader.read_range(name, cut.param_offset, cut.param_offset + cut.numel, out)
+        for key, b in buffers:
+            if key in saved:
+                _check_shape(
+                    f"checkpoint {reader.directory}", key, reader.info(f"model/{key}")["shape"], tuple(b.shape)
+                )
+                reader.copy_into(f"model/{key}", b)
+
+
+def _saved_model_keys(reader: Reader) -> set[str]:
+    names = (*reader.manifest["tensors"], *reader.manifest["aliases"])
+    return {n.removeprefix("model/") for n in names if n.startswith("model/")}
+
+
+def _check_shape(where: str, key: str, saved: list[int] | Shape, ours: Shape) -> None:
+    """`where`: "checkpoint <directory>" or a weights file's path."""
+    if list(saved) != list(ours):
+        raise _C.CheckpointError(
+            f"{where}: '{key}' has shape {list(saved)} there and "
+            f"{list(ours)} in the model. Fix: build the model with the configuration it was saved with."
+        )
+
+
+def _refuse_bare_sharded(module: torch.nn.Module, target: dict[str, torch.Tensor]) -> None:
+    """The bare module of a zero=3 model, given without its wrapper: its state_dict holds gathered copies,
+    so a load into them would change nothing. Refused, naming a parameter."""
+    for key, p in module.named_parameters():
+        value = target.get(key)
+        if p.numel() == 0 and value is not None and value.numel():
+            raise _C.CheckpointError(
+                f"the model given holds zero=3 shards (parameter '{key}' of shape {list(value.shape)} has no values "
+                "of its own between uses), and neither its wrapper nor its ShardedOptimizer was given: the load "
+                "could not reach the shards. Fix: pass model= the model dtcore.wrap(..., zero=3) returned."
+            )
 
 
 def _check_keys(directory: str, ours: set[str], theirs: set[str], strict: bool) -> None:
@@ -179,21 +258,22 @@ def _check_keys(directory: str, ours: set[str], theirs: set[str], strict: bool) 
         )
 
 
-def _load_optimizer(reader: Reader, optimizer: torch.optim.Optimizer) -> None:
+def _load_optimizer(reader: Reader, optimizer: torch.optim.Optimizer, shape_of: Any) -> None:
+    """`shape_of(parameter)`: its whole shape (collect.shape_getter: from its group under zero=3)."""
     meta = reader.manifest["optimizer"]
     if meta is None:
         raise _C.CheckpointError(
             f"checkpoint {reader.directory} holds no optimizer state. Fix: load it without optimizer=."
         )
     sharded = isinstance(optimizer, ShardedOptimizer)
-    ours = optimizer._optimizer_class.__name__ if sharded else type(optimizer).__name__
+    ours = optimizer.optimizer_class.__name__ if sharded else type(optimizer).__name__
     if meta["class"] != ours:
         raise _C.CheckpointError(
             f"checkpoint {reader.directory} holds the state of a {meta['class']}, and the optimizer given is a "
             f"{ours}. Fix: build the optimizer of the saved class."
         )
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    if [list(p.shape) for p in params] != meta["param_shapes"]:
+    if [list(shape_of(p)) for p in params] != meta["param_shapes"]:
         raise _C.CheckpointError(
             f"checkpoint {reader.directory}: the optimizer was saved over {len(meta['param_shapes'])} parameters of "
             f"other shapes than the {len(params)} given. Fix: build the optimizer over the same parameters and groups."
@@ -205,33 +285,98 @@ def _load_optimizer(reader: Reader, optimizer: torch.optim.Optimizer) -> None:
         if not name.startswith("optim/"):
             continue
         _, i, key = name.split("/", 2)
-        if key == MASTER_KEY and not sharded:
+        if key == zero_state.MASTER_KEY and not sharded:
             continue  # a plain optimizer steps the parameters themselves
         state.setdefault(int(i), {})[key] = reader.full(name)
     groups = values.decode(meta["param_groups"], lambda key: reader.tensor(key, 0))
     optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
-def _load_weights_file(path: str, model: torch.nn.Module, strict: bool) -> dict[str, Any]:
-    """A plain safetensors file of the model's weights (no optimizer, no step)."""
-    target = unwrap(model).state_dict()
+def _load_weights_file(
+    path: str, model: torch.nn.Module, strict: bool, optimizer: torch.optim.Optimizer | None
+) -> dict[str, Any]:
+    """A plain safetensors file of the model's weights (no optimizer, no step). Into a zero=3 model each
+    rank reads only the ranges its shards hold (safetensors' get_slice), never a whole tensor."""
+    sharded = fully_sharded(model, optimizer)
     try:
         with safe_open(path, framework="pt", device="cpu") as f:
             keys = set(f.keys())
-            _check_keys(path, set(target), keys, strict)
-            with torch.no_grad():
-                for key, tensor in target.items():
-                    if key in keys:
-                        value = f.get_tensor(key)
-                        if value.shape != tensor.shape:
-                            raise _C.CheckpointError(
-                                f"{path}: '{key}' has shape {list(value.shape)} there and {list(tensor.shape)} in the "
-                                "model. Fix: build the model with the configuration it was saved with."
-                            )
-                        tensor.copy_(value)
+            if sharded is not None:
+                _load_sharded_weights(path, f, keys, sharded, strict)
+            else:
+                module = unwrap(model)
+                target = module.state_dict()
+                _refuse_bare_sharded(module, target)
+                _check_keys(path, set(target), keys, strict)
+                with torch.no_grad():
+                    for key, tensor in target.items():
+                        if key in keys:
+                            value = f.get_tensor(key)
+                            _check_shape(path, key, tuple(value.shape), tuple(tensor.shape))
+                            tensor.copy_(value)
     except SafetensorError as e:
         raise _C.CheckpointError(f"{path} cannot be read as safetensors: {e}. Fix: load another file.") from None
     return {"step": None, "extra": None, "rank_extra": None, "path": path}
+
+
+def _load_sharded_weights(path: str, f: Any, keys: set[str], model: FullyShardedModel, strict: bool) -> None:
+    module = unwrap(model)
+    params = list(module.named_parameters(remove_duplicate=False))
+    buffers = persistent_buffers(module)
+    _check_keys(path, {k for k, _ in params} | {k for k, _ in buffers}, keys, strict)
+    for unit in model.units:
+        unit.free()  # a unit gathered now would keep the old values until freed
+    done: set[int] = set()
+    with torch.no_grad():
+        for key, p in params:
+            if key not in keys or id(p) in done:
+                continue
+            done.add(id(p))
+            found = model.group_of(p)
+            where = f.get_slice(key)
+            shape = tuple(where.get_shape())
+            _check_shape(path, key, shape, tuple(p.shape) if found is None else found[0].shapes[found[1]])
+            if found is None:
+                p.copy_(f.get_tensor(key))
+                continue
+            group, i = found
+            for cut in group.cuts:
+                if cut.param == i:
+                    out = group.shard.narrow(0, cut.shard_offset, cut.numel)
+                    out.copy_(read_flat(where, shape, cut.param_offset, cut.param_offset + cut.numel))
+        for key, b in buffers:
+            if key in keys:
+                value = f.get_tensor(key)
+                _check_shape(path, key, tuple(value.shape), tuple(b.shape))
+                b.copy_(value)
+
+
+def read_flat(where: Any, shape: Shape, lo: int, hi: int, prefix: tuple = ()) -> torch.Tensor:
+    """Elements [lo, hi) of the flattened tensor `where[prefix]` (a safetensors slice; `shape` is that
+    of `where[prefix]` less the prefix's dimensions of size 1), (hi - lo,): the rows wholly inside the
+    range in one read, the partial rows at its ends by recursing into them, so nothing outside it is read."""
+    if len(shape) <= 1:
+        return where[prefix + ((slice(lo, hi),) if shape else ())].reshape(-1)
+    inner = 1
+    for n in shape[1:]:
+        inner *= n
+    first, last = lo // inner, (hi - 1) // inner  # the rows the range touches
+    if first == last:
+        return read_flat(where, shape[1:], lo - first * inner, hi - first * inner, prefix + (slice(first, first + 1),))
+    parts = []
+    whole_from, whole_to = first, last + 1  # rows read whole: [whole_from, whole_to)
+    if lo % inner:
+        parts.append(read_flat(where, shape[1:], lo % inner, inner, prefix + (slice(first, first + 1),)))
+        whole_from += 1
+    tail = None
+    if hi % inner:
+        tail = read_flat(where, shape[1:], 0, hi % inner, prefix + (slice(last, last + 1),))
+        whole_to -= 1
+    if whole_from < whole_to:
+        parts.append(where[prefix + (slice(whole_from, whole_to),)].reshape(-1))
+    if tail is not None:
+        parts.append(tail)
+    return torch.cat(parts)
 
 
 def export(path: str | os.PathLike, out: str | os.PathLike) -> str:

@@ -32,7 +32,7 @@ manifest.json:
      "files": [{"name", "rank", "bytes", "sha256"}, ...],
      "tensors": {name: {"shape": [...], "dtype": "float32", "chunks": [[file index, lo, hi], ...]}},
      "aliases": {name: name of the tensor it shares memory with (tied weights)},
-     "optimizer": null | {"class", "param_groups", "scalars": {index: {key: value}}, "zero": 0|1|2},
+     "optimizer": null | {"class", "param_groups", "scalars": {index: {key: value}}, "zero": 0|1|2|3},
      "extra": value, "rank_extra": [value of rank 0, ..., rank N-1]}
 """
 

@@ -49,6 +49,22 @@ def group_ranks(group: Any, what: str) -> list[int]:
     return ranks
 
 
+def job_communicator(name: str) -> Any:
+    """A communicator over the whole job that is not the job's own: its collectives are ordered apart
+    from the job's, so that two streams of collectives issued at points that differ across ranks (zero=3's
+    gathers and its reduce-scatters) never meet in one order. `name` is the same on every rank; built on
+    first use, collectively, and closed by dtcore.shutdown(). A job of one rank has no peer to order
+    against: the job's communicator then."""
+    ctx = get_context()
+    if ctx.world_size == 1:
+        return ctx.communicator
+    with context.lock:
+        if name not in ctx.subgroups:
+            ranks = list(range(ctx.world_size))
+            ctx.subgroups[name] = join.connect(ctx.rendezvous, ctx.backend, ctx.device, ctx.settings, ranks, name)
+        return ctx.subgroups[name][0]
+
+
 def communicator_for(group: Any, what: str) -> Any:
     """The communicator that reduces over `group` (None or torch's WORLD: the job's).
 

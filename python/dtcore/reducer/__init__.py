@@ -1,6 +1,7 @@
-"""Gradient averaging during backward (csrc/dtcore/reducer): `dtcore.wrap` and the torch DDP drop-in."""
+"""Gradient averaging during backward (csrc/dtcore/reducer): DistributedModel (dtcore.wrap with zero=0|1|2) and
+the torch DDP drop-in."""
 
 from .ddp import DistributedDataParallel
-from .model import DistributedModel, wrap
+from .model import DistributedModel
 
-__all__ = ["wrap", "DistributedModel", "DistributedDataParallel"]
+__all__ = ["DistributedModel", "DistributedDataParallel"]

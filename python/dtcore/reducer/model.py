@@ -1,4 +1,4 @@
-"""`dtcore.wrap()` and DistributedModel: gradients averaged during backward.
+"""DistributedModel (dtcore.wrap with zero=0|1|2): gradients averaged during backward.
 
 On construction: every rank must hold the same parameters (names, shapes, dtypes; a mismatch is a
 ConfigError naming the ranks and the first differing parameter), then parameters and buffers are
@@ -10,7 +10,6 @@ them from there.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -73,6 +72,11 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
         broadcast_buffers: bool = True,
         zero: int = _DEFAULTS.zero,
     ) -> None:
+        if zero == 3:
+            raise _C.ConfigError(
+                f"{type(self).__name__}(zero=3): fully sharded models are built by dtcore.wrap(model, zero=3). Fix: "
+                "call dtcore.wrap with zero=3 (its units=, prefetch=, param_dtype= are zero=3's own)."
+            )
         options = dict(
             bucket_mb=bucket_mb,
             first_bucket_mb=first_bucket_mb,
@@ -118,10 +122,7 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
             fix="build the same model on every rank (same code, same configuration) before wrapping it.",
             communicator=self._comm,
         )
-        if self._comm.size > 1:  # from the group's first rank, as torch DDP
-            buffers = self._named_buffers() if init_sync_buffers else []
-            tensors = [p.detach() for _, p in self._named_parameters()] + [b for _, b in buffers]
-            broadcast_tensors(tensors, 0, self._comm)
+        self._broadcast_initial(init_sync_buffers)
         # Plain values, so that a copy or an unpickled model builds its own reducer from them.
         self._options = options
         # torch DDP's attributes of the same names and meaning, which tools read or set (accelerate's
@@ -147,6 +148,13 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
         self._attach()
         self._start_logging()
 
+    def _broadcast_initial(self, init_sync_buffers: bool) -> None:
+        """Parameters (and buffers) from the group's first rank, as torch DDP, before the reducer exists."""
+        if self._comm.size > 1:
+            buffers = self._named_buffers() if init_sync_buffers else []
+            tensors = [p.detach() for _, p in self._named_parameters()] + [b for _, b in buffers]
+            broadcast_tensors(tensors, 0, self._comm)
+
     def _named_parameters(self) -> list[tuple[str, torch.Tensor]]:
         """The parameters this model reduces: the module's (tied ones once), less the ignored ones."""
         return [(n, p) for n, p in self.module.named_parameters() if n not in self.parameters_to_ignore]
@@ -157,8 +165,10 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
     @property
     def _synced_buffers(self) -> list[torch.Tensor]:
         """The buffers a synced forward broadcasts, collected anew each time: a buffer reassigned in place
-        of the attribute (module.buf = module.buf + 1) is a new tensor; ignored ones are left out."""
-        return [b for _, b in self._named_buffers()] if self._comm.size > 1 else []
+        of the attribute (module.buf = module.buf + 1) is a new tensor; ignored ones are left out. Their
+        `.data`, so that the broadcast does not count as an in-place change to autograd, as torch DDP's does
+        not: a backward still pending (BatchNorm saves its running statistics) is not refused for it."""
+        return [b.data for _, b in self._named_buffers()] if self._comm.size > 1 else []
 
     def _attach(self) -> None:
         """Builds this model's reducer on the current context (at wrap, or in a copy at first use)."""
@@ -286,6 +296,14 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
     def zero(self) -> int:
         return self._reducer.zero
 
+    def shape_of(self, p: torch.Tensor) -> torch.Size:
+        """A parameter's whole shape (zero=3's FullyShardedModel knows it while the parameter's data is empty)."""
+        return p.shape
+
+    def dtype_of(self, p: torch.Tensor) -> torch.dtype:
+        """A parameter's own dtype (under zero=3 its shard's)."""
+        return p.dtype
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """As torch's; with zero=1|2 the gradients are zeroed in place in their buckets (or shards)."""
         if self.zero == 0:
@@ -310,22 +328,3 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
 def _default_group() -> Any:
     """torch.distributed's default group, the whole job (torch DDP's process_group), or None without one."""
     return dist.group.WORLD if dist.is_initialized() else None
-
-
-def wrap(model: torch.nn.Module, **options: Any) -> DistributedModel:
-    """After `loss.backward()`, every parameter's `.grad` is the average over ranks.
-
-    Parameters and buffers are broadcast from rank 0 first; buffers again before each forward.
-    Use `with model.no_sync():` to accumulate locally over micro-batches. The keyword arguments are
-    DistributedModel's (its docstring says what each does).
-    """
-    return DistributedModel(model, **options)
-
-
-def _wrap_signature() -> inspect.Signature:
-    """DistributedModel's, declared there once, with wrap's first parameter (`model`)."""
-    module, *keywords = inspect.signature(DistributedModel).parameters.values()
-    return inspect.Signature([module.replace(name="model"), *keywords], return_annotation=DistributedModel)
-
-
-wrap.__signature__ = _wrap_signature()  # type: ignore[attr-defined]  (help(dtcore.wrap) and editors show it)

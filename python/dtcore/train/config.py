@@ -142,13 +142,13 @@ class LoggingConfig:
 class ParallelConfig:
     """How the model is distributed (dtcore.wrap) and how much memory it may save."""
 
-    zero: Literal[0, 1, 2] = 0
+    zero: Literal[0, 1, 2, 3] = 0
     """0: every rank holds the whole optimizer state; 1: optimizer state sharded; 2: gradients too
-    (dtcore.ShardedOptimizer)."""
+    (dtcore.ShardedOptimizer); 3: parameters too, each transformer layer gathered while it runs."""
     activation_checkpointing: str = "none"
     """none, all, selective, every:<k> or budget:<size> (e.g. budget:2GB): see dtcore.checkpoint_activations."""
     bucket_mb: float = 25.0
-    """Gradient bucket size in MiB for the overlapped all-reduce."""
+    """Gradient bucket size in MiB for the overlapped all-reduce (zero=0/1/2; zero=3 reduces by layer)."""
 
 
 @dataclasses.dataclass
@@ -183,6 +183,11 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "balanced": (
         "GPT-2 small shape on GPUs of 16 GB or more: ZeRO-1, activations kept",
         {**_GPU, "training.device_batch_size": 32, "parallel.zero": 1},
+    ),
+    "sharded": (
+        "GPT-2 small shape with every parameter sharded (ZeRO-3): GPUs of 8 GB or more, or a larger model "
+        "(raise model.n_layer and model.n_embd) than one GPU holds",
+        {**_GPU, "training.device_batch_size": 16, "parallel.zero": 3},
     ),
     "aggressive": (
         "GPT-2 small shape on GPUs of 40 GB or more: the largest micro-batches, nothing sharded or recomputed",

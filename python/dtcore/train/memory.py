@@ -45,6 +45,9 @@ def estimate(config: TrainConfig, world_size: int, vocab_size: int = 256) -> Mem
     attention; with checkpointing, each block's input plus one block recomputed) and fp32 logits."""
     n = gpt_parameters(config, vocab_size)
     zero = config.parallel.zero
+    # zero=3 holds 1/N of every parameter, plus the whole parameters (and gradients) of the unit
+    # running and the one prefetched: two blocks
+    units = 2 * 4 * (12 * config.model.n_embd**2 + 13 * config.model.n_embd) if zero == 3 else 0
     tokens = config.training.device_batch_size * config.model.block_size
     per_block = 34 * tokens * config.model.n_embd
     if config.parallel.activation_checkpointing == "none":
@@ -53,8 +56,8 @@ def estimate(config: TrainConfig, world_size: int, vocab_size: int = 256) -> Mem
         acts = 2 * tokens * config.model.n_embd * config.model.n_layer + per_block
     acts += 3 * 4 * tokens * vocab_size  # fp32 logits, their softmax and gradient
     return MemoryBreakdown(
-        parameters=4 * n,
-        gradients=4 * n // (world_size if zero == 2 else 1),
+        parameters=4 * n // (world_size if zero == 3 else 1) + units,
+        gradients=4 * n // (world_size if zero >= 2 else 1) + units,
         optimizer_state=8 * n // (world_size if zero >= 1 else 1),
         activations=acts,
     )
@@ -84,8 +87,13 @@ def _tensor_bytes(value: object) -> int:
 
 def measure(model: torch.nn.Module, optimizer: torch.optim.Optimizer, zero: int, world: int, batch: int):
     """What this rank holds now (parameters, gradients, optimizer state) and the activation estimate."""
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
-    grads = params // (world if zero == 2 else 1)
+    if zero == 3:  # the shards (the parameters' data is empty between uses)
+        groups = [g for u in model.units for g in u.groups]
+        params = sum(g.shard.numel() * g.shard.element_size() for g in groups)
+        grads = sum(g.grad.numel() * g.grad.element_size() for g in groups if g.grad is not None)
+    else:
+        params = sum(p.numel() * p.element_size() for p in model.parameters())
+        grads = params // (world if zero == 2 else 1)
     state = _tensor_bytes(list(optimizer.state.values()))
     if state == 0:  # before the first step (or sharded out of sight): AdamW's two fp32 moments
         state = 2 * sum(p.numel() * 4 for p in model.parameters()) // (world if zero >= 1 else 1)
@@ -117,7 +125,8 @@ def oom_report(
         f"out of memory on rank {rank} ({host}, {device}) during {where}: {first_line}",
         "Memory of this rank:",
         f"  parameters       {gib(breakdown.parameters)}",
-        f"  gradients        {gib(breakdown.gradients)}" + ("  (sharded, zero=2)" if config.parallel.zero == 2 else ""),
+        f"  gradients        {gib(breakdown.gradients)}"
+        + (f"  (sharded, zero={config.parallel.zero})" if config.parallel.zero >= 2 else ""),
         f"  optimizer state  {gib(breakdown.optimizer_state)}" + ("  (sharded)" if config.parallel.zero >= 1 else ""),
         f"  activations      {gib(breakdown.activations)}  (estimate for device_batch_size="
         f"{config.training.device_batch_size}, activation_checkpointing={config.parallel.activation_checkpointing})",

@@ -27,8 +27,8 @@ from ..bootstrap import get_context, init, is_initialized
 from ..bootstrap.join import _seed_everything
 from ..checkpoint import latest, load_checkpoint, save_checkpoint, wait
 from ..comm import agree, all_reduce, barrier
-from ..reducer import DistributedModel, wrap
-from ..zero import ShardedOptimizer, clip_grad_norm_
+from ..reducer import DistributedModel
+from ..zero import ShardedOptimizer, clip_grad_norm_, wrap
 from . import memory, metrics, rundir
 from .config import TrainConfig
 from .resume import EXIT_PREEMPTED, Preemption, rng_state, set_rng_state
@@ -170,6 +170,8 @@ class Trainer:
         if par.activation_checkpointing != "none":
             example = _peek(train_data) if par.activation_checkpointing.startswith("budget:") else None
             checkpoint_activations(inner, par.activation_checkpointing, example_inputs=_to(example, self.device))
+        # before wrapping: with zero=3 the parameters' data is empty between uses
+        self.flops_per_token = flops_per_token or _flops_per_token(model, inner)
         if isinstance(model, DistributedModel):
             if model.zero != par.zero:
                 raise _C.ConfigError(
@@ -178,15 +180,11 @@ class Trainer:
                 )
             self.model = model
         else:
-            self.model = wrap(model, zero=par.zero, bucket_mb=par.bucket_mb)
+            # zero=3 reduces by unit: bucket_mb is zero=0/1/2's
+            self.model = wrap(model, zero=par.zero, **({} if par.zero == 3 else {"bucket_mb": par.bucket_mb}))
         self.optimizer = self._optimizer(optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(config, s))
         self.train_data, self.eval_data = train_data, eval_data
-        self.flops_per_token = flops_per_token or (
-            inner.flops_per_token()
-            if hasattr(inner, "flops_per_token")
-            else 6.0 * sum(p.numel() for p in inner.parameters())
-        )
         self.autocast_dtype, self.scaler = self._precision(config.training.precision)
         self.step = 0
         self.batches_taken = 0  # for data without state_dict(): skipped again on resume
@@ -212,10 +210,11 @@ class Trainer:
         cuda = self.device.type == "cuda"
         if precision == "auto":
             precision = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if cuda else "fp32"
-        if precision == "fp16" and self.config.parallel.zero == 2:
+        zero = self.config.parallel.zero
+        if precision == "fp16" and zero >= 2:
             raise _C.ConfigError(
-                "training.precision=fp16 with parallel.zero=2: the gradient scaler cannot unscale sharded gradients. "
-                "Fix: --training.precision=bf16, or --parallel.zero=1."
+                f"training.precision=fp16 with parallel.zero={zero}: the gradient scaler cannot unscale sharded "
+                "gradients. Fix: --training.precision=bf16, or --parallel.zero=1."
             )
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
         scaler = torch.amp.GradScaler(self.device.type) if precision == "fp16" else None
@@ -367,9 +366,10 @@ class Trainer:
             raise self._oom(e, where) from None
 
     def _oom(self, error: BaseException, where: str) -> torch.OutOfMemoryError:
-        inner = self.model.module
         c = self.config
-        breakdown = memory.measure(inner, self.optimizer, c.parallel.zero, self.world, c.training.device_batch_size)
+        breakdown = memory.measure(
+            self.model, self.optimizer, c.parallel.zero, self.world, c.training.device_batch_size
+        )
         report = memory.oom_report(
             error,
             where=f"step {self.step + 1}, {where}",
@@ -548,3 +548,12 @@ def _set_aside_earlier_run(run_dir: str) -> None:
         target = f"{run_dir}.{stamp}-{n}"
     os.rename(run_dir, target)
     log.info("this run starts afresh in %s; the earlier run there was moved to %s", run_dir, target)
+
+
+def _flops_per_token(model: torch.nn.Module, inner: torch.nn.Module) -> float:
+    """The model's training FLOPs per token: its own count, else 6 per parameter (Kaplan et al.)."""
+    if isinstance(model, DistributedModel) and model.zero == 3:  # already sharded: the units know the sizes
+        return 6.0 * sum(g.numel for u in model.units for g in u.groups)
+    if hasattr(inner, "flops_per_token"):
+        return inner.flops_per_token()
+    return 6.0 * sum(p.numel() for p in inner.parameters())

@@ -1,6 +1,6 @@
 """`dtcore.clip_grad_norm_`: torch's clip_grad_norm_ for a wrapped model, shard-aware.
 
-With zero=2 every rank holds only its shard of the reduced gradients, so the norm is its own
+With zero=2 and zero=3 every rank holds only its shard of the reduced gradients, so the norm is its own
 shards' sum of |g|^p (or max |g|), combined across ranks by one small all-reduce; every shard is
 then scaled by the same factor torch would use. Otherwise each rank holds whole gradients and
 torch's own function gives the global norm without any collective.
@@ -24,14 +24,19 @@ def clip_grad_norm_(
     foreach: bool | None = None,
 ) -> torch.Tensor:
     """Scales the gradients so that their global norm is at most max_norm; returns the norm before."""
-    if not (isinstance(model, DistributedModel) and model.zero == 2):
+    if not (isinstance(model, DistributedModel) and model.zero >= 2):
         params = model.parameters() if isinstance(model, torch.nn.Module) else model
         return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite, foreach)
-    reducer = model._reducer
     norm_type = float(norm_type)
-    if not reducer.plan_final:  # no reduced backward yet: no gradient, as torch's would find
+    if model.zero == 3:
+        shards = model.grad_shards()  # the groups with a gradient (padding zero): the same on every rank
+    else:
+        reducer = model._reducer
+        if not reducer.plan_final:  # no reduced backward yet: no gradient, as torch's would find
+            return torch.tensor(0.0)
+        shards = reducer.grad_shards()
+    if not shards:
         return torch.tensor(0.0)
-    shards = reducer.grad_shards()
     if norm_type == float("inf"):
         local = torch.stack([s.detach().abs().max().float() for s in shards])
         total = all_reduce(local.max().reshape(1), op="max")[0]

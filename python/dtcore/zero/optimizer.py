@@ -48,6 +48,7 @@ import torch
 from .. import _C
 from ..bootstrap.context import get_context
 from ..reducer.model import DistributedModel
+from . import flat
 from .state import apply_pending, gather_state, scatter_state
 
 # Optimizers whose update of an element reads that element's gradient and state only.
@@ -90,13 +91,20 @@ class _Piece:
     __slots__ = ("param", "group", "bucket", "param_offset", "shard_offset", "numel", "param_view", "grad", "local")
 
     def __init__(
-        self, param: torch.Tensor, group: int, bucket: int, cut: Any, grad: torch.Tensor, master: torch.dtype | None
+        self,
+        param: torch.Tensor,
+        group: int,
+        bucket: int,
+        cut: Any,
+        values: torch.Tensor,
+        grad: torch.Tensor,
+        master: torch.dtype | None,
     ) -> None:
         self.param, self.group, self.bucket = param, group, bucket
         self.param_offset, self.shard_offset, self.numel = cut.param_offset, cut.shard_offset, cut.numel
-        self.param_view = param.detach().view(-1).narrow(0, self.param_offset, self.numel)  # (numel,)
+        self.param_view = values  # (numel,): the parameter's values in this rank's shard, stepped in place
         self.grad = grad  # (numel,): the reducer's gradient shard, read in place
-        if master is not None and param.dtype != master:
+        if master is not None and values.dtype != master:  # the stepped values' (zero=3: the shard's, not param_dtype)
             self.local = self.param_view.to(master, copy=True)  # stepped in `master`, cast back
             self.local.grad = grad.to(master, copy=True)  # refreshed before each step
         else:
@@ -143,7 +151,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if model.zero == 0:
             raise _C.ConfigError(
                 "ShardedOptimizer got a model wrapped with zero=0, whose buckets are not sharded. Fix: "
-                "dtcore.wrap(model, zero=1) (optimizer state sharded) or zero=2 (gradients sharded too)."
+                "dtcore.wrap(model, zero=1) (optimizer state sharded), zero=2 (gradients sharded too) or zero=3 "
+                "(parameters sharded too)."
             )
         if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, torch.optim.Optimizer)):
             raise _C.ConfigError(
@@ -183,6 +192,23 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # A throwaway instance checks the arguments now and fills in the class's defaults.
         super().__init__(groups, optimizer_class([torch.zeros(0)], **defaults).defaults)
 
+    # --- read-only views (checkpoints use these) ---------------------------------------------
+
+    @property
+    def model(self) -> DistributedModel:
+        """The wrapped model whose shards this optimizer steps."""
+        return self._model
+
+    @property
+    def optimizer_class(self) -> type[torch.optim.Optimizer]:
+        """The torch optimizer class stepping each shard."""
+        return self._optimizer_class
+
+    @property
+    def numbered_params(self) -> list[torch.Tensor]:
+        """The parameters in torch's state_dict numbering (group after group)."""
+        return [p for group in self.param_groups for p in group["params"]]
+
     # --- torch.optim.Optimizer -------------------------------------------------------------
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -212,7 +238,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for inner, group in zip(self._inner.param_groups, self.param_groups, strict=True):
             inner.update({k: v for k, v in group.items() if k != "params"})  # schedulers edit these
         params = self._model._trainable
-        without_grad = (params[i] for i in self._model._reducer.params_without_grad())  # their .grad would be None
+        without_grad = (params[i] for i in self._without_grad())  # their .grad would be None
         skipped = {id(t) for p in without_grad for t in self._locals_of.get(id(p), ())}
         if self._by_bucket:  # Note [Stepping bucket by bucket]
             self._step_buckets([[b] for b in self._step_order], skipped)
@@ -253,12 +279,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
             # On a GPU the wait orders the current stream after each gather and does not block
             # (Note [Waiting on the stream]).
             for work in works:
-                work.wait_on_stream()
+                if work is not None:  # zero=3 gathers nothing: the next forward does
+                    work.wait_on_stream()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zeroes the reduced gradients in place (their buffers and shards are kept). set_to_none=True, as
         torch's, makes a parameter count as holding no gradient until one comes: skipped if none does."""
-        self._model._reducer.zero_grad(set_to_none)
+        self._model.zero_grad(set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
         """The whole state in torch's format, gathered from every rank (a collective: call it on all)."""
@@ -311,8 +338,18 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     "it before dtcore.wrap (wrap the module again after changing what is frozen)."
                 )
 
+    def _without_grad(self) -> list[int]:
+        model = self._model
+        return model.params_without_grad() if model.zero == 3 else model._reducer.params_without_grad()
+
     def _ensure_built(self) -> bool:
-        """Cuts the pieces on the reducer's final plan (Note [Shard layout]); False before it is final."""
+        """Cuts the pieces on the reducer's final plan (Note [Shard layout]); False before it is final. A
+        zero=3 model's layout is final at wrap (its units)."""
+        if self._model.zero == 3:
+            if self._inner is None:
+                self._cut_units()
+                apply_pending(self)
+            return True
         reducer = self._model._reducer
         if not reducer.plan_final:
             return False
@@ -330,20 +367,27 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def _cut(self, reducer: Any) -> None:
         params = self._model._trainable
-        group_of = {id(p): g for g, group in enumerate(self.param_groups) for p in group["params"]}
-        self._pieces = []
         # The parameters move into their buckets' flat buffers first: the pieces are views of those.
         self._buckets = [
             _FlatBucket(s, layout, params) for s, layout in zip(reducer.shards(), reducer.bucket_layout(), strict=True)
         ]
-        for b, (shard, grad_shard) in enumerate(zip(reducer.shards(), reducer.grad_shards(), strict=True)):
+        self._cut_pieces(list(zip(reducer.shards(), reducer.grad_shards(), strict=True)))
+
+    def _cut_pieces(self, shards: list[tuple[Any, torch.Tensor]]) -> None:
+        """The pieces of each bucket's (shard, gradient shard), views of its values (`mine`), and the inner
+        optimizer over them."""
+        params = self._model._trainable
+        group_of = {id(p): g for g, group in enumerate(self.param_groups) for p in group["params"]}
+        self._pieces = []
+        for b, (shard, grad_shard) in enumerate(shards):
             for cut in shard.pieces:
                 param = params[cut.param]
                 group = group_of.get(id(param))
                 if group is None:
                     continue  # reduced but not optimized: gathered as it is
                 grad = grad_shard.narrow(0, cut.shard_offset, cut.numel)
-                self._pieces.append(_Piece(param, group, b, cut, grad, self._master_dtype))
+                values = self._buckets[b].mine.narrow(0, cut.shard_offset, cut.numel)
+                self._pieces.append(_Piece(param, group, b, cut, values, grad, self._master_dtype))
         self._locals_of, self._proxies = {}, []
         for piece in self._pieces:
             self._locals_of.setdefault(id(piece.param), []).append(piece.local)
@@ -358,7 +402,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 if id(param) not in reduced:
                     self._locals_of[id(param)] = []
                 elif id(param) not in self._locals_of:
-                    proxy = torch.zeros(0, dtype=self._master_dtype or param.dtype, device=param.device)
+                    proxy = torch.zeros(0, dtype=self._master_dtype or self._model.dtype_of(param), device=param.device)
                     proxy.grad = torch.zeros_like(proxy)
                     self._locals_of[id(param)] = [proxy]
                     self._proxies.append((param, proxy))
@@ -373,7 +417,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # By bucket (Note [Stepping bucket by bucket]): pieces by their bucket, proxies by their
         # parameter's, placeholders with the bucket stepped last.
         n = len(self._buckets)
-        self._step_order = sorted(range(n), key=lambda b: (-self._buckets[b].flat.numel(), b))
+        self._step_order = sorted(range(n), key=lambda b: (-self._buckets[b].shard.padded_numel, b))
         bucket_of = {id(param): b for b, bucket in enumerate(self._buckets) for *_, param in bucket.whole}
         self._masters_by_bucket = [[] for _ in range(n)]
         self._locals_by_bucket = [[] for _ in range(n)]
@@ -387,6 +431,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for group in self._inner.param_groups:
             self._locals_by_bucket[self._step_order[-1]].extend(t for t in group["params"] if id(t) not in placed)
 
+    def _cut_units(self) -> None:
+        """The pieces of a zero=3 model: its units' trainable groups are the buckets, their shards what the
+        inner optimizer steps in place (Note [Fully sharded storage] in flat.py)."""
+        index = {id(p): i for i, p in enumerate(self._model._trainable)}
+        groups = [g for u in self._model.units for g in u.groups if g.requires_grad]
+        self._buckets = [_UnitBucket(g, index) for g in groups]
+        self._cut_pieces([(b.shard, b.grad) for b in self._buckets])
+
     def _gather(self, communicator: Any, b: int) -> Any:
         """This rank's updated shard of bucket `b` into every rank's parameters: one in-place all-gather.
 
@@ -394,6 +446,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         gather's input is this rank's shard of that buffer and its output the buffer itself.
         """
         bucket = self._buckets[b]
+        if bucket.flat is None:
+            return None
         return communicator.all_gather(bucket.flat, bucket.mine, f"parameters {b + 1}/{len(self._buckets)}")
 
 
@@ -419,3 +473,26 @@ class _FlatBucket:
             place.copy_(param.detach().reshape(-1))
             param.data = place.view(param.shape)  # the storage moves; the Parameter stays
             self.whole.append((place, offset, numel, param))
+
+
+class _UnitBucket:
+    """A zero=3 unit's trainable group seen as a bucket (the attributes _FlatBucket has): its shard is
+    the parameters' storage, so nothing is gathered after a step (`flat` None)."""
+
+    def __init__(self, group: Any, index: dict[int, int]) -> None:
+        self.shard = _UnitShard(group, index)
+        self.flat = None
+        self.mine = group.shard  # (S,)
+        self.grad = group.grad  # (S,)
+        self.dtype, self.device = group.dtype, group.device
+        self.whole = [(None, o, n, p) for p, o, n in zip(group.params, group.offsets, group.numels, strict=True)]
+
+
+class _UnitShard:
+    """The reducer's ShardPlan fields ShardedOptimizer and its state read, for one zero=3 group."""
+
+    def __init__(self, group: Any, index: dict[int, int]) -> None:
+        self.shard_numel, self.padded_numel, self.begin = group.shard_numel, group.padded, group.begin
+        self.pieces = [
+            flat.Cut(index[id(group.params[c.param])], c.param_offset, c.shard_offset, c.numel) for c in group.cuts
+        ]

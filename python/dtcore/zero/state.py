@@ -32,7 +32,7 @@ def _numbered(opt: ShardedOptimizer) -> list[torch.Tensor]:
     return [p for group in opt.param_groups for p in group["params"]]
 
 
-def _groups(opt: ShardedOptimizer) -> list[dict[str, Any]]:
+def param_groups_packed(opt: ShardedOptimizer) -> list[dict[str, Any]]:
     """param_groups packed as torch packs them (parameters as indices): torch's own code does it."""
     return torch.optim.Optimizer.state_dict(opt)["param_groups"]
 
@@ -66,9 +66,9 @@ def gather_state(opt: ShardedOptimizer) -> dict[str, Any]:
     if opt._inner is None:  # not stepped yet: a state loaded meanwhile is still whole, on every rank
         pending = opt._pending_state or {}
         state = {int(i): {k: _copied(v) for k, v in entry.items()} for i, entry in pending.items()}
-        return {"state": state, "param_groups": _groups(opt)}
+        return {"state": state, "param_groups": param_groups_packed(opt)}
     if not opt._inner.state:
-        return {"state": state, "param_groups": _groups(opt)}
+        return {"state": state, "param_groups": param_groups_packed(opt)}
     index = {id(p): i for i, p in enumerate(_numbered(opt))}
     keys: set[str] = set()  # the same on every rank: every parameter has a local tensor on each
     for local in (t for locals_ in opt._locals_of.values() for t in locals_):
@@ -93,14 +93,14 @@ def gather_state(opt: ShardedOptimizer) -> dict[str, Any]:
                 i = index.get(id(param))
                 if i is None or _scalars(opt, param) is None:
                     continue  # reduced, not optimized; or never stepped: no state, as in torch
-                if key == MASTER_KEY and param.dtype == opt._master_dtype:
+                if key == MASTER_KEY and opt.model.dtype_of(param) == opt._master_dtype:
                     continue
                 entry = state.setdefault(i, {})
-                entry[key] = whole.narrow(0, offset, numel).view(param.shape).clone()
+                entry[key] = whole.narrow(0, offset, numel).view(opt.model.shape_of(param)).clone()
     for p in _numbered(opt):
         for key, value in (_scalars(opt, p) or {}).items():
             state.setdefault(index[id(p)], {})[key] = _copied(value)
-    return {"state": state, "param_groups": _groups(opt)}
+    return {"state": state, "param_groups": param_groups_packed(opt)}
 
 
 def _scalars(opt: ShardedOptimizer, param: torch.Tensor) -> dict[str, Any] | None:
@@ -117,7 +117,7 @@ def _scalars(opt: ShardedOptimizer, param: torch.Tensor) -> dict[str, Any] | Non
 
 def _any_rank_has_master(opt: ShardedOptimizer) -> bool:
     # Decided from the parameters, the same on every rank: any optimized parameter not in master_dtype.
-    return opt._master_dtype is not None and any(p.dtype != opt._master_dtype for p in _numbered(opt))
+    return opt._master_dtype is not None and any(opt.model.dtype_of(p) != opt._master_dtype for p in _numbered(opt))
 
 
 def _dtype_of(opt: ShardedOptimizer, key: str, pieces: list[_Piece], param_dtype: torch.dtype) -> torch.dtype:
@@ -153,12 +153,12 @@ def check_state(opt: ShardedOptimizer, state_dict: dict[str, Any]) -> None:
         )
     params = _numbered(opt)
     for i, entry in state_dict["state"].items():
-        p = params[int(i)]
+        shape = opt.model.shape_of(params[int(i)])
         for key, value in entry.items():
-            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != p.shape:
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != shape:
                 raise _C.ConfigError(
                     f"ShardedOptimizer.load_state_dict: state '{key}' of parameter {i} has shape "
-                    f"{tuple(value.shape)}, the parameter {tuple(p.shape)}. Fix: load the state saved for this model."
+                    f"{tuple(value.shape)}, the parameter {tuple(shape)}. Fix: load the state saved for this model."
                 )
 
 
@@ -183,9 +183,10 @@ def apply_pending(opt: ShardedOptimizer) -> None:
     for piece in opt._pieces:
         entry = saved.get(index[id(piece.param)])
         if piece.has_master:  # saved, or else the parameter itself: a stale master would undo the load
-            master = entry is not None and MASTER_KEY in entry
-            source = entry[MASTER_KEY].reshape(-1) if master else piece.param.detach().reshape(-1)
-            piece.local.copy_(source.narrow(0, piece.param_offset, piece.numel))
+            if entry is not None and MASTER_KEY in entry:
+                piece.local.copy_(entry[MASTER_KEY].reshape(-1).narrow(0, piece.param_offset, piece.numel))
+            else:
+                piece.local.copy_(piece.param_view)
         if entry is None:
             continue
         opt._inner.state[piece.local] = _cut(entry, piece.local, piece.param_offset)

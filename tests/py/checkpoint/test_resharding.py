@@ -15,7 +15,7 @@ def _run(world, *args):
     [
         ((2, 2), [(1, 0), (3, 1), (4, 2)]),  # ZeRO-2 at 2 ranks into a plain optimizer, ZeRO-1 at 3, ZeRO-2 at 4
         ((4, 1), [(2, 2)]),
-        ((3, 0), [(2, 2)]),  # a plain torch AdamW's checkpoint into ShardedOptimizer
+        ((3, 0), [(2, "2,3")]),  # a plain torch AdamW's checkpoint into ShardedOptimizer, over zero=2 and zero=3
     ],
 )
 def test_saved_at_n_ranks_loads_at_m_bitwise(tmp_path, saved, loads):

@@ -15,7 +15,7 @@ from launch_helpers import WORKERS, clean_env, describe, free_port, leftover_pro
 sys.path.insert(0, str(WORKERS))
 from checkpoint_worker import differences, tiny_model
 
-TRIALS = 20
+TRIALS = 20  # zero=2's; zero=3 writes through the same path (its shards as chunks): one trial checks it
 
 
 def _loaded_state(path):
@@ -34,14 +34,17 @@ def _loaded_state(path):
 
 
 @pytest.mark.multirank
-def test_a_rank_killed_mid_save_leaves_the_previous_or_the_new_checkpoint(tmp_path):
+@pytest.mark.parametrize("zero,trials", [(2, TRIALS), (3, 1)])
+def test_a_rank_killed_mid_save_leaves_the_previous_or_the_new_checkpoint(tmp_path, zero, trials):
     outcomes = []
-    for trial in range(TRIALS):
+    for trial in range(trials):
         directory = tmp_path / f"trial{trial}"
         directory.mkdir()
         port = free_port()
         envs = [clean_env(**torchrun_style(r, 2, port)) for r in range(2)]
-        results, sessions = run_ranks("checkpoint_worker.py", envs, ("torn", str(directory), str(trial)), timeout=90)
+        results, sessions = run_ranks(
+            "checkpoint_worker.py", envs, ("torn", str(directory), str(trial), str(zero)), timeout=90
+        )
         assert leftover_processes(sessions) == []
         victim = trial % 2
         assert results[victim].returncode == -9, describe(results)  # its timer fires during or after the save
@@ -50,15 +53,16 @@ def test_a_rank_killed_mid_save_leaves_the_previous_or_the_new_checkpoint(tmp_pa
         reference = load_file(directory / f"reference_{step}.safetensors")
         assert differences(reference, state, skip_master=True) == [], (trial, step)
         outcomes.append(step)
-    # The kills landed at different points of the save: both outcomes occurred.
-    assert set(outcomes) == {1, 2}, outcomes
+    if trials == TRIALS:  # the kills landed at different points of the save: both outcomes occurred
+        assert set(outcomes) == {1, 2}, outcomes
 
 
 @pytest.mark.multirank
-def test_an_async_save_holds_its_calls_state_and_exit_completes_it(tmp_path):
+@pytest.mark.parametrize("zero", [2, 3])
+def test_an_async_save_holds_its_calls_state_and_exit_completes_it(tmp_path, zero):
     port = free_port()
     envs = [clean_env(**torchrun_style(r, 2, port)) for r in range(2)]
-    results, sessions = run_ranks("checkpoint_worker.py", envs, ("async", str(tmp_path)), timeout=90)
+    results, sessions = run_ranks("checkpoint_worker.py", envs, ("async", str(tmp_path), str(zero)), timeout=90)
     assert all(r.returncode == 0 for r in results), describe(results)
     assert leftover_processes(sessions) == []
     step, state = _loaded_state(tmp_path)

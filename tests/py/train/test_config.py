@@ -39,7 +39,7 @@ def test_toml_file_with_preset_then_command_line(tmp_path):
         (["--training.num_iteration=5"], ["unknown key 'training.num_iteration'", "'training.num_iterations'"]),
         (["--learning_rate=1"], ["unknown key 'learning_rate'", "Valid keys: model.n_layer"]),
         (["--precision=bf61"], ["training.precision='bf61' is not one of auto, bf16, fp16, fp32", "Closest: 'bf16'"]),
-        (["--zero=3"], ["parallel.zero='3' is not one of 0, 1, 2"]),
+        (["--zero=4"], ["parallel.zero='4' is not one of 0, 1, 2, 3"]),
         (["--device_batch_size=eight"], ["training.device_batch_size='eight' is not a whole number"]),
         (["--progress=maybe"], ["logging.progress='maybe' is not a boolean"]),
         (["--lr"], ["--lr has no value"]),

@@ -161,3 +161,23 @@ def test_a_dead_rank_ends_the_other_with_the_health_verdict_not_a_stack(tmp_path
     assert code == 1, text
     assert "the run ended: " in text and "root cause: rank 1" in text, text
     assert "Traceback" not in text
+
+
+@pytest.mark.multirank
+def test_zero3_training_stops_and_resumes_bit_identical(tmp_path):
+    """--parallel.zero=3: each rank saves its shards of the parameters and optimizer state, and a
+    resumed run continues exactly as the uninterrupted one."""
+    args = ("--device_batch_size=3", "--total_batch_size=12", "--zero=3", "--num_iterations=9", "--checkpoint.every=3")
+    args += ("--checkpoint.at_end=false",)
+    whole = tmp_path / "whole"
+    assert [code for code, _ in _finish(_start(whole, *args))] == [0, 0]
+    run_dir = tmp_path / "run"
+    procs = _start(run_dir, *args)
+    _when_step(run_dir, 0, 4)
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    assert [code for code, _ in _finish(procs)] == [EXIT_PREEMPTED] * 2
+    stop = int(sorted(os.listdir(run_dir / "checkpoints"))[-1].removeprefix("step_"))
+    resumed = _finish(_start(run_dir, *args, "--checkpoint.resume=auto"))
+    assert [code for code, _ in resumed] == [0, 0], resumed
+    _same_after([_losses(whole, rank) for rank in (0, 1)], run_dir, stop)

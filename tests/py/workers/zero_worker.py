@@ -210,7 +210,7 @@ def refusals(ctx) -> dict:
     sharded = dtcore.wrap(TinyLM(), zero=2)
     record("adafactor", lambda: dtcore.ShardedOptimizer(sharded, torch.optim.Adafactor, lr=1e-3))
     record("unwrapped", lambda: dtcore.ShardedOptimizer(sharded.module, torch.optim.AdamW, lr=1e-3))
-    record("stage3", lambda: dtcore.wrap(TinyLM(), zero=3))
+    record("stage4", lambda: dtcore.wrap(TinyLM(), zero=4))
     tokens = torch.randint(0, VOCAB, (2, CONTEXT))
     plain_opt = torch.optim.AdamW(sharded.parameters(), lr=1e-3)
     for _ in range(2):  # the second backward is reduce-scattered

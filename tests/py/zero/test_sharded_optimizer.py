@@ -68,6 +68,6 @@ def test_what_cannot_be_right_is_refused():
         assert "zero=0" in e["zero0"] and "dtcore.wrap(model, zero=1)" in e["zero0"], e
         assert "Adafactor" in e["adafactor"] and "elementwise=True" in e["adafactor"], e
         assert "needs the wrapped model, got TinyLM" in e["unwrapped"], e
-        assert "zero=3" in e["stage3"] and "Fix:" in e["stage3"], e
+        assert "zero=4" in e["stage4"] and "Fix:" in e["stage4"], e
         # a plain torch optimizer on a zero=2 model would change nothing: refused at its step
         assert "AdamW.step()" in e["plain_optimizer"] and "dtcore.ShardedOptimizer" in e["plain_optimizer"], e
