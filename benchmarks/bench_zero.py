@@ -42,9 +42,6 @@ from dtcore.train.gpt import GPT, SHAPES, CharData, make_corpus, num_parameters
 from ranks import bytes_written, rank0_report
 
 VARIANTS = ("ddp", "ddp + ZeroRedundancyOptimizer", "dtcore zero=1", "dtcore zero=2")
-# time only: the optimizer stepped whole and then gathered, as before Note [Stepping bucket by bucket]
-WHOLE = "dtcore zero=2, stepped whole"
-TIMED = (*VARIANTS, WHOLE)
 _MARK = 1_234_567  # bytes of a marker allocation: where the steady state starts in the profile
 
 
@@ -60,7 +57,7 @@ def build(variant: str, base: torch.nn.Module, foreach: bool | None, bucket_mb: 
             return model, torch.optim.AdamW(model.parameters(), **kw)
         return model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, **kw)
     model = dtcore.wrap(base, zero=int(variant[len("dtcore zero=")]), bucket_mb=bucket_mb, first_bucket_mb=1)
-    return model, dtcore.ShardedOptimizer(model, torch.optim.AdamW, step_by_bucket=variant != WHOLE, **kw)
+    return model, dtcore.ShardedOptimizer(model, torch.optim.AdamW, **kw)
 
 
 def step(model, opt, x, y) -> None:
@@ -166,10 +163,10 @@ def time_worker(args) -> None:
     data = CharData(make_corpus(), config.block_size, seed=ctx.rank)
     torch.manual_seed(0)
     base = GPT(config)
-    runs = {v: build(v, copy.deepcopy(base), foreach=None, bucket_mb=args.bucket_mb) for v in TIMED}
-    times: dict[str, list[float]] = {v: [] for v in TIMED}
-    cpu: dict[str, list[float]] = {v: [] for v in TIMED}
-    sent: dict[str, list[int]] = {v: [] for v in TIMED}
+    runs = {v: build(v, copy.deepcopy(base), foreach=None, bucket_mb=args.bucket_mb) for v in VARIANTS}
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    sent: dict[str, list[int]] = {v: [] for v in VARIANTS}
     for i in range(args.warmup + args.steps):
         x, y = data.batch(args.batch, torch.device("cpu"))
         for v, (model, opt) in runs.items():
@@ -244,7 +241,7 @@ def main() -> None:
     )
     print("| --- | --- | --- | --- | --- | --- |")
     zro, ddp_sent = r["ddp + ZeroRedundancyOptimizer"], r["ddp sent"]
-    for v in TIMED:
+    for v in VARIANTS:
         mib = r[f"{v} sent"] / 2**20
         cpu, to_ddp = 1000 * r[f"{v} cpu"], r[f"{v} sent"] / ddp_sent
         print(f"| {v} | {1000 * r[v]:.0f} | {r[v] / zro:.3f} | {cpu:.0f} | {mib:.1f} | {to_ddp:.3f} |")

@@ -122,6 +122,11 @@ class FlatGroup:
         self._work = communicator.all_gather(self.full, sent, f"zero=3 gather {self.label}")
         self._point()  # read only after wait()
 
+    @property
+    def in_flight(self) -> bool:
+        """A gather into `full` was issued and not yet waited for."""
+        return self._work is not None
+
     def wait(self) -> None:
         """Until `full` holds the gathered values (on a GPU: the current stream waits for them)."""
         if self._work is not None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .. import _C
 from .unit import Unit
 
 
@@ -66,6 +67,15 @@ def install_state_hooks(root: torch.nn.Module, units: list[Unit], communicator: 
         def before(*args: Any, mine: list[Unit] = mine) -> None:
             enter(mine)
 
+        def before_load(module: torch.nn.Module, state: dict, prefix: str, meta: Any, *rest: Any, mine=mine) -> None:
+            if meta.get("assign_to_params_buffers"):
+                raise _C.ConfigError(
+                    "load_state_dict(assign=True) into a zero=3 model would replace the Parameters its units shard "
+                    "with new, whole ones that nothing gathers or reduces. Fix: load_state_dict without assign (each "
+                    "rank keeps its shard of the values), or dtcore.load_checkpoint."
+                )
+            enter(mine)
+
         def after_save(
             module: torch.nn.Module, state: dict, prefix: str, meta: Any, mine: list[Unit] = mine, ids: set = ids
         ) -> None:
@@ -79,5 +89,5 @@ def install_state_hooks(root: torch.nn.Module, units: list[Unit], communicator: 
 
         module.register_state_dict_pre_hook(before)
         module.register_state_dict_post_hook(after_save)
-        module.register_load_state_dict_pre_hook(before)
+        module.register_load_state_dict_pre_hook(before_load)
         module.register_load_state_dict_post_hook(after_load)

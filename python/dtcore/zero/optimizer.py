@@ -8,6 +8,10 @@ csrc/dtcore/reducer/shard_plan.h). The inner torch optimizer is built over this 
 parameter in fp32) exists for 1/N of the model; after its step the updated shards are all-gathered
 into every rank's parameters.
 
+A step is one step of the inner optimizer over all of this rank's pieces, then every bucket's
+all-gather, all issued before the first is waited for (zero=3 gathers nothing after a step: the
+next forward gathers each unit).
+
 At the first step the parameters move into one flat padded buffer per bucket, in the bucket's
 layout (Note [Flat parameters], beside [Shard layout]): each Parameter object stays, its `.data`
 becomes a view of its place. This rank's shard of a bucket's buffer is then what its pieces step
@@ -39,7 +43,6 @@ plain torch optimizer: the shards are cut anew.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -65,24 +68,6 @@ ELEMENTWISE = (
     torch.optim.ASGD,
     torch.optim.Rprop,
 )
-
-# Note [Stepping bucket by bucket]
-# After backward each rank steps its shard of every bucket and all-gathers the updated shards.
-# Stepped whole and then gathered, the gathers start only when the last piece is stepped, and the
-# step ends waiting for all of them. Stepped one bucket at a time, each bucket's gather is issued
-# as soon as its pieces are stepped and runs while the next bucket steps: only the last bucket's
-# gather is left to wait for, and the buckets go largest first so that it is the smallest. The
-# inner optimizer steps a bucket by seeing only that bucket's pieces with a gradient (torch's
-# optimizers skip a tensor whose .grad is None), so each piece and proxy is stepped exactly once
-# per step, with the same hyperparameters and its own state: the same update as one step over
-# all. That holds only where the step keeps nothing but per-tensor state, as torch's own step
-# functions do (ELEMENTWISE); a class with a step of its own (which might count its calls) is
-# stepped whole unless ShardedOptimizer(step_by_bucket=True) vouches for it. (torch wraps a
-# class's step when its first instance is built: the steps are compared unwrapped.) The inner
-# optimizer's hooks, torch's global step hooks among them, run once per bucket. Measured on
-# 2 CPU cores with Gloo, it is level with stepping whole (docs/benchmarks.md): there the gathers
-# take turns with the arithmetic rather than run beside it, as they can on a GPU's NCCL stream.
-_STEPS_PER_TENSOR = frozenset(inspect.unwrap(cls.step) for cls in ELEMENTWISE)
 
 
 class _Piece:
@@ -123,10 +108,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
     master_dtype: pieces of parameters in another dtype are stepped in an fp32 copy (None: never).
     elementwise: True asserts that `optimizer_class` updates each element on its own; needed for
     classes dtcore does not know.
-    step_by_bucket: step one bucket at a time, each bucket's gather overlapping the next bucket's
-    step (Note [Stepping bucket by bucket]). None (default): for torch's own step functions, whose
-    state is per tensor; True asserts that of `optimizer_class`'s step (it must not count its calls
-    or keep state across tensors); False steps whole, then gathers.
     Remaining keyword arguments go to `optimizer_class`.
     """
 
@@ -140,7 +121,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
         *,
         master_dtype: torch.dtype | None = torch.float32,
         elementwise: bool | None = None,
-        step_by_bucket: bool | None = None,
         **defaults: Any,
     ) -> None:
         if not isinstance(model, DistributedModel):
@@ -176,12 +156,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._master_dtype = master_dtype
         self._built_for = -1  # the reducer plan version the pieces were cut from
         self._pieces: list[_Piece] = []
-        self._masters_by_bucket: list[list[_Piece]] = []  # the pieces stepped in a master copy
-        self._locals_by_bucket: list[list[torch.Tensor]] = []  # what the inner optimizer steps, by bucket
-        per_tensor = inspect.unwrap(optimizer_class.step) in _STEPS_PER_TENSOR
-        # Note [Stepping bucket by bucket]
-        self._by_bucket = per_tensor if step_by_bucket is None else bool(step_by_bucket)
-        self._step_order: list[int] = []  # the buckets, largest first
+        self._masters: list[_Piece] = []  # the pieces stepped in a master copy
         # id(parameter) -> what the inner optimizer steps for it here: its pieces' locals, or one empty proxy
         self._locals_of: dict[int, list[torch.Tensor]] = {}
         self._proxies: list[tuple[torch.Tensor, torch.Tensor]] = []  # (parameter, its proxy)
@@ -226,8 +201,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """Steps this rank's shard and all-gathers the updated parameters into every rank, bucket by
-        bucket: Note [Stepping bucket by bucket]."""
+        """Steps this rank's shard in one step of the inner optimizer, then all-gathers the updated
+        parameters into every rank, one collective per bucket."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -239,48 +214,20 @@ class ShardedOptimizer(torch.optim.Optimizer):
             inner.update({k: v for k, v in group.items() if k != "params"})  # schedulers edit these
         params = self._model._trainable
         without_grad = (params[i] for i in self._without_grad())  # their .grad would be None
-        skipped = {id(t) for p in without_grad for t in self._locals_of.get(id(p), ())}
-        if self._by_bucket:  # Note [Stepping bucket by bucket]
-            self._step_buckets([[b] for b in self._step_order], skipped)
-        else:  # one step, then every bucket's gather
-            self._step_buckets([self._step_order], skipped)
-        return loss
-
-    def _step_buckets(self, rounds: list[list[int]], skipped: set[int]) -> None:
-        """Steps the pieces of each round's buckets and issues their gathers, round by round; then
-        waits for every gather. A local tensor whose parameter got no gradient (`skipped`), or that
-        is not in the round, has no .grad while the inner optimizer steps: torch's skips it."""
-        assert self._inner is not None
-        locals_ = [t for ts in self._locals_by_bucket for t in ts]
-        grads = [t.grad for t in locals_]
-        grad_of = {id(t): grad for t, grad in zip(locals_, grads, strict=True)}
-        communicator = get_context().communicator
-        works = []
+        held = {id(t): (t, t.grad) for p in without_grad for t in self._locals_of.get(id(p), ())}
+        for piece in self._masters:
+            piece.local.grad.copy_(piece.grad)
+        for t, _ in held.values():
+            t.grad = None  # skipped by the inner optimizer, as torch's skips a None gradient
         try:
-            for t in locals_:
-                t.grad = None
-            for round_ in rounds:
-                for b in round_:
-                    for piece in self._masters_by_bucket[b]:
-                        grad_of[id(piece.local)].copy_(piece.grad)
-                    for t in self._locals_by_bucket[b]:
-                        if id(t) not in skipped:
-                            t.grad = grad_of[id(t)]
-                self._inner.step()
-                for b in round_:
-                    for t in self._locals_by_bucket[b]:
-                        t.grad = None
-                    for piece in self._masters_by_bucket[b]:
-                        piece.param_view.copy_(piece.local)
-                    works.append(self._gather(communicator, b))
+            self._inner.step()
         finally:
-            for t, grad in zip(locals_, grads, strict=True):
+            for t, grad in held.values():
                 t.grad = grad
-            # On a GPU the wait orders the current stream after each gather and does not block
-            # (Note [Waiting on the stream]).
-            for work in works:
-                if work is not None:  # zero=3 gathers nothing: the next forward does
-                    work.wait_on_stream()
+        for piece in self._masters:
+            piece.param_view.copy_(piece.local)
+        self._gather_all()
+        return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zeroes the reduced gradients in place (their buffers and shards are kept). set_to_none=True, as
@@ -414,22 +361,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 local = [placeholder]
             inner_groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": local})
         self._inner = self._optimizer_class(inner_groups)
-        # By bucket (Note [Stepping bucket by bucket]): pieces by their bucket, proxies by their
-        # parameter's, placeholders with the bucket stepped last.
-        n = len(self._buckets)
-        self._step_order = sorted(range(n), key=lambda b: (-self._buckets[b].shard.padded_numel, b))
-        bucket_of = {id(param): b for b, bucket in enumerate(self._buckets) for *_, param in bucket.whole}
-        self._masters_by_bucket = [[] for _ in range(n)]
-        self._locals_by_bucket = [[] for _ in range(n)]
-        for piece in self._pieces:
-            self._locals_by_bucket[piece.bucket].append(piece.local)
-            if piece.has_master:
-                self._masters_by_bucket[piece.bucket].append(piece)
-        for param, proxy in self._proxies:
-            self._locals_by_bucket[bucket_of[id(param)]].append(proxy)
-        placed = {id(t) for ts in self._locals_by_bucket for t in ts}
-        for group in self._inner.param_groups:
-            self._locals_by_bucket[self._step_order[-1]].extend(t for t in group["params"] if id(t) not in placed)
+        self._masters = [piece for piece in self._pieces if piece.has_master]
 
     def _cut_units(self) -> None:
         """The pieces of a zero=3 model: its units' trainable groups are the buckets, their shards what the
@@ -438,6 +370,20 @@ class ShardedOptimizer(torch.optim.Optimizer):
         groups = [g for u in self._model.units for g in u.groups if g.requires_grad]
         self._buckets = [_UnitBucket(g, index) for g in groups]
         self._cut_pieces([(b.shard, b.grad) for b in self._buckets])
+
+    def _gather_all(self) -> None:
+        """Issues every bucket's gather (_gather), then waits for them all."""
+        communicator = get_context().communicator
+        works = []
+        try:
+            for b in range(len(self._buckets)):
+                works.append(self._gather(communicator, b))
+        finally:
+            # On a GPU the wait orders the current stream after each gather and does not block
+            # (Note [Waiting on the stream]).
+            for work in works:
+                if work is not None:  # zero=3 gathers nothing: the next forward does
+                    work.wait_on_stream()
 
     def _gather(self, communicator: Any, b: int) -> Any:
         """This rank's updated shard of bucket `b` into every rank's parameters: one in-place all-gather.

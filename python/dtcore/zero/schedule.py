@@ -15,6 +15,8 @@ from ..reducer.outputs import tensors_in
 from .full_state import install_state_hooks
 from .unit import Unit
 
+kInFlight = 1  # units whose reduce-scatters may be in flight at once (their whole gradients held)
+
 # Note [Same units on every rank]
 # Each gather pairs with the other ranks' gather of the same number on the gathers' communicator.
 # Transformer layers are alike in size, so a rank that skips a unit another runs would pair its
@@ -44,20 +46,20 @@ class Schedule:
         # the forward order of the last forward with grad (the prefetch order); registration order first
         self.forward_order: list[Unit] = units[1:]
         self.seen: list[Unit] = []  # the units this step's forward ran, in order
-        self.trace = (
-            0  # a running hash of the units gathered since the last synced backward: Note [Same units on every rank]
-        )
+        # a running hash of the units gathered since the last synced backward: Note [Same units on every rank]
+        self.trace = 0
         self.sync = True  # whether the coming backward reduces (False inside no_sync)
         self.in_backward = False
         self.reduce_order: list[Unit] = []
         self.next_reduce = 0
-        self.pending: list[tuple[Any, Any, torch.Tensor, torch.Tensor]] = []  # (group, work, sent, received)
+        # per unit reduced and not yet added: [(group, work, sent, received)]; at most kInFlight units
+        self.pending: list[list[tuple[Any, Any, torch.Tensor, torch.Tensor]]] = []
+        self.device = model.device
         self.used: set[int] = set()  # trainable parameters with a gradient on this rank since the last reduction
         self.without_grad: set[int] = set(range(len(self.trainable)))  # no rank gave one since zero_grad()
-        self.unused_error: str | None = None  # raised at the next forward
         self.handles = []
         root_module = model.module
-        self.handles.append(root_module.register_forward_pre_hook(self._root_pre_forward))
+        self.handles.append(root_module.register_forward_pre_hook(self._root_pre_forward, with_kwargs=True))
         self.handles.append(root_module.register_forward_hook(self._root_post_forward))
         for u in units[1:]:
             self.handles.append(u.module.register_forward_pre_hook(self._pre_forward(u), with_kwargs=True))
@@ -74,12 +76,11 @@ class Schedule:
         if torch.is_grad_enabled():
             self.sync = synced
 
-    def _root_pre_forward(self, module: torch.nn.Module, args: Any) -> None:
+    def _root_pre_forward(self, module: torch.nn.Module, args: Any, kwargs: Any) -> Any:
         if self.in_backward:
-            return
-        if self.unused_error is not None:
-            message, self.unused_error = self.unused_error, None
-            raise _C.ConfigError(message)
+            if _inside_backward():
+                return None  # a recompute
+            self._abandon_backward()  # the last backward raised: autograd ran no callback
         for u in self.units[1:]:  # a unit left gathered by a forward without backward
             if u.gathered and not self.reshard_after_forward:
                 u.free()
@@ -87,6 +88,7 @@ class Schedule:
         self._gather(self.root)
         self._prefetch(self.forward_order, -1)
         self.root.wait()
+        return self._cast_inputs(args, kwargs)
 
     def _root_post_forward(self, module: torch.nn.Module, args: Any, out: Any) -> None:
         if self.in_backward:
@@ -110,11 +112,18 @@ class Schedule:
                 order = self.forward_order
                 self._prefetch(order, order.index(unit) if unit in order else len(order))
             unit.wait()
-            if self.param_dtype is not None:  # as FSDP2's cast_forward_inputs
-                return tree_map(self._cast, (args, kwargs))
-            return None
+            if torch.is_grad_enabled() and not self.in_backward:  # Note [Fully sharded units]: post-backward
+                inputs = tensors_needing_grad((args, kwargs))
+                if inputs:
+                    register_multi_grad_hook(inputs, lambda grads: self._post_backward(unit), mode="all")
+            return self._cast_inputs(args, kwargs)
 
         return hook
+
+    def _cast_inputs(self, args: Any, kwargs: Any) -> Any:
+        if self.param_dtype is None:
+            return None
+        return tree_map(self._cast, (args, kwargs))  # as FSDP2's cast_forward_inputs
 
     def _cast(self, x: Any) -> Any:
         if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != self.param_dtype:
@@ -138,7 +147,7 @@ class Schedule:
             self._gather(u)
 
     def _gather(self, unit: Unit) -> None:
-        if not unit.gathered:
+        if not unit.gathered:  # neither gathered nor in flight
             self.trace = hash((self.trace, unit.index))  # ints and tuples hash alike in every process
             unit.gather(self.gather_comm)
 
@@ -154,7 +163,7 @@ class Schedule:
         self.reduce_order = ran + rest + [self.root]
         self.next_reduce = 0
         for u in self.units:
-            u.got, u.reduced = set(), False
+            u.got, u.reduced, u.done = set(), False, False
 
     def _pre_backward(self, unit: Unit) -> None:
         self._begin_backward()
@@ -179,6 +188,17 @@ class Schedule:
         if unit.ready:
             self._reduce_ready()
 
+    def _post_backward(self, unit: Unit) -> None:
+        """Every input of the unit has its gradient: the unit's backward is over, whatever its parameters
+        got. Reduced (zeros where a parameter got none) and wholly freed."""
+        if not self.in_backward:
+            return  # torch.autograd.grad of the inputs alone: no parameter backward
+        unit.done = True
+        if unit.reduced:
+            unit.free()
+        else:
+            self._reduce_ready()
+
     def _reduce_ready(self, final: bool = False) -> None:
         while self.next_reduce < len(self.reduce_order):
             unit = self.reduce_order[self.next_reduce]
@@ -189,6 +209,7 @@ class Schedule:
 
     def _reduce(self, unit: Unit) -> None:
         unit.reduced = True
+        issued = []
         for g in unit.groups:
             if not g.requires_grad:
                 continue
@@ -199,19 +220,29 @@ class Schedule:
             sent = g.take_grads(dtype)
             received = torch.empty(g.shard_numel, dtype=dtype, device=g.device)
             work = self.reduce_comm.reduce_scatter(received, sent, "avg")
-            self.pending.append((g, work, sent, received))
+            issued.append((g, work, sent, received))
+        if issued:
+            self.pending.append(issued)
+            self._add_reduced(keep=kInFlight)
         if unit is not self.root:
-            unit.free(frozen=False)  # See Note [Fully sharded units]: a frozen group may still be read
+            # a frozen group may still be read by the unit's backward until its post-backward (done)
+            unit.free(frozen=unit.done)
+
+    def _add_reduced(self, keep: int) -> None:
+        """Waits for the reductions of all but the last `keep` units and adds them into the shards, so that
+        no more than `keep` units' whole gradients are held (the rest of the backward runs meanwhile)."""
+        while len(self.pending) > keep:
+            for g, work, _, received in self.pending.pop(0):
+                if g.device.type == "cuda":
+                    work.wait_on_stream()  # Note [Waiting on the stream]: the add is ordered after it
+                else:
+                    work.wait()
+                g.add_reduced(received)
 
     def _end_backward(self) -> None:
         try:
             self._reduce_ready(final=True)
-            for g, work, _, received in self.pending:
-                if g.device.type == "cuda":
-                    work.wait_on_stream()
-                else:
-                    work.wait()
-                g.add_reduced(received)
+            self._add_reduced(keep=0)
             if self.sync:
                 self._settle()
         finally:
@@ -220,17 +251,38 @@ class Schedule:
                 u.free()
             self.in_backward = False
 
+    def _abandon_backward(self) -> None:
+        """A backward that raised (out of memory, an error from a hook) ends without the callback: its
+        reductions in flight are waited for and dropped, every unit freed, so that the next step starts
+        clean. The gradient shards keep what earlier backward passes added; this one's partial sums are
+        not added."""
+        for issued in self.pending:
+            for _, work, _, _ in issued:
+                work.wait()
+        self.pending = []
+        for u in self.units:
+            u.free()
+            for g in u.groups:
+                if g.requires_grad:
+                    for p in g.params:
+                        p.grad = None
+        self.in_backward = False
+        self.used = set()
+
     def _settle(self) -> None:
         """The end of a synced backward: one small all-reduce checks that every rank gathered the same
-        units (Note [Same units on every rank]) and, with find_unused_parameters, sums the used map;
-        without it, a parameter this rank gave no gradient is an error at the next forward."""
+        units (Note [Same units on every rank]) and sums the used map. Without find_unused_parameters a
+        parameter some rank gave no gradient is an error on every rank, inside backward, before a step."""
         trace, self.trace = self.trace, 0
-        n = len(self.trainable) if self.find_unused else 0
-        summed = torch.zeros(2 + n, dtype=torch.int64, device=self.root.groups[0].device)
+        n = len(self.trainable)
+        summed = torch.zeros(3 + n, dtype=torch.int64, device=self.device)  # h, -h, any rank missing one, used
         summed[0], summed[1] = trace, -trace
-        if n:
-            summed[2:][list(self.used)] = 1
+        summed[3:][list(self.used)] = 1
+        missing = [i for i in range(n) if i not in self.used]
+        summed[2] = int(bool(missing) and not self.find_unused)
         self.reduce_comm.all_reduce(summed, "max").wait()
+        used = summed[3:].nonzero().flatten().tolist()
+        self.used = set()
         if int(summed[0]) != -int(summed[1]):
             raise _C.ConfigError(
                 f"zero=3 on rank {self.reduce_comm.rank}: the ranks did not gather the same units in this step (this "
@@ -240,20 +292,15 @@ class Schedule:
                 "find_unused_parameters=True for the parameters it leaves without a gradient), or put the module that "
                 "some ranks skip in the root unit (units=)."
             )
-        if n:
-            self.without_grad -= set((summed[2:].nonzero().flatten()).tolist())
-        else:
-            missing = [i for i in range(len(self.trainable)) if i not in self.used]
-            self.without_grad -= self.used
-            if missing:
-                names = ", ".join(self._name(self.trainable[i]) for i in missing[:10])
-                self.unused_error = (
-                    f"zero=3 on rank {self.reduce_comm.rank}: {len(missing)} parameter(s) got no gradient in the last "
-                    f"backward: {names}. Their gradients were reduced as zeros, which the optimizer would step "
-                    "(weight decay, momentum) where torch leaves them alone. Fix: dtcore.wrap(..., zero=3, "
-                    "find_unused_parameters=True), or make every parameter take part in the loss."
-                )
-        self.used = set()
+        self.without_grad -= set(used)
+        if int(summed[2]):
+            names = ", ".join(self._name(self.trainable[i]) for i in missing[:10]) or "none here (another rank's)"
+            raise _C.ConfigError(
+                f"zero=3 on rank {self.reduce_comm.rank}: parameters got no gradient in this backward on some rank "
+                f"(on this rank {len(missing)}: {names}). Their gradients were reduced as zeros, which the optimizer "
+                "would step (weight decay, momentum) where torch leaves them alone. Fix: dtcore.wrap(..., zero=3, "
+                "find_unused_parameters=True), or make every parameter take part in the loss."
+            )
 
     def arm_sync(self) -> None:
         self.sync = True
@@ -287,3 +334,8 @@ class Schedule:
 
 def tensors_needing_grad(out: Any) -> list[torch.Tensor]:
     return [t for t in tensors_in(out) if t.requires_grad]
+
+
+def _inside_backward() -> bool:
+    """Whether autograd's engine is running a backward on this thread (FSDP2 asks it the same way)."""
+    return torch._C._current_graph_task_id() != -1

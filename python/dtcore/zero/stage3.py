@@ -12,15 +12,20 @@ the gathers of the next `prefetch` units, in the order the previous forward used
 registration order). Its post-hook frees it (reshard_after_forward=True) and hooks its outputs so
 that the first gradient to reach them gathers it again and prefetches the units before it.
 
-Backward: each trainable parameter's post-accumulate-grad hook counts it; when every trainable
-parameter of a unit has its gradient, the unit is ready: its gradients are flattened and
-reduce-scattered (averaged, in comm_dtype if set), its parameters freed. Units are reduced in one
-order on every rank, the reverse of this step's forward (units the forward did not reach after, the
-root last): a unit ready early waits for those before it, as torch DDP launches its buckets. At the
-end of the backward (a callback queued with autograd's engine) every unit not yet reduced is,
-with zeros for parameters this rank gave no gradient, so that every rank issues the same
-collectives; the reductions are waited for and added into the gradient shards, and every unit is
-freed.
+Backward: a unit is ready to reduce when every trainable parameter of it has its gradient (each
+parameter's post-accumulate-grad hook counts it) or when its backward is over (a hook on its forward
+inputs fires once all of them have their gradient, as FSDP2's post-backward: then a parameter
+without a gradient gets zeros). Its gradients are flattened and reduce-scattered (averaged, in
+comm_dtype if set) and its parameters freed; its frozen parameters only once its backward is over,
+as the backward may still read them. Units are reduced in one order on every rank, the reverse of
+this step's forward (units the forward did not reach after, the root last): a unit ready early
+waits for those before it, as torch DDP launches its buckets. At most kInFlight (1) unit's
+reduction is in flight: issuing the next waits for it and adds it into the shards, so that a rank
+holds about two units' whole gradients (the one in flight, the one being filled) beyond its shards
+(two in flight: 8 % more peak memory for about 4 % less step time on 2 CPU cores, docs/benchmarks.md).
+At the end of the backward (a callback queued with autograd's engine) every unit not yet reduced is, so that every rank issues the same
+collectives; the reductions are added into the gradient shards, and every unit is freed. A backward
+that raised runs no callback: the next forward finds it unfinished and drops its state.
 
 Gathers go over a communicator of their own (comm/subgroup.py's job_communicator), reductions over
 the job's: the points where a rank reduces depend on which of its parameters got gradients (a rank
@@ -28,10 +33,11 @@ may use fewer with find_unused_parameters), the points where it gathers do not, 
 never need to agree on an order between them. On a GPU each runs on its communicator's stream, so
 that a prefetch overlaps compute.
 
-Parameters without a gradient: with find_unused_parameters=True the ranks sum a map of the
-parameters each used since zero_grad() at the end of each synced backward; one no rank used has no
-gradient (ShardedOptimizer skips it, as torch's optimizers skip a .grad of None). Without it, a
-parameter that got no gradient on this rank is an error at the next forward, as torch DDP's.
+Parameters without a gradient: the end of each synced backward sums a map of the parameters each
+rank used (Note [Same units on every rank], one small all-reduce). With find_unused_parameters=True
+one no rank used since zero_grad() has no gradient (ShardedOptimizer skips it, as torch's optimizers
+skip a .grad of None). Without it, a parameter some rank gave no gradient raises ConfigError inside
+every rank's backward, before any step can use the zeros it was reduced with.
 """
 
 from __future__ import annotations
@@ -46,7 +52,6 @@ from ..comm.collectives import broadcast_tensors
 from ..comm.subgroup import job_communicator
 from ..reducer import stacking
 from ..reducer.model import _DEFAULTS, DistributedModel
-from ..reducer.outputs import tensors_in
 from .flat import FlatGroup
 from .materialize import materialize, registrations
 from .schedule import Schedule
@@ -54,6 +59,14 @@ from .unit import Unit
 from .units import ROOT, assign, find_units
 
 _GATHER_COMMUNICATOR = "zero3.gather"  # the name every rank gives the gathers' communicator
+
+# Note [zero=3 and torch.compile]
+# The hooks gather a unit's parameters into storage that is freed again between uses, and swap the
+# parameters' data: AOTAutograd's graphs over the whole model (torch.compile(model), any backend
+# but "eager") then fail in backward with a version-counter error. So the wrapper's forward is never
+# traced (torch.compiler.disable): torch.compile(model) runs it eagerly and right, without a
+# speed-up. model.compile() compiles what can be: each unit's forward, between the hooks, which stay
+# eager; the gradients are those of the eager model.
 
 
 class FullyShardedModel(DistributedModel):
@@ -90,6 +103,11 @@ class FullyShardedModel(DistributedModel):
                     f"zero=3 with {name}={dtype!r}: expected a floating dtype or None. Fix: torch.bfloat16, "
                     "torch.float16, or None."
                 )
+        if not isinstance(reshard_after_forward, bool):
+            raise _C.ConfigError(
+                f"zero=3 with reshard_after_forward={reshard_after_forward!r}: expected True or False. Fix: True frees "
+                "a unit after its forward, False keeps it gathered for its backward."
+            )
         if init is not None and not callable(init):
             raise _C.ConfigError(f"zero=3 with init={init!r}: expected a function of a module. Fix: pass one, or None.")
         options = dict(
@@ -100,7 +118,7 @@ class FullyShardedModel(DistributedModel):
             zero=3,
             units=units,
             prefetch=prefetch,
-            reshard_after_forward=bool(reshard_after_forward),
+            reshard_after_forward=reshard_after_forward,
             param_dtype=param_dtype,
             init=init,
         )
@@ -125,13 +143,18 @@ class FullyShardedModel(DistributedModel):
         labels = [ROOT] + [n for n, _ in found]
         self._units: list[Unit] = []
         holders = registrations(self.module)  # taken while the meta parameters are still the model's
+        tensors = list(self.module.parameters()) + list(self.module.buffers())
+        any_meta = any(t.is_meta for t in tensors)
         for u, (label, module, unit_names) in enumerate(zip(labels, modules, names, strict=True)):
             owned = _owned_modules(self.module, module, [m for m in modules[1:] if m is not module])
             materialize(owned, ctx.device, opts["init"], label or type(self.module).__name__, holders)
             params = dict(self.module.named_parameters())
             named = [(n, params[n]) for n, _ in unit_names]
-            if self._comm.size > 1 and named:
-                broadcast_tensors([p.detach() for _, p in named], 0, self._comm)
+            # rank 0's values, and the buffers materialised here (a meta model's), which the wrap's broadcast
+            # of buffers could not reach yet
+            buffers = [b for m in owned for b in m.buffers(recurse=False)] if any_meta else []
+            if self._comm.size > 1 and (named or buffers):
+                broadcast_tensors([p.detach() for _, p in named] + buffers, 0, self._comm)
             groups = []
             for key in dict.fromkeys((p.requires_grad, p.dtype) for _, p in named):
                 members = [(n, p) for n, p in named if (p.requires_grad, p.dtype) == key]
@@ -171,10 +194,21 @@ class FullyShardedModel(DistributedModel):
         self._ddp_log = None  # torch DDP's logging data describes buckets, which zero=3 does not have
 
     def _get_ddp_logging_data(self) -> dict[str, int | str]:
-        raise _C.ConfigError("_get_ddp_logging_data describes torch DDP's buckets; a zero=3 model has none.")
+        raise _C.ConfigError(
+            "_get_ddp_logging_data describes torch DDP's buckets; a zero=3 model has none. Fix: read model.units "
+            "for what each unit gathers, or use zero=2 for the reducer's logging data."
+        )
+
+    def _set_static_graph(self) -> None:
+        raise _C.ConfigError(
+            "static_graph / _set_static_graph() is the bucket reducer's; a zero=3 model reduces each unit when its "
+            "backward ends, whatever the graph. Fix: leave it out (find_unused_parameters=True for parameters "
+            "without a gradient in some steps)."
+        )
 
     # --- training -------------------------------------------------------------------------
 
+    @torch.compiler.disable  # See Note [zero=3 and torch.compile]
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         stacking.refuse_outer_ddp(self)
         synced = torch.is_grad_enabled() and self.require_backward_grad_sync
@@ -193,6 +227,13 @@ class FullyShardedModel(DistributedModel):
     @property
     def zero(self) -> int:
         return 3
+
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """torch.compile for a zero=3 model: each unit's forward is compiled (torch.compile's arguments);
+        the gathers and frees around it, and the root unit's own modules, stay eager. See Note [zero=3 and
+        torch.compile]."""
+        for unit in self._units[1:]:
+            unit.module.forward = torch.compile(unit.module.forward, *args, **kwargs)
 
     @property
     def units(self) -> list[Unit]:
@@ -243,7 +284,3 @@ def _owned_modules(
         return list(unit.modules())
     inside = {id(m) for o in others for m in o.modules()}
     return [m for m in root.modules() if id(m) not in inside]
-
-
-def tensors_needing_grad(out: Any) -> list[torch.Tensor]:
-    return [t for t in tensors_in(out) if t.requires_grad]

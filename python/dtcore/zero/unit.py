@@ -25,6 +25,7 @@ class Unit:
         self.trainable = {id(p) for g in groups if g.requires_grad for p in g.params}
         # per backward (Schedule resets them)
         self.got: set[int] = set()  # ids of trainable parameters whose gradient came
+        self.done = False  # its backward is over: every input got its gradient (its post-backward hook)
         self.reduced = False
 
     @property
@@ -37,7 +38,8 @@ class Unit:
 
     @property
     def gathered(self) -> bool:
-        return any(g.gathered for g in self.groups)
+        """Whether it holds gathered storage, or a gather into it is in flight."""
+        return any(g.gathered or g.in_flight for g in self.groups)
 
     def gather(self, communicator: Any) -> None:
         for g in self.groups:
@@ -55,7 +57,8 @@ class Unit:
 
     @property
     def ready(self) -> bool:
-        return len(self.got) == len(self.trainable)
+        """Reducible: every trainable parameter has its gradient, or its backward is over."""
+        return self.done or len(self.got) == len(self.trainable)
 
     def __repr__(self) -> str:
         return f"Unit({self.label!r}, {self.numel} parameters in {len(self.groups)} groups)"

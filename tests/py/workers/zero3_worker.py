@@ -5,6 +5,7 @@ zero3_worker.py parity MODEL [OPTION ...]   # 10 AdamW steps with clipping; MODE
     noreshard (reshard_after_forward=False), prefetch0, unused (find_unused_parameters, a block some
     ranks skip), meta (built on the meta device, initialised by init=)
 zero3_worker.py bf16                           # param_dtype=bf16: fp32 shards, bf16 compute, near fp32 training
+zero3_worker.py compile                        # torch.compile(model) and model.compile(): the eager gradients
 zero3_worker.py units                          # which units units= gives, and where a tied parameter goes
 zero3_worker.py eval                           # forward under no_grad, twice, then training goes on
 zero3_worker.py state                          # state_dict whole, load_state_dict shards it
@@ -226,6 +227,34 @@ def bf16(ctx) -> dict:
     return {"bad": bad, "worst": worst}
 
 
+def compiled(ctx) -> dict:
+    """torch.compile of the whole wrapper runs it eagerly (Note [zero=3 and torch.compile]); model.compile()
+    compiles each unit's forward. aot_eager: AOTAutograd's graphs, where a traced whole model fails."""
+    bad: list[str] = []
+    for how in ("torch.compile(model)", "model.compile()"):
+        base = build("gpt")
+        reference = copy.deepcopy(base)
+        model = dtcore.wrap(base, zero=3)
+        if how == "model.compile()":
+            model.compile(backend="aot_eager")
+            run = model
+        else:
+            run = torch.compile(model, backend="aot_eager")
+        vocab = vocab_of(base)
+        for step in range(2):
+            tokens = torch.randint(0, vocab, (2, CONTEXT + 1), generator=torch.Generator().manual_seed(step))
+            loss_of(run, tokens, vocab).backward()
+            loss_of(reference, tokens, vocab).backward()
+        named = dict(reference.named_parameters())
+        for g in (g for u in model.units for g in u.groups if g.requires_grad):
+            for cut in g.cuts:
+                theirs = named[g.names[cut.param]].grad.flatten()[cut.param_offset : cut.param_offset + cut.numel]
+                mine = g.grad[cut.shard_offset : cut.shard_offset + cut.numel]
+                if ctx.world_size == 1 and not close(mine, theirs):
+                    bad.append(f"{how}: {g.names[cut.param]}'s gradient differs")
+    return {"bad": bad}
+
+
 def units(ctx) -> dict:
     bad: list[str] = []
     cases = [
@@ -368,17 +397,23 @@ def diverge(ctx) -> dict:
 
 
 def unused_error(ctx) -> dict:
+    """Rank 1 leaves blocks.1.extra without a gradient, without find_unused_parameters: every rank's backward
+    raises (before any step), rank 1's naming the parameters; training then goes on."""
     base = build("quirks")
     model = dtcore.wrap(base, zero=3)
-    base.blocks[1].skip = True
+    base.blocks[1].skip = ctx.rank == 1
     tokens = torch.randint(0, VOCAB, (2, CONTEXT + 1), generator=torch.Generator().manual_seed(3))
-    loss_of(model, tokens, VOCAB).backward()
+    bad = []
     try:
-        loss_of(model, tokens, VOCAB)
+        loss_of(model, tokens, VOCAB).backward()
+        bad.append("no error in backward")
     except dtcore.ConfigError as e:
-        words = ("blocks.1.extra.weight", "find_unused_parameters=True")
-        return {"bad": [] if all(w in str(e) for w in words) else [f"message: {e}"]}
-    return {"bad": ["no error at the next forward"]}
+        words = ("blocks.1.extra.weight", "find_unused_parameters=True") if ctx.rank == 1 else ("no gradient",)
+        if not all(w in str(e) for w in words):
+            bad.append(f"message: {e}")
+    base.blocks[1].skip = False
+    loss_of(model, tokens, VOCAB).backward()  # every parameter used again: no error
+    return {"bad": bad}
 
 
 def main() -> None:
@@ -390,6 +425,7 @@ def main() -> None:
         modes = {
             "bf16": bf16,
             "units": units,
+            "compile": compiled,
             "eval": evaluation,
             "state": state,
             "refusals": refusals,

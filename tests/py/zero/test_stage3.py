@@ -26,11 +26,18 @@ def test_ten_clipped_adamw_steps_equal_torch_ddp(world, model, options):
 
 
 @pytest.mark.multirank
+def test_compile_whole_model_runs_eagerly_and_units_compile():
+    """Note [zero=3 and torch.compile]: the gradients of eager training, at one rank (exact comparison)."""
+    for j in run_job("zero3_worker.py", 1, "compile", timeout=300):
+        assert j["bad"] == [], j
+
+
+@pytest.mark.multirank
 @pytest.mark.parametrize("mode", ["bf16", "units", "eval", "state", "refusals", "diverge", "unused_error"])
 def test_stage3_behaviour(mode):
     """bf16: param_dtype=bf16 computes in bf16 from fp32 shards; units: what units= selects; eval:
     no_grad forwards gather and free, then training goes on; state: whole state_dict, a load shards
     it; refusals: what zero=3 cannot honour; diverge: ranks running different units raise inside
-    backward; unused_error: a parameter without gradient is named at the next forward."""
+    backward; unused_error: a parameter without gradient on one rank raises in every rank's backward."""
     for j in _run(2, mode):
         assert j["bad"] == [], j
