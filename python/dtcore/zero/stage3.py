@@ -23,9 +23,10 @@ waits for those before it, as torch DDP launches its buckets. At most kInFlight 
 reduction is in flight: issuing the next waits for it and adds it into the shards, so that a rank
 holds about two units' whole gradients (the one in flight, the one being filled) beyond its shards
 (two in flight: 8 % more peak memory for about 4 % less step time on 2 CPU cores, docs/benchmarks.md).
-At the end of the backward (a callback queued with autograd's engine) every unit not yet reduced is, so that every rank issues the same
-collectives; the reductions are added into the gradient shards, and every unit is freed. A backward
-that raised runs no callback: the next forward finds it unfinished and drops its state.
+At the end of the backward (a callback queued with autograd's engine) every unit not yet reduced
+is, so that every rank issues the same collectives; the reductions are added into the gradient
+shards, and every unit is freed. A backward that raised runs no callback: the next forward finds it
+unfinished and drops its state.
 
 Gathers go over a communicator of their own (comm/subgroup.py's job_communicator), reductions over
 the job's: the points where a rank reduces depend on which of its parameters got gradients (a rank
