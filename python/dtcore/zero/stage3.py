@@ -22,7 +22,7 @@ this step's forward (units the forward did not reach after, the root last): a un
 waits for those before it, as torch DDP launches its buckets. At most kInFlight (1) unit's
 reduction is in flight: issuing the next waits for it and adds it into the shards, so that a rank
 holds about two units' whole gradients (the one in flight, the one being filled) beyond its shards
-(two in flight: 8 % more peak memory for about 4 % less step time on 2 CPU cores, docs/benchmarks.md).
+(two in flight: 8 % more peak memory, no step time gained that runs on 2 CPU cores could tell).
 At the end of the backward (a callback queued with autograd's engine) every unit not yet reduced
 is, so that every rank issues the same collectives; the reductions are added into the gradient
 shards, and every unit is freed. A backward that raised runs no callback: the next forward finds it
