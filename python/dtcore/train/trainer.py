@@ -413,6 +413,8 @@ class Trainer:
         limit = self.config.training.eval_batches
         if hasattr(data, "batches_per_epoch"):
             limit = min(limit, data.batches_per_epoch)
+        # the same count on every rank: under zero=3 each forward gathers, a collective
+        limit = int(all_reduce(torch.tensor([limit], dtype=torch.float64, device=self.device), op="min").item())
         self.model.eval()
         total, n = torch.zeros((), device=self.device), 0
         autocast = (
