@@ -80,6 +80,7 @@ class FlatGroup:
         self.grad = torch.zeros(self.shard_numel, dtype=self.dtype, device=device) if self.requires_grad else None
         self.has_grad = False
         self.accumulated: torch.Tensor | None = None  # (N * S,): gradients kept under no_sync()
+        self.lent: torch.Tensor | None = None  # (N * S,): the parameters' .grad during the unit's backward
         self.gathered = False  # whether `full` has storage and the parameters point into it
         self._work: Any = None  # the gather in flight
         self._sent: torch.Tensor | None = None  # its input, kept alive until it ends
@@ -149,17 +150,32 @@ class FlatGroup:
 
     # --- gradients ------------------------------------------------------------------------
 
+    def lend_grads(self) -> None:
+        """Before the unit's backward: each parameter without a gradient gets a view of one zeroed flat
+        buffer as its .grad, so that autograd adds into it in place (See Note [Lent bucket views] in
+        csrc/dtcore/reducer/reducer.h for zero=0's): the unit's gradient exists once, already flat."""
+        if self.lent is not None or not self.requires_grad:
+            return
+        self.lent = torch.zeros(self.padded, dtype=self.compute_dtype, device=self.device)  # (N * S,)
+        for p, offset, numel, shape in zip(self.params, self.offsets, self.numels, self.shapes, strict=True):
+            if p.grad is None:
+                p.grad = self.lent.narrow(0, offset, numel).view(shape)
+
     def take_grads(self, dtype: torch.dtype) -> torch.Tensor:
         """The unit's gradients, `(padded,)` in `dtype` (zeros where a parameter got none, and in the
         padding), plus what no_sync() kept; each parameter's .grad is released."""
-        flat = self.accumulated
-        self.accumulated = None
-        if flat is None or flat.dtype != dtype:
-            flat = torch.zeros(self.padded, dtype=dtype, device=self.device) if flat is None else flat.to(dtype)
+        lent, self.lent = self.lent, None
+        flat = lent if lent is not None else torch.zeros(self.padded, dtype=self.compute_dtype, device=self.device)
         for p, offset, numel in zip(self.params, self.offsets, self.numels, strict=True):
             if p.grad is not None:
-                flat.narrow(0, offset, numel).add_(p.grad.reshape(-1))
+                if lent is None or p.grad.untyped_storage().data_ptr() != lent.untyped_storage().data_ptr():
+                    flat.narrow(0, offset, numel).add_(p.grad.reshape(-1))  # not the lent view: autograd's own
                 p.grad = None
+        if flat.dtype != dtype:
+            flat = flat.to(dtype)
+        kept, self.accumulated = self.accumulated, None
+        if kept is not None:
+            flat.add_(kept.to(dtype))
         return flat
 
     def keep_grads(self) -> None:

@@ -172,6 +172,9 @@ class Schedule:
             order = [u for u in self.reduce_order if u is not self.root]
             self._prefetch(order, order.index(unit))
         unit.wait()
+        if not unit.reduced:
+            for g in unit.groups:
+                g.lend_grads()
 
     def _on_grad(self, p: torch.Tensor) -> None:
         self._begin_backward()
@@ -264,6 +267,7 @@ class Schedule:
             u.free()
             for g in u.groups:
                 if g.requires_grad:
+                    g.lent = None
                     for p in g.params:
                         p.grad = None
         self.in_backward = False
