@@ -180,11 +180,7 @@ class FlatGroup:
 
     def keep_grads(self) -> None:
         """Inside no_sync(): the parameters' gradients are added to `accumulated` and released."""
-        self.accumulated = self.take_grads(self._accumulate_dtype)
-
-    @property
-    def _accumulate_dtype(self) -> torch.dtype:
-        return self.dtype  # the masters' precision: many small micro-batch gradients add up
+        self.accumulated = self.take_grads(self.dtype)  # the masters' precision: many micro-batches add up
 
     def add_reduced(self, reduced: torch.Tensor) -> None:
         """Adds a reduce-scattered `(S,)` gradient into `grad`."""
@@ -202,10 +198,3 @@ class FlatGroup:
         whole = torch.empty(self.padded, dtype=self.dtype, device=self.device)
         communicator.all_gather(whole, self.shard, f"zero=3 state {self.label}").wait()
         return whole
-
-    def param_shard(self, i: int) -> tuple[int, torch.Tensor] | None:
-        """(offset in the flattened parameter, this rank's values of it) of parameter `i`, or None."""
-        for cut in self.cuts:
-            if cut.param == i:
-                return cut.param_offset, self.shard.narrow(0, cut.shard_offset, cut.numel)
-        return None

@@ -51,6 +51,7 @@ class Schedule:
         self.sync = True  # whether the coming backward reduces (False inside no_sync)
         self.in_backward = False
         self.reduce_order: list[Unit] = []
+        self.backward_order: list[Unit] = []
         self.next_reduce = 0
         # per unit reduced and not yet added: [(group, work, sent, received)]; at most kInFlight units
         self.pending: list[list[tuple[Any, Any, torch.Tensor, torch.Tensor]]] = []
@@ -161,6 +162,7 @@ class Schedule:
         ran = list(reversed(list(dict.fromkeys(self.seen))))
         rest = [u for u in reversed(self.units[1:]) if u not in ran]
         self.reduce_order = ran + rest + [self.root]
+        self.backward_order = ran + rest  # the prefetch order in backward: the root is gathered throughout
         self.next_reduce = 0
         for u in self.units:
             u.got, u.reduced, u.done = set(), False, False
@@ -169,8 +171,7 @@ class Schedule:
         self._begin_backward()
         self._gather(unit)
         if unit is not self.root:
-            order = [u for u in self.reduce_order if u is not self.root]
-            self._prefetch(order, order.index(unit))
+            self._prefetch(self.backward_order, self.backward_order.index(unit))
         unit.wait()
         if not unit.reduced:
             for g in unit.groups:
