@@ -24,6 +24,7 @@ from ..comm.collectives import broadcast_tensors
 from ..comm.subgroup import communicator_for
 from . import stacking, zero_guard
 from .comm_hooks import CommHooks
+from .compiled import SplittingGraphs
 from .logging_data import DdpLogging, records_errors
 from .outputs import join_outputs, tensors_in
 from .torch_face import TorchDDPFace
@@ -234,8 +235,18 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
             self._comm = get_context().communicator
             self._attach()
 
-    @records_errors
+    @torch.compiler.disable(recursive=False)  # See Note [dtcore under torch.compile]
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        synced, sync_buffers, src = self._forward_prologue()
+        with SplittingGraphs(self):
+            out = self.module(*args, **kwargs)
+        return self._forward_epilogue(out, synced, sync_buffers, src)
+
+    @torch.compiler.disable
+    @records_errors
+    def _forward_prologue(self) -> tuple[bool, bool, int]:
+        """Before the module runs: arms the reducer, broadcasts buffers. Returns (synced, sync_buffers, the
+        rank buffers come from)."""
         stacking.refuse_outer_ddp(self)
         # Only a forward with grad enabled prepares a reduction, and only a synced one talks to the
         # other ranks: a rank evaluating alone under torch.no_grad() issues no collective.
@@ -251,12 +262,17 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
         sync_buffers = synced and self.forward_sync_buffers  # e.g. BatchNorm running statistics, as DDP does
         if sync_buffers:
             self._sync_forward_buffers(src, post_forward=False)
-        out = self.module(*args, **kwargs)
+        return synced, sync_buffers, src
+
+    @torch.compiler.disable
+    @records_errors
+    def _forward_epilogue(self, out: Any, synced: bool, sync_buffers: bool, src: int) -> Any:
         if sync_buffers:
             self._sync_forward_buffers(src, post_forward=True)
         if synced:
             self._log_forward_end()
         if synced and (self.find_unused_parameters or self.static_graph):
+            reducer = self._reducer
             recorded = reducer.static_graph_recorded  # its unused parameters are known: no join, no search
             if not recorded:  # See Note [Outputs the loss does not use] (outputs.py)
                 out = join_outputs(out, clone=self._ddp_sink_clone)

@@ -31,12 +31,13 @@ _TorchDDP = torch.nn.parallel.DistributedDataParallel
 
 _WORKS = frozenset(
     {
-        "_active_ddp_module",  # None: dtcore never marks itself as torch's active DDP (that is dynamo's cue)
+        "_active_ddp_module",  # dynamo's cue, set while the module runs: Note [dtcore under torch.compile]
         "_assign_modules_buffers",
         "_build_debug_param_to_name_mapping",  # the parameter indices dtcore's errors give
         "_build_params_for_reducer",  # the parameters dtcore's reducer holds, in its order
         "_get_active_ddp_module",
         "_get_data_parallel_params",
+        "_inside_ddp_forward",  # dynamo's cue to split graphs at bucket boundaries: Note [dtcore under torch.compile]
         "_set_params_and_buffers_to_ignore_for_model",
         "broadcast_buffers",  # reads and sets forward_sync_buffers
         "train",
