@@ -17,7 +17,6 @@ the figure is the time from the signal to a complete checkpoint that rank 1 logs
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import re
 import signal
@@ -31,7 +30,7 @@ from pathlib import Path
 import torch
 
 from dtcore.train import config, data
-from dtcore.train.gpt import GPT, GPTConfig
+from dtcore.train.gpt import GPT, shape
 
 from ranks import clean_env, free_port, rank_env
 
@@ -51,7 +50,7 @@ def plain_worker(preset: str, steps: int) -> None:
     c = config.from_preset(preset)
     torch.manual_seed(c.training.seed)
     tokenizer, train, _ = data.build(c.data, c.model.block_size, c.training.device_batch_size, 0, 1, c.training.seed)
-    model = GPT(GPTConfig(**dataclasses.asdict(c.model), vocab_size=tokenizer.vocab_size))
+    model = GPT(shape(c.model, tokenizer.vocab_size))
     opt = torch.optim.AdamW(model.parameters(), lr=c.optim.lr, betas=(c.optim.beta1, c.optim.beta2))
     times = []
     for _ in range(steps):

@@ -3,7 +3,10 @@
 #   - dtcore built with NCCL (built here first unless the dtcore Python imports has NCCL),
 #   - tests/py/gpu (init, collectives, reducer, ZeRO-1/2/3 and activation offload on NCCL; ranks sharing a GPU),
 #   - python -m dtcore.check,
-#   - benchmarks/bench_gpu.py on GPT-2 124M (step time and memory) and 350M (step time), and
+#   - benchmarks/bench_gpu.py on GPT-2 124M (step time and memory) and 350M (step time),
+#   - benchmarks/bench_gpu.py --compiled on GPT-2 124M (vocabulary 50304, block 1024, batch 32): the plain
+#     compiled loop, torch DDP and dtcore compiled, then python -m dtcore.train --preset aggressive for 40
+#     steps (its run directory: OUTDIR/trainer_aggressive), and
 #     benchmarks/bench_activation.py (offload too).
 #
 #     bash tools/gpu_checks.sh [OUTDIR]        (default: gpu-results; one file per step)
@@ -31,6 +34,10 @@ rc=0
 "$py" -m dtcore.check 2>&1 | tee "$out/check.txt"
 timeout 300 "$py" -m pytest -q -p no:cacheprovider tests/py/gpu 2>&1 | tee "$out/pytest.txt" || rc=1
 timeout 240 "$py" benchmarks/bench_gpu.py --preset gpt2 --batch 16 2>&1 | tee "$out/bench_gpu_gpt2.md" || rc=1
+# Each compiled variant compiles once, in its warm-up (inductor's caches make the later ones, and the
+# trainer's process, mostly cache hits); 2 rounds of 10 steps each, then the trainer's 40 steps.
+timeout 360 "$py" benchmarks/bench_gpu.py --compiled --preset gpt2 --batch 32 --rounds 2 --trainer-steps 40 \
+  --out "$out" 2>&1 | tee "$out/bench_gpu_compiled.md" || rc=1
 timeout 240 "$py" benchmarks/bench_gpu.py --memory --preset gpt2 --batch 16 2>&1 | tee "$out/bench_gpu_memory.md" || rc=1
 # Budgets of 75 and 90 % of the peak without checkpointing: at batch 8, 4.6 of GPT-2's 6.9 GiB peak
 # is outside its blocks (the logits), so no budget under about 71 % can be met by checkpointing.

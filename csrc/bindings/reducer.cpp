@@ -16,14 +16,15 @@ void bind_reducer(py::module_& m) {
   py::class_<Options>(m, "ReducerOptions")
       .def(py::init([](double bucket_mb, double first_bucket_mb, bool find_unused_parameters,
                        std::optional<at::ScalarType> comm_dtype, int zero, bool static_graph,
-                       bool skip_all_reduce_unused_params) {
-             return Options{bucket_mb, first_bucket_mb, find_unused_parameters,       comm_dtype,
-                            zero,      static_graph,    skip_all_reduce_unused_params};
+                       bool skip_all_reduce_unused_params, bool auto_buckets) {
+             return Options{bucket_mb, first_bucket_mb, find_unused_parameters,        comm_dtype,
+                            zero,      static_graph,    skip_all_reduce_unused_params, auto_buckets};
            }),
            py::arg("bucket_mb") = defaults.bucket_mb, py::arg("first_bucket_mb") = defaults.first_bucket_mb,
            py::arg("find_unused_parameters") = defaults.find_unused_parameters, py::arg("comm_dtype") = py::none(),
            py::arg("zero") = defaults.zero, py::arg("static_graph") = defaults.static_graph,
-           py::arg("skip_all_reduce_unused_params") = defaults.skip_all_reduce_unused_params)
+           py::arg("skip_all_reduce_unused_params") = defaults.skip_all_reduce_unused_params,
+           py::arg("auto_buckets") = defaults.auto_buckets)
       .def_readwrite("bucket_mb", &Options::bucket_mb)
       .def_readwrite("first_bucket_mb", &Options::first_bucket_mb)
       .def_readwrite("find_unused_parameters", &Options::find_unused_parameters)
@@ -31,6 +32,7 @@ void bind_reducer(py::module_& m) {
       .def_readwrite("zero", &Options::zero)
       .def_readwrite("static_graph", &Options::static_graph)
       .def_readwrite("skip_all_reduce_unused_params", &Options::skip_all_reduce_unused_params)
+      .def_readwrite("auto_buckets", &Options::auto_buckets)
       .def("check", &Reducer::check_options);
 
   py::class_<ShardPiece>(m, "ShardPiece")
@@ -101,6 +103,19 @@ void bind_reducer(py::module_& m) {
              return std::make_tuple(t.comm_start_ns, t.compute_end_ns, t.comm_end_ns);
            })
       .def("last_ready_order", &Reducer::last_ready_order)
+      .def("auto_plan_info",
+           [](const Reducer& r) {
+             const Reducer::AutoPlanInfo i = r.auto_plan_info();
+             py::dict d;
+             d["chosen"] = i.chosen;
+             d["alpha_us"] = i.alpha_us;
+             d["us_per_mib"] = i.us_per_mib;
+             d["backward_ms"] = i.backward_ms;
+             d["exposed_ms"] = i.exposed_ms;
+             d["default_exposed_ms"] = i.default_exposed_ms;
+             return d;
+           })
+      .def("adopt_plan", &Reducer::adopt_plan, py::arg("buckets"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("zero", &Reducer::zero)
       .def_property_readonly("plan_final", &Reducer::plan_final)
       .def_property_readonly("plan_version", &Reducer::plan_version)

@@ -172,6 +172,7 @@ class ReducerOptions:
     zero: int
     static_graph: bool
     skip_all_reduce_unused_params: bool
+    auto_buckets: bool
     def __init__(
         self,
         bucket_mb: float = ...,
@@ -181,6 +182,7 @@ class ReducerOptions:
         zero: int = ...,
         static_graph: bool = ...,
         skip_all_reduce_unused_params: bool = ...,
+        auto_buckets: bool = ...,
     ) -> None: ...
     def check(self) -> None:
         """ConfigError naming the first option a reducer cannot honour, with the fix."""
@@ -253,6 +255,13 @@ class Reducer:
         ...
     def last_ready_order(self) -> list[int]:
         """The parameters' indices in the order they were ready in the last reduced backward."""
+        ...
+    def auto_plan_info(self) -> dict[str, float | bool]:
+        """bucket_mb="auto": what the final plan was chosen from (chosen, alpha_us, us_per_mib, backward_ms) and
+        the communication it expects after the backward (exposed_ms; default_exposed_ms for the default caps)."""
+        ...
+    def adopt_plan(self, buckets: list[list[int]]) -> None:
+        """Builds these buckets (bucket_params()'s form) as the final plan, before the first reduction."""
         ...
     def release_parameters(self) -> None:
         """Removes this reducer's hooks: a newer wrapper of the same parameters takes them over."""

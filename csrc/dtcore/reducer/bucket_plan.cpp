@@ -1,6 +1,8 @@
 #include "dtcore/reducer/bucket_plan.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -9,6 +11,48 @@
 #include "dtcore/common/error.h"
 
 namespace dtcore {
+
+namespace {
+
+using Key = std::tuple<int, int, int>;  // device type, device index, dtype
+Key key_of(const GradSpec& g) {
+  return {static_cast<int>(g.device.type()), g.device.index(), static_cast<int>(g.dtype)};
+}
+
+// Each gradient's position in `order`, checking that it is a permutation with non-decreasing times.
+std::vector<size_t> positions(size_t n, const std::vector<size_t>& order, const std::vector<int64_t>& ready_ns) {
+  if (order.size() != n || ready_ns.size() != n) {
+    throw std::invalid_argument("plan_buckets_auto: " + std::to_string(order.size()) + " indices and " +
+                                std::to_string(ready_ns.size()) + " times for " + std::to_string(n) + " gradients");
+  }
+  std::vector<size_t> pos(n, n);
+  for (size_t k = 0; k < n; ++k) {
+    if (order[k] >= n || pos[order[k]] != n) {
+      throw std::invalid_argument("plan_buckets_auto: order is not a permutation (index " + std::to_string(order[k]) +
+                                  ")");
+    }
+    if (k > 0 && ready_ns[k] < ready_ns[k - 1]) {
+      throw std::invalid_argument("plan_buckets_auto: ready times decrease at position " + std::to_string(k));
+    }
+    pos[order[k]] = k;
+  }
+  return pos;
+}
+
+}  // namespace
+
+Bucket bucket_of(const std::vector<GradSpec>& grads, const std::vector<size_t>& members) {
+  Bucket b;
+  b.device = grads[members.front()].device;
+  b.dtype = grads[members.front()].dtype;
+  for (size_t index : members) {
+    b.params.push_back(index);
+    b.offsets.push_back(b.numel);
+    b.numels.push_back(grads[index].numel);
+    b.numel += grads[index].numel;
+  }
+  return b;
+}
 
 std::vector<size_t> reverse_registration_order(size_t n) {
   std::vector<size_t> order(n);
@@ -35,7 +79,6 @@ std::vector<Bucket> plan_buckets(const std::vector<GradSpec>& grads, const std::
   }
 
   // The open bucket of each (device, dtype), as an index into `out`, and whether one was closed.
-  using Key = std::tuple<int, int, int>;  // device type, device index, dtype
   struct Open {
     long bucket = -1;
     bool had_one = false;
@@ -49,8 +92,7 @@ std::vector<Bucket> plan_buckets(const std::vector<GradSpec>& grads, const std::
     }
     seen[index] = true;
     const GradSpec& g = grads[index];
-    Key key{static_cast<int>(g.device.type()), g.device.index(), static_cast<int>(g.dtype)};
-    Open& o = open[key];
+    Open& o = open[key_of(g)];
     if (o.bucket < 0) {
       Bucket b;
       b.device = g.device;
@@ -70,6 +112,75 @@ std::vector<Bucket> plan_buckets(const std::vector<GradSpec>& grads, const std::
     }
   }
   return out;  // created in ready order: bucket i's first gradient is ready before bucket i+1's
+}
+
+std::vector<Bucket> plan_buckets_auto(const std::vector<GradSpec>& grads, const std::vector<size_t>& order,
+                                      const std::vector<int64_t>& ready_ns, const CollectiveCost& cost) {
+  const std::vector<size_t> pos = positions(grads.size(), order, ready_ns);
+  std::map<Key, std::vector<size_t>> groups;  // each (device, dtype)'s gradients in ready order
+  for (size_t index : order) groups[key_of(grads[index])].push_back(index);
+
+  std::vector<Bucket> out;
+  for (const auto& [key, members] : groups) {
+    const size_t m = members.size();
+    std::vector<double> bytes(m + 1, 0.0);  // bytes[i]: the first i members'
+    for (size_t i = 0; i < m; ++i) {
+      const GradSpec& g = grads[members[i]];
+      bytes[i + 1] = bytes[i] + static_cast<double>(g.numel) * static_cast<double>(c10::elementSize(g.dtype));
+    }
+    // finish[k][i]: the earliest the last of k collectives of members [0, i) can finish, each earlier one
+    // having delayed the backward by alpha; cut[k][i]: where that plan's last bucket starts.
+    const size_t most = std::min(m, kMaxAutoBuckets);
+    const double inf = std::numeric_limits<double>::infinity();
+    std::vector<std::vector<double>> finish(most + 1, std::vector<double>(m + 1, inf));
+    std::vector<std::vector<size_t>> cut(most + 1, std::vector<size_t>(m + 1, 0));
+    finish[0][0] = -inf;
+    for (size_t k = 1; k <= most; ++k) {
+      const double delay = cost.alpha_ns * static_cast<double>(k - 1);  // from the k-1 collectives before
+      for (size_t i = k; i <= m; ++i) {
+        const double ready = static_cast<double>(ready_ns[pos[members[i - 1]]]) + delay;
+        for (size_t j = k - 1; j < i; ++j) {  // the last bucket is members [j, i)
+          if (finish[k - 1][j] == inf) continue;
+          const double f =
+              std::max(ready, finish[k - 1][j]) + cost.alpha_ns + cost.beta_ns_per_byte * (bytes[i] - bytes[j]);
+          if (f < finish[k][i]) {
+            finish[k][i] = f;
+            cut[k][i] = j;
+          }
+        }
+      }
+    }
+    size_t k = 1;  // the fewest buckets among the best: ties keep fewer
+    for (size_t c = 2; c <= most; ++c) {
+      if (finish[c][m] < finish[k][m]) k = c;
+    }
+    std::vector<std::vector<size_t>> pieces;
+    for (size_t i = m; i > 0; i = cut[k][i], --k) {
+      pieces.emplace_back(members.begin() + cut[k][i], members.begin() + i);
+    }
+    std::reverse(pieces.begin(), pieces.end());
+    for (const auto& piece : pieces) out.push_back(bucket_of(grads, piece));
+  }
+  // Launched in plan order, each once complete: order them by their last gradient.
+  std::stable_sort(out.begin(), out.end(),
+                   [&](const Bucket& a, const Bucket& b) { return pos[a.params.back()] < pos[b.params.back()]; });
+  return out;
+}
+
+double exposed_ns(const std::vector<Bucket>& plan, const std::vector<size_t>& order,
+                  const std::vector<int64_t>& ready_ns, const std::vector<GradSpec>& grads,
+                  const CollectiveCost& cost) {
+  const std::vector<size_t> pos = positions(grads.size(), order, ready_ns);
+  double finish = -std::numeric_limits<double>::infinity();
+  const int64_t last_ready = ready_ns.empty() ? 0 : ready_ns.back();
+  double delay = 0;  // each collective delays the rest of the backward by alpha
+  for (const Bucket& b : plan) {
+    size_t last = 0;
+    for (size_t index : b.params) last = std::max(last, pos[index]);
+    finish = std::max(finish, static_cast<double>(ready_ns[last]) + delay) + cost.ns(b.bytes());
+    delay += cost.alpha_ns;
+  }
+  return plan.empty() ? 0.0 : finish - static_cast<double>(last_ready);
 }
 
 }  // namespace dtcore

@@ -16,6 +16,7 @@
 // Thread safety: pure functions.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -65,6 +66,45 @@ std::vector<size_t> reverse_registration_order(size_t n);
 // reducer bug, not a user error). Caps must be positive (dtcore::ConfigError naming the value).
 std::vector<Bucket> plan_buckets(const std::vector<GradSpec>& grads, const std::vector<size_t>& order,
                                  const BucketCaps& caps);
+
+// One bucket of `members` (registration indices, in layout order; not empty, one device and dtype).
+Bucket bucket_of(const std::vector<GradSpec>& grads, const std::vector<size_t>& members);
+
+// Note [Buckets that size themselves]: with bucket_mb="auto" the reducer cuts its buckets where
+// they leave the least communication after the backward, from two measurements: when each
+// gradient became ready in the first reduced backward (rank 0's clock, the order it observed) and
+// what one all-reduce costs on this communicator (alpha + beta x bytes, fitted from a few sizes).
+// The model: collectives run one at a time in plan order, a bucket's once its last gradient is
+// ready and the one before it has finished; and each collective delays the rest of the backward
+// by its fixed cost alpha, the time of the process that issues it (its launch and completion; on
+// CPU Gloo moves the bytes on the cores the backward computes on), so that a plan of many small
+// buckets pays for each. plan_buckets_auto() chooses, for every number of buckets k up to
+// kMaxAutoBuckets, the cuts of the observed order that make the last of k collectives finish
+// earliest (dynamic programming: for a given k, the finish of a prefix's last collective is all
+// that later buckets depend on, and it only delays them), then the k whose last finishes earliest,
+// the fewest on a tie. So: few cuts where gradients come in a burst (a compiled graph's piece), a
+// small last-ready bucket where the rest can hide behind the backward, one bucket where nothing
+// can be hidden. Gradients of several dtypes or devices are cut per kind, each ignoring the
+// others' delays.
+inline constexpr size_t kMaxAutoBuckets = 64;
+
+struct CollectiveCost {
+  double alpha_ns = 0;          // a collective's fixed cost
+  double beta_ns_per_byte = 0;  // and its cost per byte of the buffer
+  double ns(int64_t bytes) const { return alpha_ns + beta_ns_per_byte * static_cast<double>(bytes); }
+};
+
+// `order` as for plan_buckets; `ready_ns[k]` when gradient order[k] became ready (any origin,
+// non-decreasing along the order; std::invalid_argument otherwise). Each (device, dtype) is cut on
+// its own. Buckets are returned in the order they complete (their last gradient's position).
+std::vector<Bucket> plan_buckets_auto(const std::vector<GradSpec>& grads, const std::vector<size_t>& order,
+                                      const std::vector<int64_t>& ready_ns, const CollectiveCost& cost);
+
+// What `plan` leaves exposed under that model: when its last collective finishes (every collective
+// before it delaying the backward by alpha), less when its last gradient became ready (ns). `order` and `ready_ns` as
+// for plan_buckets_auto.
+double exposed_ns(const std::vector<Bucket>& plan, const std::vector<size_t>& order,
+                  const std::vector<int64_t>& ready_ns, const std::vector<GradSpec>& grads, const CollectiveCost& cost);
 
 // Converts the user's MiB (bucket_mb, first_bucket_mb) to bytes; ConfigError when not positive,
 // naming the argument.

@@ -71,6 +71,10 @@ void Reducer::check_options(const Options& options) {
                "skip_all_reduce_unused_params=True without find_unused_parameters=True or static_graph=True: the "
                "unused parameters are found by either. Fix: pass find_unused_parameters=True (or static_graph=True) "
                "as well.");
+  DTCORE_CHECK(!options.auto_buckets || options.first_bucket_mb == kDefaultFirstBucketMiB, ConfigError,
+               "first_bucket_mb=", options.first_bucket_mb,
+               " with bucket_mb='auto': the planner chooses the first bucket too, from the measured backward. Fix: "
+               "leave first_bucket_mb out, or give bucket_mb a size in MiB.");
 }
 
 Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, std::shared_ptr<Communicator> comm,
@@ -346,6 +350,7 @@ void Reducer::reset_locked() {
   next_bucket_ = 0;
   drained_ = 0;
   ready_order_.clear();
+  ready_times_.clear();
 }
 
 void Reducer::launch_ready_locked() {
@@ -567,7 +572,14 @@ void Reducer::mark_ready_locked(size_t index) {
                "gradients): use use_reentrant=False, as dtcore.checkpoint_activations does.");
   s.ready = true;
   if (!s.used) s.grad_was_none = !s.param.grad().defined();  // marked by find_unused(), not by a gradient
-  if (!plan_final_) ready_order_.push_back(index);
+  if (!plan_final_) {
+    ready_order_.push_back(index);
+    if (options_.auto_buckets) {  // See Note [Buckets that size themselves]
+      ready_times_.push_back(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+              .count());
+    }
+  }
   grad_order_.push_back(index);
   if (sharded_grads_) {
     stage_grad_locked(s);

@@ -183,6 +183,10 @@ class Reducer {
     // the last reduced backward is not reduced. Needs find_unused_parameters (or static_graph) and
     // zero=0. See Note [Skipped buckets].
     bool skip_all_reduce_unused_params = false;
+    // bucket_mb="auto": the first reduced backward's timeline and the measured cost of an all-reduce
+    // choose the buckets (Note [Buckets that size themselves] in bucket_plan.h); bucket_mb and
+    // first_bucket_mb then shape only the first plan, and first_bucket_mb must be left at its default.
+    bool auto_buckets = false;
   };
 
   // ConfigError naming the first option that cannot be honoured, with the fix; the constructor
@@ -284,6 +288,24 @@ class Reducer {
     int64_t comm_end_ns = 0;
   };
   BackwardTimes last_backward_times() const;
+  // With Options::auto_buckets, once the plan is final: what it was chosen from and what it expects
+  // (all 0 before, or where the first plan was kept: find_unused_parameters without static_graph).
+  struct AutoPlanInfo {
+    bool chosen = false;  // the plan is the auto planner's
+    double alpha_us = 0;  // one all-reduce: alpha_us + us_per_mib x MiB (rank 0's fit)
+    double us_per_mib = 0;
+    double backward_ms = 0;         // the first reduced backward, first gradient to last (rank 0)
+    double exposed_ms = 0;          // communication left after the last gradient, by that model
+    double default_exposed_ms = 0;  // the same for the default caps' plan in the same order
+  };
+  AutoPlanInfo auto_plan_info() const;
+  // Builds these buckets (registration indices of trainable parameters, as bucket_params() lists
+  // them) as the final plan, as a resumed job's checkpoint keeps it: before the first reduction,
+  // on every rank alike (a collective where the buckets go into shared memory). ConfigError when
+  // the plan is already final or `buckets` is not a partition of the parameters into buckets of one
+  // device and dtype.
+  void adopt_plan(const std::vector<std::vector<size_t>>& buckets);
+
   // The parameters (as in Bucket::params) in the order they were marked ready in the last reduced
   // backward; parameters find_unused() found unused come first.
   std::vector<size_t> last_ready_order() const;
@@ -373,6 +395,9 @@ class Reducer {
   bool build_buckets(std::vector<Bucket> plan, bool shared_memory, bool only_into_shared_memory);
   std::vector<Bucket> first_plan() const;  // before any backward is observed: See Note [The first plan]
   void rebuild_if_needed();                // after the first reduction: buckets in the order observed on rank 0
+  // One all-reduce's cost on this communicator, on buffers like the final plan's: a collective.
+  CollectiveCost measure_collective_cost(bool shared_memory);
+  bool shared_memory_plan() const;  // whether the final plan's buckets go into shared memory
 
   std::shared_ptr<Communicator> comm_;
   Options options_;
@@ -398,12 +423,14 @@ class Reducer {
   size_t next_bucket_ = 0;                // the next bucket to launch, in plan order
   size_t drained_ = 0;                    // zero=2: buckets before this one are in their shards, buffers freed
   std::vector<size_t> ready_order_;       // slots in the order they became ready (until the rebuild)
-  std::vector<size_t> grad_order_;        // the same in every reduced backward, kept after it; last_ready_order()
-  BackwardTimes times_;                   // See Note [Backward timeline]; cleared when a backward starts
-  bool plan_final_ = false;               // the one rebuild was tried: buckets stay as they are
-  bool sharded_grads_ = false;            // zero=2 after shard_gradients_locked()
-  bool static_recorded_ = false;          // See Note [Static graph]: Slot::static_unused is set
-  bool order_rebuilt_ = false;            // order_rebuilt()
+  std::vector<int64_t> ready_times_;      // when each became ready (steady clock, ns), with auto_buckets
+  AutoPlanInfo auto_info_;
+  std::vector<size_t> grad_order_;  // the same in every reduced backward, kept after it; last_ready_order()
+  BackwardTimes times_;             // See Note [Backward timeline]; cleared when a backward starts
+  bool plan_final_ = false;         // the one rebuild was tried: buckets stay as they are
+  bool sharded_grads_ = false;      // zero=2 after shard_gradients_locked()
+  bool static_recorded_ = false;    // See Note [Static graph]: Slot::static_unused is set
+  bool order_rebuilt_ = false;      // order_rebuilt()
   int64_t reductions_ = 0;
   int64_t buckets_reduced_ = 0;  // in the backward so far; last_buckets_reduced() once it is reduced
   int64_t last_buckets_reduced_ = 0;

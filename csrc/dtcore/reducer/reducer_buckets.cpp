@@ -2,6 +2,11 @@
 // reduction in the order rank 0 observed (unless the graph is dynamic) and into shared memory, cut
 // to this rank's shards for zero=2. The rest of the Reducer is in reducer.cpp.
 #include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -110,24 +115,87 @@ void Reducer::shard_gradients_locked() {
   sharded_grads_ = true;
 }
 
+bool Reducer::shared_memory_plan() const {  // See Note [Buckets in shared memory]
+  return options_.zero <= 1 && comm_->offers_shared_buffers() &&
+         std::any_of(specs_.begin(), specs_.end(), [](const GradSpec& g) { return g.device.is_cpu(); });
+}
+
+CollectiveCost Reducer::measure_collective_cost(bool shared_memory) {
+  // The first bucket's kind (most models have one), sizes from 64 KiB to the whole model's gradients
+  // (at least 4 MiB, at most 64 MiB), three of each, the fastest counted: the first pays for any skew
+  // between the ranks' arrivals. A least-squares line through the three sizes.
+  std::vector<Bucket> plan;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    plan = plan_;
+  }
+  if (plan.empty()) return {};
+  const c10::ScalarType dtype = plan.front().dtype;
+  const c10::Device device = plan.front().device;
+  int64_t total = 0;
+  for (const Bucket& b : plan) total += b.bytes();
+  const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
+  const std::vector<int64_t> sizes{64 << 10, 1 << 20, std::clamp<int64_t>(total, 4 << 20, 64 << 20)};
+  at::Tensor scratch;
+  if (shared_memory && device.is_cpu()) scratch = comm_->shared_buffer(sizes.back());  // like the buckets
+  if (!scratch.defined()) scratch = at::zeros({sizes.back()}, at::TensorOptions().dtype(at::kByte).device(device));
+  scratch = scratch.view(dtype);
+  std::vector<double> x, y;
+  for (int64_t bytes : sizes) {
+    double best = std::numeric_limits<double>::infinity();
+    for (int repeat = 0; repeat < 3; ++repeat) {
+      const auto start = std::chrono::steady_clock::now();
+      comm_->all_reduce(scratch.narrow(0, 0, bytes / element), ReduceOp::Sum, "bucket cost probe")->wait();
+      best = std::min(best, std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count());
+    }
+    x.push_back(static_cast<double>(bytes));
+    y.push_back(best);
+  }
+  const double mx = (x[0] + x[1] + x[2]) / 3, my = (y[0] + y[1] + y[2]) / 3;
+  double sxy = 0, sxx = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sxy += (x[i] - mx) * (y[i] - my);
+    sxx += (x[i] - mx) * (x[i] - mx);
+  }
+  CollectiveCost cost;
+  cost.beta_ns_per_byte = std::max(0.0, sxy / sxx);
+  cost.alpha_ns = std::max(0.0, my - cost.beta_ns_per_byte * mx);
+  return cost;
+}
+
 void Reducer::rebuild_if_needed() {
-  // Rank 0's observed order, so that every rank builds the same buckets (their collectives must
-  // pair up), whatever order autograd ran in on each.
+  // Rank 0's observed order (and, for bucket_mb="auto", its times and its measured collective cost),
+  // so that every rank builds the same buckets (their collectives must pair up), whatever order
+  // autograd ran in on each.
   std::vector<size_t> order;
+  std::vector<int64_t> times;
   {
     std::lock_guard<std::mutex> lock(mu_);
     order = ready_order_;
+    times = ready_times_;
   }
-  at::Tensor shared = at::full({static_cast<int64_t>(slots_.size())}, -1, at::kLong);
-  if (order.size() == slots_.size()) {  // else this rank saw fewer: -1 says "no complete order"
-    int64_t* out = shared.data_ptr<int64_t>();
-    for (size_t i = 0; i < order.size(); ++i) out[i] = static_cast<int64_t>(order[i]);
+  const size_t n = slots_.size();
+  const bool shared_memory = shared_memory_plan();  // the same decision on every rank
+  const bool measure = options_.auto_buckets;       // every rank alike: the probe is a collective
+  const CollectiveCost measured = measure ? measure_collective_cost(shared_memory) : CollectiveCost{};
+  at::Tensor shared = at::full({static_cast<int64_t>(measure ? 2 * n + 2 : n)}, -1, at::kLong);
+  int64_t* out = shared.data_ptr<int64_t>();
+  if (order.size() == n) {  // else this rank saw fewer: -1 says "no complete order"
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<int64_t>(order[i]);
+    if (measure && times.size() == n) {
+      for (size_t i = 0; i < n; ++i) out[n + i] = times[i] - times[0];
+    }
+  }
+  if (measure) {  // whole nanoseconds, and femtoseconds per byte
+    out[2 * n] = std::llround(measured.alpha_ns);
+    out[2 * n + 1] = std::llround(measured.beta_ns_per_byte * 1e6);
   }
   if (comm_->backend() == "nccl") shared = shared.to(plan_.empty() ? c10::Device(c10::kCPU) : plan_[0].device);
   comm_->broadcast(shared, 0)->wait();
   shared = shared.cpu();
   const int64_t* in = shared.data_ptr<int64_t>();
-  std::vector<size_t> chosen(slots_.size());
+  std::vector<size_t> chosen(n);
+  std::vector<int64_t> chosen_times(measure ? n : 0);
   bool complete = true;  // rank 0 saw every gradient
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -135,16 +203,50 @@ void Reducer::rebuild_if_needed() {
     // A graph that changes from step to step keeps its first plan: See Note [The first plan]
     // (broadcast all the same, so that every rank issues the same collectives whatever its options).
     order_rebuilt_ = !options_.find_unused_parameters || options_.static_graph;
-    for (size_t i = 0; i < chosen.size(); ++i) {
+    for (size_t i = 0; i < n; ++i) {
       if (in[i] < 0) complete = false;
       chosen[i] = static_cast<size_t>(std::max<int64_t>(in[i], 0));
+      if (measure) chosen_times[i] = in[n + i];
     }
   }
-  std::vector<Bucket> plan = order_rebuilt_ && complete ? plan_buckets(specs_, chosen, caps_) : first_plan();
-  // The same decision on every rank: See Note [Buckets in shared memory].
-  const bool shared_memory =
-      options_.zero <= 1 && comm_->offers_shared_buffers() &&
-      std::any_of(specs_.begin(), specs_.end(), [](const GradSpec& g) { return g.device.is_cpu(); });
+  std::vector<Bucket> plan;
+  if (!order_rebuilt_ || !complete) {
+    plan = first_plan();
+  } else if (measure) {  // See Note [Buckets that size themselves]
+    const CollectiveCost cost{static_cast<double>(in[2 * n]), static_cast<double>(in[2 * n + 1]) * 1e-6};
+    plan = plan_buckets_auto(specs_, chosen, chosen_times, cost);
+    AutoPlanInfo info;
+    info.chosen = true;
+    info.alpha_us = cost.alpha_ns / 1e3;
+    info.us_per_mib = cost.beta_ns_per_byte * (1 << 20) / 1e3;
+    info.backward_ms = n ? static_cast<double>(chosen_times.back()) / 1e6 : 0.0;
+    info.exposed_ms = exposed_ns(plan, chosen, chosen_times, specs_, cost) / 1e6;
+    info.default_exposed_ms = exposed_ns(plan_buckets(specs_, chosen, caps_), chosen, chosen_times, specs_, cost) / 1e6;
+    std::string sizes;
+    for (const Bucket& b : plan) {
+      char mib[32];
+      std::snprintf(mib, sizeof mib, "%s%.2f", sizes.empty() ? "" : ", ", static_cast<double>(b.bytes()) / (1 << 20));
+      sizes += mib;
+    }
+    if (comm_->rank() == 0) {
+      log::info("reducer: bucket_mb=auto chose ", plan.size(), " bucket(s) of [", sizes,
+                "] MiB from the first backward (", info.backward_ms,
+                " ms, first gradient to last) and one all-reduce's "
+                "measured cost (",
+                info.alpha_us, " us + ", info.us_per_mib, " us/MiB): ", info.exposed_ms,
+                " ms of communication expected after the backward (", options_.bucket_mb,
+                " MiB buckets: ", info.default_exposed_ms, " ms)");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    auto_info_ = info;
+  } else {
+    plan = plan_buckets(specs_, chosen, caps_);
+  }
+  if (measure && !order_rebuilt_ && comm_->rank() == 0) {
+    log::info("reducer: bucket_mb=auto keeps its first plan (", options_.bucket_mb,
+              " MiB buckets): with find_unused_parameters and no static_graph the order of gradients may change "
+              "from step to step. Fix: static_graph=True if the model uses the same parameters every step.");
+  }
   bool same_plan;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -158,6 +260,45 @@ void Reducer::rebuild_if_needed() {
   std::lock_guard<std::mutex> lock(mu_);
   log::debug("reducer: buckets rebuilt", same_plan ? "" : " in the order gradients became ready",
              buckets_shared_ ? " in shared memory" : "", " (", plan_.size(), " bucket(s))");
+}
+
+Reducer::AutoPlanInfo Reducer::auto_plan_info() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return auto_info_;
+}
+
+void Reducer::adopt_plan(const std::vector<std::vector<size_t>>& buckets) {
+  std::vector<size_t> seen(slots_.size(), 0);
+  std::vector<Bucket> plan;
+  for (const auto& members : buckets) {
+    DTCORE_CHECK(!members.empty(), ConfigError, "adopt_plan: an empty bucket. Fix: pass bucket_params() of a model ",
+                 "with the same parameters.");
+    for (size_t index : members) {
+      DTCORE_CHECK(index < slots_.size() && seen[index]++ == 0, ConfigError, "adopt_plan: parameter index ", index,
+                   index < slots_.size() ? " is listed twice" : " is out of range", " (", slots_.size(),
+                   " trainable parameters). Fix: pass bucket_params() of a model with the same parameters.");
+      const GradSpec& g = specs_[index];
+      const GradSpec& first = specs_[members.front()];
+      DTCORE_CHECK(g.dtype == first.dtype && g.device == first.device, ConfigError, "adopt_plan: parameter '",
+                   slots_[index].name,
+                   "' does not share its bucket's dtype and device. Fix: pass bucket_params() of a ",
+                   "model with the same parameters.");
+    }
+    plan.push_back(bucket_of(specs_, members));
+  }
+  for (size_t i = 0; i < seen.size(); ++i) {
+    DTCORE_CHECK(seen[i] == 1, ConfigError, "adopt_plan: parameter '", slots_[i].name,
+                 "' is in no bucket. Fix: pass bucket_params() of a model with the same parameters.");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    DTCORE_CHECK(!plan_final_ && reductions_ == 0 && !backward_started_, ConfigError,
+                 "adopt_plan: the buckets are already final (after the first reduced backward). Fix: adopt a saved "
+                 "plan before the first backward, as load_checkpoint does.");
+    plan_final_ = true;
+    order_rebuilt_ = !options_.find_unused_parameters || options_.static_graph;  // as rebuild_if_needed()
+  }
+  build_buckets(std::move(plan), shared_memory_plan(), /*only_into_shared_memory=*/false);
 }
 
 }  // namespace dtcore

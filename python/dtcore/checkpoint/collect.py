@@ -66,6 +66,13 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
             return model
 
 
+def distributed_model(model: torch.nn.Module) -> DistributedModel | None:
+    """The dtcore wrapper (zero=0/1/2) under any torch.compile wrapper, if `model` is one."""
+    while not isinstance(model, DistributedModel) and isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+        model = model._orig_mod
+    return model if isinstance(model, DistributedModel) and not isinstance(model, FullyShardedModel) else None
+
+
 def fully_sharded(model: torch.nn.Module, optimizer: Any = None) -> FullyShardedModel | None:
     """The zero=3 model whose shards hold `model`'s parameters (`model` itself, a wrapper of it, or its
     bare module given with its ShardedOptimizer), or None."""

@@ -27,7 +27,7 @@ from ..zero import state as zero_state
 from ..zero.optimizer import ShardedOptimizer
 from ..zero.stage3 import FullyShardedModel
 from . import manifest, values
-from .collect import Shape, fully_sharded, persistent_buffers, shape_getter, unwrap
+from .collect import Shape, distributed_model, fully_sharded, persistent_buffers, shape_getter, unwrap
 from .save import wait
 
 log = logging.getLogger("dtcore")
@@ -138,6 +138,11 @@ def load_checkpoint(
         raise _C.CheckpointError(problem)
     reader = Reader(directory)
     saved = reader.manifest
+    wrapper = distributed_model(model)
+    if wrapper is not None and wrapper.adopt_bucket_plan(saved.get("bucket_plan")):  # before the optimizer's cut
+        log.info(
+            "buckets as the checkpoint's bucket_mb='auto' plan (%d), not measured again", len(wrapper.bucket_params)
+        )
     sharded = fully_sharded(model, optimizer)
     if sharded is not None:
         _load_sharded_model(reader, sharded, strict)

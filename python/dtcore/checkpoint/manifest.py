@@ -33,7 +33,10 @@ manifest.json:
      "tensors": {name: {"shape": [...], "dtype": "float32", "chunks": [[file index, lo, hi], ...]}},
      "aliases": {name: name of the tensor it shares memory with (tied weights)},
      "optimizer": null | {"class", "param_groups", "scalars": {index: {key: value}}, "zero": 0|1|2|3},
-     "extra": value, "rank_extra": [value of rank 0, ..., rank N-1]}
+     "extra": value, "rank_extra": [value of rank 0, ..., rank N-1],
+     "bucket_plan": null | {"world_size": N, "buckets": [[parameter name, ...], ...]}}
+(bucket_plan: a bucket_mb="auto" model's chosen buckets, adopted on load at the same world size;
+absent from checkpoints of dtcore versions before it, which read as null.)
 """
 
 from __future__ import annotations

@@ -103,6 +103,7 @@ def save_checkpoint(
             aliases=collected.aliases,
             optimizer=collected.optimizer,
             extra=values.encode(extra, extras, "extra"),
+            bucket_plan=_bucket_plan(model),
         )
     entries = [(manifest.chunk_key(c.name, c.lo), c.data) for c in collected.chunks] + scalar_tensors + extras
     entries = [(key, _to_host(t, copy=async_save)) for key, t in entries]
@@ -118,6 +119,12 @@ def save_checkpoint(
         _pending = job
     job.thread = threading.Thread(target=job.run, name="dtcore-checkpoint", daemon=False)
     job.thread.start()
+
+
+def _bucket_plan(model: torch.nn.Module) -> dict[str, Any] | None:
+    """A bucket_mb="auto" model's chosen buckets, which a resumed job adopts instead of measuring again."""
+    wrapper = collecting.distributed_model(model)
+    return wrapper.bucket_plan_state() if wrapper is not None else None
 
 
 def wait() -> None:
@@ -301,6 +308,7 @@ class _Write:
             "optimizer": head["optimizer"],
             "extra": head["extra"],
             "rank_extra": [rep["rank_extra"] for rep in reports],
+            "bucket_plan": head["bucket_plan"],
         }
         _C.write_file_atomic(os.path.join(self.directory, manifest.MANIFEST), json.dumps(document, indent=1))
 

@@ -17,7 +17,12 @@ graphs, with no graph break in dtcore's code.
 
 Dynamo's first piece holds at least torch's first bucket size (1 MiB), and it refuses a cap below
 that; a model whose bucket_mb is smaller is split into 1 MiB pieces (its buckets still go as soon
-as their piece's backward ends).
+as their piece's backward ends). bucket_mb="auto" splits at the default cap (25 MiB), the graphs
+being compiled before its plan is chosen; the plan then cuts where the pieces' gradients arrive.
+
+Dynamo's cache does not key on the cue: a module class compiled plain earlier in the process (before
+it was wrapped) runs its cached, unsplit graph in the wrapper too, and overlaps nothing. torch DDP
+behaves the same. Compile after wrapping, or call torch._dynamo.reset() in between.
 """
 
 from __future__ import annotations

@@ -42,7 +42,10 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
     """Wraps `module`; `forward` passes through, `.module` is the original. See dtcore.wrap.
 
     bucket_mb / first_bucket_mb: bucket caps in MiB (2^20 bytes, as torch DDP's bucket_cap_mb); the
-    first bucket is small so that communication starts early in backward. comm_dtype: send
+    first bucket is small so that communication starts early in backward. bucket_mb="auto": the
+    buckets are cut where they hide the most communication, from the first backward's timeline and
+    the measured cost of an all-reduce (Note [Buckets that size themselves]); a checkpoint keeps
+    the plan, so that a resumed job does not measure again. comm_dtype: send
     gradients as torch.bfloat16 or torch.float16. find_unused_parameters: allow parameters that get
     no gradient in some steps. broadcast_buffers: broadcast rank 0's buffers before each forward.
     zero: 0 keeps whole gradients on every rank; 1 shards the optimizer state and 2 the gradients
@@ -60,13 +63,14 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
     """
 
     _retired: tuple[str, str] | None = None  # (what happened, the fix) once its hooks are gone: _retire
+    _plan_adopted = False  # bucket_mb="auto": the plan came from a checkpoint (adopt_bucket_plan)
     _ddp_sink_clone = True  # torch DDP's: the output function clones the outputs (_set_ddp_sink_clone)
 
     def __init__(
         self,
         module: torch.nn.Module,
         *,
-        bucket_mb: float = _DEFAULTS.bucket_mb,
+        bucket_mb: float | str = _DEFAULTS.bucket_mb,
         first_bucket_mb: float = _DEFAULTS.first_bucket_mb,
         comm_dtype: torch.dtype | None = _DEFAULTS.comm_dtype,
         find_unused_parameters: bool = _DEFAULTS.find_unused_parameters,
@@ -79,7 +83,7 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
                 "call dtcore.wrap with zero=3 (its units=, prefetch=, param_dtype= are zero=3's own)."
             )
         options = dict(
-            bucket_mb=bucket_mb,
+            **bucket_options(bucket_mb),
             first_bucket_mb=first_bucket_mb,
             find_unused_parameters=find_unused_parameters,
             comm_dtype=comm_dtype,
@@ -339,6 +343,43 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
     @property
     def bucket_params(self) -> list[list[int]]:
         return self._reducer.bucket_params()
+
+    def bucket_plan_state(self) -> dict[str, Any] | None:
+        """With bucket_mb="auto", once the plan is chosen: what a checkpoint keeps of it (the parameters'
+        names by bucket, and the world size it was measured at); None otherwise."""
+        reducer = self._reducer
+        if not self._options.get("auto_buckets") or not (reducer.auto_plan_info()["chosen"] or self._plan_adopted):
+            return None
+        names = [n for n, p in self._named_parameters() if p.requires_grad]  # the reducer's indices
+        return {"world_size": self._comm.size, "buckets": [[names[i] for i in b] for b in self.bucket_params]}
+
+    def adopt_bucket_plan(self, state: dict[str, Any] | None) -> bool:
+        """A checkpoint's bucket_plan_state() becomes this model's plan, so that it is not measured again:
+        with bucket_mb="auto", before the first reduced backward, when the world size and the trainable
+        parameters are the same (else this model measures its own). True when adopted. Every rank alike."""
+        reducer = self._reducer
+        if not state or not self._options.get("auto_buckets") or reducer.plan_final:
+            return False
+        index = {n: i for i, (n, p) in enumerate(p for p in self._named_parameters() if p[1].requires_grad)}
+        saved = [name for bucket in state["buckets"] for name in bucket]
+        if state["world_size"] != self._comm.size or sorted(saved) != sorted(index):
+            return False
+        reducer.adopt_plan([[index[n] for n in bucket] for bucket in state["buckets"]])
+        self._plan_adopted = True
+        return True
+
+
+def bucket_options(bucket_mb: float | str) -> dict[str, Any]:
+    """The reducer's options for a bucket_mb: a size in MiB, or "auto" (Note [Buckets that size themselves]),
+    whose first plan uses the default caps."""
+    if isinstance(bucket_mb, str):
+        if bucket_mb != "auto":
+            raise _C.ConfigError(
+                f"bucket_mb={bucket_mb!r} is neither a size in MiB nor 'auto'. Fix: bucket_mb='auto' (measured), or a "
+                "number such as 25."
+            )
+        return {"bucket_mb": _DEFAULTS.bucket_mb, "auto_buckets": True}
+    return {"bucket_mb": bucket_mb, "auto_buckets": False}
 
 
 def _default_group() -> Any:

@@ -5,7 +5,6 @@ Exit statuses: reference.EXIT_STATUS (shown by --help).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import sys
 
@@ -15,7 +14,7 @@ from .. import _C
 from ..bootstrap import init, shutdown
 from . import data
 from .config import parse_args
-from .gpt import GPT, GPTConfig
+from .gpt import GPT, shape
 from .reference import help_text
 from .trainer import Trainer
 
@@ -35,24 +34,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ctx = init(seed=config.training.seed)
         m, t = config.model, config.training
-        if m.n_head < 1 or m.n_embd % m.n_head:
-            raise _C.ConfigError(
-                f"model.n_embd={m.n_embd} is not a multiple of model.n_head={m.n_head}: the heads split the width "
-                "evenly. Fix: change either, e.g. --model.n_embd="
-                + str(max(m.n_head, 1) * max(1, m.n_embd // max(m.n_head, 1)))
-            )
         tokenizer, train, evaluation = data.build(
             config.data, m.block_size, t.device_batch_size, ctx.rank, ctx.world_size, t.seed
         )
-        shape = GPTConfig(**dataclasses.asdict(m), vocab_size=tokenizer.vocab_size)
-        model = GPT(shape)
+        model = GPT(shape(m, tokenizer.vocab_size, f"data.tokenizer={config.data.tokenizer!r}"))
         if ctx.rank == 0:
             params = sum(p.numel() for p in model.parameters())
             log.info(
-                "GPT %.2fM parameters, vocabulary %d (%s), %d rank(s) on %s",
+                "GPT %.2fM parameters, vocabulary %d (%s tokenizer: %d), %d rank(s) on %s",
                 params / 1e6,
-                tokenizer.vocab_size,
+                model.config.vocab_size,
                 config.data.tokenizer,
+                tokenizer.vocab_size,
                 ctx.world_size,
                 ctx.device,
             )

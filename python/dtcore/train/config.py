@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import types
 import typing
 from typing import Any, Literal
 
@@ -37,6 +38,10 @@ class ModelConfig:
     """Context length in tokens: every training sequence has this many."""
     dropout: float = 0.0
     """Dropout probability in attention and after the MLP (0 for none)."""
+    vocab_size: int = 0
+    """Rows of the token embedding and of the logits; 0: the tokenizer's vocabulary. Otherwise at least the
+    tokenizer's: a size padded for faster matmuls (GPT-2's 50257 as 50304, a multiple of 64, as nanoGPT does),
+    whose extra rows no target ever names."""
 
 
 @dataclasses.dataclass
@@ -88,7 +93,14 @@ class TrainingConfig:
     """After warmup: cosine decay to lr * min_lr_ratio at num_iterations, or constant."""
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     """auto: bf16 autocast on a GPU that supports it, fp16 with a gradient scaler on one that does
-    not, fp32 on CPU. bf16/fp16 autocast (fp16 adds the scaler); fp32: no autocast."""
+    not, fp32 on CPU. bf16/fp16 autocast (fp16 adds the scaler); fp32: no autocast. On CUDA the
+    trainer allows TF32 matmuls (what autocast leaves in fp32) and builds its AdamW fused."""
+    compile: bool = False
+    """Compile the wrapped model with torch.compile (model.compile(), after wrapping and activation
+    checkpointing): the first step, and the first evaluation, take longer while graphs are compiled."""
+    compile_backend: str = "inductor"
+    """torch.compile's backend: inductor generates fused kernels; aot_eager traces forward and backward
+    as inductor does but runs them eagerly, without generating code (for debugging a compiled run)."""
     seed: int = 1234
     """Every rank seeds Python, NumPy and torch with seed + rank."""
     eval_every: int = 20
@@ -147,8 +159,9 @@ class ParallelConfig:
     (dtcore.ShardedOptimizer); 3: parameters too, each transformer layer gathered while it runs."""
     activation_checkpointing: str = "none"
     """none, all, selective, every:<k> or budget:<size> (e.g. budget:2GB): see dtcore.checkpoint_activations."""
-    bucket_mb: float = 25.0
-    """Gradient bucket size in MiB for the overlapped all-reduce (zero=0/1/2; zero=3 reduces by layer)."""
+    bucket_mb: float | Literal["auto"] = 25.0
+    """Gradient bucket size in MiB for the overlapped all-reduce (zero=0/1/2; zero=3 reduces by layer), or auto:
+    chosen from the first backward's timeline and the measured cost of an all-reduce (kept in checkpoints)."""
 
 
 @dataclasses.dataclass
@@ -168,30 +181,40 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-# The GPT-2 small shape (124M parameters with GPT-2's vocabulary; 85M with bytes) for GPUs.
-_GPT2 = {"model.n_layer": 12, "model.n_head": 12, "model.n_embd": 768, "model.block_size": 1024}
-_GPU = {**_GPT2, "data.tokenizer": "byte", "training.total_batch_size": 512, "optim.lr": 6e-4}
+# GPT-2 small (124M parameters): GPT-2's vocabulary of 50257 padded to 50304 as nanoGPT does, so
+# the logits' matmuls run on whole tiles; with the byte tokenizer the rows past 256 are never targeted.
+_GPT2 = {
+    "model.n_layer": 12,
+    "model.n_head": 12,
+    "model.n_embd": 768,
+    "model.block_size": 1024,
+    "model.vocab_size": 50304,
+}
+_GPU = {**_GPT2, "data.tokenizer": "byte", "training.total_batch_size": 512, "training.compile": True}
 _GPU.update({"training.num_iterations": 5000, "training.warmup_steps": 200, "training.eval_every": 250})
-_GPU.update({"optim.weight_decay": 0.1, "optim.min_lr_ratio": 0.1, "checkpoint.every": 500})
+_GPU.update({"optim.lr": 6e-4, "optim.weight_decay": 0.1, "optim.min_lr_ratio": 0.1, "checkpoint.every": 500})
 
+# Micro-batches sized by memory.estimate to about 3/4 of the smallest GPU named or less: the fp32
+# logits of a 50304-token vocabulary (3 x 4 bytes x 50304 per token) are most of a step's memory.
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "tiny": ("a 2-layer GPT on CPU: 2 ranks on a 2-core machine in seconds", {}),
     "conservative": (
-        "GPT-2 small shape for any GPU of 8 GB or more: small micro-batches, activations recomputed, ZeRO-2",
-        {**_GPU, "training.device_batch_size": 16, "parallel.zero": 2, "parallel.activation_checkpointing": "all"},
+        "GPT-2 small (124M, compiled) for any GPU of 8 GB or more: small micro-batches, activations recomputed, ZeRO-2",
+        {**_GPU, "training.device_batch_size": 4, "parallel.zero": 2, "parallel.activation_checkpointing": "all"},
     ),
     "balanced": (
-        "GPT-2 small shape on GPUs of 16 GB or more: ZeRO-1, activations kept",
-        {**_GPU, "training.device_batch_size": 32, "parallel.zero": 1},
+        "GPT-2 small (124M, compiled) on GPUs of 16 GB or more: ZeRO-1, activations kept",
+        {**_GPU, "training.device_batch_size": 8, "parallel.zero": 1},
     ),
     "sharded": (
-        "GPT-2 small shape with every parameter sharded (ZeRO-3): GPUs of 8 GB or more, or a larger model "
-        "(raise model.n_layer and model.n_embd) than one GPU holds",
-        {**_GPU, "training.device_batch_size": 16, "parallel.zero": 3},
+        "GPT-2 small (124M, compiled) with every parameter sharded (ZeRO-3): GPUs of 8 GB or more, or a larger "
+        "model (raise model.n_layer and model.n_embd) than one GPU holds",
+        {**_GPU, "training.device_batch_size": 4, "parallel.zero": 3},
     ),
     "aggressive": (
-        "GPT-2 small shape on GPUs of 40 GB or more: the largest micro-batches, nothing sharded or recomputed",
-        {**_GPU, "training.device_batch_size": 64, "parallel.zero": 0},
+        "GPT-2 small (124M, compiled) on GPUs of 40 GB or more: the largest micro-batches, nothing sharded or "
+        "recomputed",
+        {**_GPU, "training.device_batch_size": 32, "parallel.zero": 0},
     ),
 }
 
@@ -234,7 +257,14 @@ def _choices(tp: Any) -> tuple | None:
     return typing.get_args(tp) if typing.get_origin(tp) is Literal else None
 
 
+def _members(tp: Any) -> tuple:
+    """The types of a union (`float | Literal["auto"]`), else ()."""
+    return typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else ()
+
+
 def type_name(tp: Any) -> str:
+    if _members(tp):
+        return " | ".join(type_name(m) for m in _members(tp))
     choices = _choices(tp)
     if choices is not None:
         return " | ".join(repr(c) if isinstance(c, str) else str(c) for c in choices)
@@ -269,7 +299,6 @@ def parse_value(key: str, raw: Any, source: str) -> Any:
     section, name = key.split(".")
     cls = dict(sections())[section]
     tp = hints(cls)[name]
-    choices = _choices(tp)
 
     def bad(expected: str, options: list[str] | None = None) -> _C.ConfigError:
         close = difflib.get_close_matches(str(raw), options or [], n=1, cutoff=0.3)
@@ -279,6 +308,18 @@ def parse_value(key: str, raw: Any, source: str) -> Any:
             f"({field_docs(cls).get(name, '')})"
         )
 
+    if _members(tp):  # e.g. float | Literal["auto"]: the first member that takes the value
+        for member in _members(tp):
+            try:
+                return _convert(member, raw, bad)
+            except _C.ConfigError:
+                continue
+        raise bad(type_name(tp))
+    return _convert(tp, raw, bad)
+
+
+def _convert(tp: Any, raw: Any, bad: Any) -> Any:
+    choices = _choices(tp)
     if choices is not None:
         for choice in choices:
             if raw == choice or str(raw) == str(choice):
@@ -312,7 +353,7 @@ def parse_value(key: str, raw: Any, source: str) -> Any:
         if not isinstance(raw, str):
             raise bad("a string")
         return raw
-    raise AssertionError(f"no parser for the type of {key}: {tp}")
+    raise AssertionError(f"no parser for the type {tp}")
 
 
 def apply(config: TrainConfig, key: str, raw: Any, source: str) -> None:

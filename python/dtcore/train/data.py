@@ -48,6 +48,11 @@ class Tokenizer:
         return torch.tensor([self._index[c] for c in text], dtype=torch.long)
 
 
+def vocab_size(config: DataConfig) -> int:
+    """The vocabulary of data.tokenizer on data's text, as build() would make it (byte: without reading it)."""
+    return Tokenizer(config.tokenizer, load_text(config) if config.tokenizer == "char" else "").vocab_size
+
+
 class TokenData:
     """Batches of (inputs, targets), each (device_batch_size, block_size), this rank's share.
 

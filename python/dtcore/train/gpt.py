@@ -1,7 +1,8 @@
 """The built-in GPT (a decoder-only transformer, nanoGPT-style) and a generated corpus.
 
-`python -m dtcore.train` trains it; examples/train_gpt.py, the benchmarks and the tests build it
-from a GPTConfig. `SHAPES` are the sizes the benchmarks name.
+`python -m dtcore.train` trains it, shaped by `shape()` from the model section and the tokenizer;
+examples/train_gpt.py, the benchmarks and the tests build it from a GPTConfig. `SHAPES` are the
+sizes the benchmarks name.
 """
 
 from __future__ import annotations
@@ -13,14 +14,38 @@ import random
 import torch
 import torch.nn.functional as F
 
+from .. import _C
 from .config import ModelConfig
 
 
 @dataclasses.dataclass
 class GPTConfig(ModelConfig):
-    """The model section (dtcore.train.ModelConfig) and the vocabulary, which the tokenizer decides."""
+    """The model section (dtcore.train.ModelConfig) with its vocabulary decided: `shape()` makes one
+    from a model section and the tokenizer."""
 
     vocab_size: int = 64
+
+
+def shape(model: ModelConfig, tokenizer_vocab: int, tokenizer: str = "the tokenizer") -> GPTConfig:
+    """The built-in GPT's shape for a model section, checked: its vocabulary is model.vocab_size, or
+    `tokenizer_vocab` where that is 0. The one place the vocabulary is decided (python -m dtcore.train,
+    the memory estimate, the benchmarks); `tokenizer` names the tokenizer in errors."""
+    if model.n_head < 1 or model.n_embd % model.n_head:
+        raise _C.ConfigError(
+            f"model.n_embd={model.n_embd} is not a multiple of model.n_head={model.n_head}: the heads split the "
+            "width evenly. Fix: change either, e.g. --model.n_embd="
+            + str(max(model.n_head, 1) * max(1, model.n_embd // max(model.n_head, 1)))
+        )
+    vocab = model.vocab_size or tokenizer_vocab
+    if vocab < tokenizer_vocab:
+        padded = -(-tokenizer_vocab // 64) * 64
+        raise _C.ConfigError(
+            f"model.vocab_size={model.vocab_size} is smaller than the vocabulary of {tokenizer}, {tokenizer_vocab} "
+            f"tokens: tokens {max(model.vocab_size, 0)} to {tokenizer_vocab - 1} would have no embedding row. Fix: "
+            f"--model.vocab_size=0 (the tokenizer's, {tokenizer_vocab}) or at least {tokenizer_vocab}, e.g. {padded} "
+            "(a multiple of 64)."
+        )
+    return GPTConfig(**{**dataclasses.asdict(model), "vocab_size": vocab})
 
 
 SHAPES = {
@@ -55,6 +80,11 @@ class Block(torch.nn.Module):
 class GPT(torch.nn.Module):
     def __init__(self, c: GPTConfig) -> None:
         super().__init__()
+        if c.vocab_size < 1:
+            raise _C.ConfigError(
+                f"GPT(vocab_size={c.vocab_size}): a model section's 0 means the tokenizer's vocabulary, which only "
+                "dtcore.train.gpt.shape(model, tokenizer_vocab) can decide. Fix: build the GPTConfig with shape()."
+            )
         self.config = c
         self.tok = torch.nn.Embedding(c.vocab_size, c.n_embd)
         self.pos = torch.nn.Embedding(c.block_size, c.n_embd)

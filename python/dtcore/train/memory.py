@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from . import data, gpt
 from .config import PRESETS, TrainConfig, from_preset
 
 GIB = 2**30
@@ -32,17 +33,27 @@ class MemoryBreakdown:
         return self.parameters + self.gradients + self.optimizer_state + (self.activations or 0)
 
 
-def gpt_parameters(config: TrainConfig, vocab_size: int) -> int:
-    """The built-in GPT's parameter count (dtcore.train.gpt.GPT, tied embeddings), without building it."""
+def model_vocab_size(config: TrainConfig) -> int:
+    """The vocabulary the built-in GPT of `config` has (dtcore.train.gpt.shape: model.vocab_size, or the
+    tokenizer's where that is 0; the char tokenizer's is read from data.path's text)."""
+    return gpt.shape(config.model, data.vocab_size(config.data), f"data.tokenizer={config.data.tokenizer!r}").vocab_size
+
+
+def gpt_parameters(config: TrainConfig, vocab_size: int | None = None) -> int:
+    """The built-in GPT's parameter count (dtcore.train.gpt.GPT, tied embeddings), without building it;
+    vocab_size None: the model's own (model_vocab_size)."""
     c = config.model
+    vocab_size = model_vocab_size(config) if vocab_size is None else vocab_size
     per_block = 12 * c.n_embd**2 + 13 * c.n_embd
     return c.n_layer * per_block + (vocab_size + c.block_size + 2) * c.n_embd
 
 
-def estimate(config: TrainConfig, world_size: int, vocab_size: int = 256) -> MemoryBreakdown:
+def estimate(config: TrainConfig, world_size: int, vocab_size: int | None = None) -> MemoryBreakdown:
     """A GPT step's memory per device: fp32 parameters and gradients, AdamW's two fp32 moments,
     activations in 16-bit (Korthikanti et al.: 34 bytes per token, channel and block with fused
-    attention; with checkpointing, each block's input plus one block recomputed) and fp32 logits."""
+    attention; with checkpointing, each block's input plus one block recomputed) and fp32 logits.
+    vocab_size None: the model's own (model_vocab_size)."""
+    vocab_size = model_vocab_size(config) if vocab_size is None else vocab_size
     n = gpt_parameters(config, vocab_size)
     zero = config.parallel.zero
     # zero=3 holds 1/N of every parameter, plus the whole parameters (and gradients) of the unit
@@ -66,9 +77,8 @@ def estimate(config: TrainConfig, world_size: int, vocab_size: int = 256) -> Mem
 def preset_memory(name: str) -> str:
     """The expected memory per device of a preset, as docs and --help show it."""
     config = from_preset(name)
-    vocab = 256 if config.data.tokenizer == "byte" else 64
     world = kPresetWorld if config.parallel.zero else 1
-    est = estimate(config, world, vocab)
+    est = estimate(config, world)
     where = f"with {world} ranks" if config.parallel.zero else "any number of ranks"
     if PRESETS[name][1].get("model.n_layer") is None:
         return f"{est.total / 2**20:.0f} MiB ({where})"

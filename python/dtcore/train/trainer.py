@@ -8,6 +8,8 @@ metrics line, evaluation and checkpoints. See docs/train.md.
 from __future__ import annotations
 
 import contextlib
+import difflib
+import inspect
 import itertools
 import logging
 import math
@@ -56,6 +58,16 @@ def accumulation_steps(config: TrainConfig, world: int) -> int:
     return total // per_pass
 
 
+def constructor_defaults(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's defaults that its class's constructor takes, to build another of the same class.
+    A class may keep more in its defaults than its constructor accepts (torch's AdamW, an Adam with
+    decoupled_weight_decay=True, keeps that key but takes no such argument)."""
+    parameters = inspect.signature(type(optimizer).__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return dict(optimizer.defaults)
+    return {k: v for k, v in optimizer.defaults.items() if k in parameters}
+
+
 def _check(config: TrainConfig) -> None:
     t, o = config.training, config.optim
     for key, value in (
@@ -68,6 +80,16 @@ def _check(config: TrainConfig) -> None:
     for key, value in (("training.warmup_steps", t.warmup_steps), ("training.eval_every", t.eval_every)):
         if value < 0:
             raise _C.ConfigError(f"{key}={value} must be >= 0. Fix: 0 turns it off.")
+    if t.compile:
+        backends = torch.compiler.list_backends(exclude_tags=())
+        if t.compile_backend not in backends:
+            close = difflib.get_close_matches(t.compile_backend, backends, n=1, cutoff=0.5)
+            raise _C.ConfigError(
+                f"training.compile_backend={t.compile_backend!r} is not a backend torch.compile knows"
+                + (f" (closest: {close[0]!r})" if close else "")
+                + f". Backends: {', '.join(backends)}. Fix: --training.compile_backend=inductor (code generation) or "
+                "aot_eager (no code generation, for debugging), or --training.compile=false."
+            )
 
 
 def lr_factor(config: TrainConfig, step: int) -> float:
@@ -139,8 +161,9 @@ class Trainer:
     model: an nn.Module (wrapped here with dtcore.wrap, zero and bucket_mb from config.parallel) or
       one already wrapped. Called as model(*batch) for a tuple, model(**batch) for a dict, model(batch)
       otherwise; it returns the loss (a tensor, or an object or dict with `loss`).
-    optimizer: a torch optimizer over the model's parameters, or None for AdamW from config.optim.
-      With parallel.zero >= 1 it becomes a dtcore.ShardedOptimizer of the same class and defaults.
+    optimizer: a torch optimizer over the model's parameters, or None for AdamW from config.optim
+      (fused on CUDA). With parallel.zero >= 1 it becomes a dtcore.ShardedOptimizer of the same class
+      and defaults. training.compile compiles the wrapped model in place (model.compile()).
     train_data: this rank's batches, an iterable restarted when exhausted. Resume is exact when it
       has state_dict()/load_state_dict() (dtcore.train.data.TokenData has); otherwise the batches
       taken are counted and skipped on resume, exact when iterating it again yields the same batches.
@@ -182,6 +205,22 @@ class Trainer:
         else:
             # zero=3 reduces by unit: bucket_mb is zero=0/1/2's
             self.model = wrap(model, zero=par.zero, **({} if par.zero == 3 else {"bucket_mb": par.bucket_mb}))
+        if self.device.type == "cuda":  # fp32 matmuls (what autocast leaves in fp32, and precision=fp32) on TF32
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        if config.training.compile:
+            # In place (nn.Module.compile): the same object, so state_dict keys, no_sync and checkpoints are
+            # unchanged. After wrapping, so that graphs split at bucket boundaries and the compiled backward
+            # overlaps its collectives (Note [dtcore under torch.compile]); zero=3 compiles each unit's
+            # forward (Note [zero=3 and torch.compile]); and after activation checkpointing, which it traces.
+            # Evaluation, under no_grad and in eval mode, compiles its own graphs once.
+            self.model.compile(backend=config.training.compile_backend)
+            if self.rank == 0:
+                log.info(
+                    "training.compile: torch.compile(backend=%r) compiles the model in the first step (and the first "
+                    "evaluation): those take longer",
+                    config.training.compile_backend,
+                )
         self.optimizer = self._optimizer(optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(config, s))
         self.train_data, self.eval_data = train_data, eval_data
@@ -195,6 +234,12 @@ class Trainer:
         o, zero = self.config.optim, self.config.parallel.zero
         if optimizer is None:
             cls, defaults = torch.optim.AdamW, {"lr": o.lr, "betas": (o.beta1, o.beta2), "weight_decay": o.weight_decay}
+            if self.device.type == "cuda":
+                # One kernel launch for the whole step. Also right through ShardedOptimizer: its inner AdamW
+                # steps contiguous 1-D pieces (and empty proxies) on the device, and the scalar state it
+                # loads (step) moves to the pieces' device, where fused AdamW keeps it (checked with the
+                # CPU's fused AdamW at zero=2 and 3: resumed runs log the uninterrupted run's losses).
+                defaults["fused"] = True
             return ShardedOptimizer(self.model, cls, **defaults) if zero else cls(self.model.parameters(), **defaults)
         if zero == 0 or isinstance(optimizer, ShardedOptimizer):
             return optimizer
@@ -204,7 +249,7 @@ class Trainer:
                 f"does only for one param group; this one has {len(optimizer.param_groups)}. Fix: pass "
                 "dtcore.ShardedOptimizer(wrapped_model, cls, params=groups, ...)."
             )
-        return ShardedOptimizer(self.model, type(optimizer), **optimizer.defaults)
+        return ShardedOptimizer(self.model, type(optimizer), **constructor_defaults(optimizer))
 
     def _precision(self, precision: str) -> tuple[torch.dtype | None, Any]:
         cuda = self.device.type == "cuda"

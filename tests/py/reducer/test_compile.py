@@ -72,3 +72,8 @@ def test_buckets_below_dynamos_first_piece_compile(ranks):
     for r in ranks:
         j = r["small_buckets"]
         assert j["grad_diff"] == 0.0 and j["buckets"] > 4 and j["overlapped"], j
+
+
+def test_auto_buckets_compiled(ranks):
+    for r in ranks:
+        assert r["auto_buckets"] == {"param_diff": 0.0, "chosen": True}

@@ -6,12 +6,13 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import dtcore
 from dtcore.train import config as cfg
-from dtcore.train import memory, reference
-from dtcore.train.gpt import GPT, GPTConfig, num_parameters
-from dtcore.train.trainer import accumulation_steps, lr_factor
+from dtcore.train import data, memory, reference
+from dtcore.train.gpt import GPT, num_parameters, shape
+from dtcore.train.trainer import _check, accumulation_steps, lr_factor
 
 from launch_helpers import ROOT, clean_env
 
@@ -23,6 +24,7 @@ def test_presets_overrides_and_unique_field_names():
     assert cfg.parse_args(["--progress=false", "--every=0x10"]).logging.progress is False
     assert cfg.parse_args(["--checkpoint.every=0x10"]).checkpoint.every == 16
     assert cfg.parse_args([]) == cfg.from_preset("tiny")  # the defaults are the tiny preset
+    assert [cfg.parse_args([f"--bucket_mb={v}"]).parallel.bucket_mb for v in ("auto", "5")] == ["auto", 5.0]
 
 
 def test_toml_file_with_preset_then_command_line(tmp_path):
@@ -42,6 +44,7 @@ def test_toml_file_with_preset_then_command_line(tmp_path):
         (["--zero=4"], ["parallel.zero='4' is not one of 0, 1, 2, 3"]),
         (["--device_batch_size=eight"], ["training.device_batch_size='eight' is not a whole number"]),
         (["--progress=maybe"], ["logging.progress='maybe' is not a boolean"]),
+        (["--bucket_mb=fast"], ["parallel.bucket_mb='fast' is not float | 'auto'"]),
         (["--lr"], ["--lr has no value"]),
         (["stray"], ["unexpected argument 'stray'"]),
     ],
@@ -97,8 +100,50 @@ def test_preset_memory_estimates_grow_with_batch_and_fall_with_sharding():
     big = memory.estimate(cfg.from_preset("aggressive"), 8)
     assert big.activations > small.activations and big.optimizer_state > small.optimizer_state  # zero 0 vs 1
     c = cfg.TrainConfig(model=cfg.ModelConfig(n_layer=3, n_head=2, n_embd=48, block_size=32))
-    built = GPT(GPTConfig(**dataclasses.asdict(c.model), vocab_size=40))
+    built = GPT(shape(c.model, 40))
     assert memory.gpt_parameters(c, 40) == num_parameters(built)  # the estimate counts what the model has
+
+
+@pytest.mark.parametrize("preset", ["conservative", "balanced", "sharded", "aggressive"])
+def test_gpu_presets_are_gpt2_small_with_its_padded_vocabulary_124m_parameters(preset):
+    c = cfg.from_preset(preset)
+    assert c.model.vocab_size == 50304 and c.training.compile and c.training.compile_backend == "inductor"
+    assert memory.model_vocab_size(c) == 50304  # not the byte tokenizer's 256
+    with torch.device("meta"):  # shapes only: no 124M parameters allocated
+        model = GPT(shape(c.model, data.vocab_size(c.data)))
+    n = num_parameters(model)
+    assert n == memory.gpt_parameters(c) == 124_475_904  # nanoGPT's "124M" (position embeddings included)
+    assert model.flops_per_token() == 6 * (n - 1024 * 768) + 12 * 12 * 768 * 1024
+    est = memory.estimate(c, 8)
+    tokens = c.training.device_batch_size * 1024
+    assert est.activations > 12 * tokens * 50304  # the fp32 logits of the real vocabulary, and more
+    assert memory.estimate(c, 8, vocab_size=256).total < est.total
+
+
+def test_a_vocabulary_smaller_than_the_tokenizers_is_refused_with_both_values_and_the_fix():
+    assert shape(cfg.ModelConfig(), 58).vocab_size == 58  # 0: the tokenizer's
+    assert shape(cfg.ModelConfig(vocab_size=64), 58).vocab_size == 64  # padded: rows no target names
+    with pytest.raises(dtcore.ConfigError) as e:
+        shape(cfg.ModelConfig(vocab_size=200), 256, "data.tokenizer='byte'")
+    message = str(e.value)
+    assert "model.vocab_size=200 is smaller than the vocabulary of data.tokenizer='byte', 256 tokens" in message
+    assert "Fix: --model.vocab_size=0 (the tokenizer's, 256) or at least 256, e.g. 256" in message
+    c = cfg.parse_args(["--preset", "balanced", "--model.vocab_size=100"])
+    with pytest.raises(dtcore.ConfigError, match="model.vocab_size=100 is smaller than"):
+        memory.estimate(c, 8)
+
+
+def test_compile_backend_is_checked_only_when_compile_is_on():
+    c = cfg.parse_args(["--training.compile_backend=inductr"])
+    _check(c)  # compile off: the backend is not read
+    c.training.compile = True
+    with pytest.raises(dtcore.ConfigError) as e:
+        _check(c)
+    message = str(e.value)
+    assert "training.compile_backend='inductr' is not a backend torch.compile knows (closest: 'inductor')" in message
+    assert "Fix: --training.compile_backend=inductor" in message and "aot_eager" in message
+    c.training.compile_backend = "aot_eager"
+    _check(c)
 
 
 def test_help_from_the_command_line_and_bad_key_exit_status():
@@ -111,6 +156,15 @@ def test_help_from_the_command_line_and_bad_key_exit_status():
         [sys.executable, "-m", "dtcore.train", "--n_embd=100", "--n_head=3"], env=env, capture_output=True, text=True
     )
     assert heads.returncode == 2 and "model.n_embd=100 is not a multiple of model.n_head=3" in heads.stderr
+    vocab = subprocess.run(
+        [sys.executable, "-m", "dtcore.train", "--data.tokenizer=byte", "--model.vocab_size=255"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert vocab.returncode == 2 and "model.vocab_size=255 is smaller than the vocabulary of data.tokenizer='byte'" in (
+        vocab.stderr
+    )
 
 
 def test_warmup_then_cosine_to_the_floor_or_constant():

@@ -6,11 +6,13 @@ import os
 import sys
 
 import pytest
+import torch
 
 from dtcore.train import DataConfig
 from dtcore.train.data import Tokenizer, load_text
 from dtcore.train.gpt import GPT, GPTConfig, num_parameters
 from dtcore.train.rundir import load, spread
+from dtcore.train.trainer import constructor_defaults
 
 from launch_helpers import clean_env, describe, free_port, leftover_processes, run_processes, run_ranks, torchrun_style
 
@@ -162,3 +164,12 @@ def test_a_rank_slow_before_the_gradient_all_reduce_is_named_by_the_trainer_and_
     assert abs(sorted(step_times[0])[10] - sorted(step_times[1])[10]) < 0.02  # medians alike: no help alone
     named = spread(load(str(tmp_path))).stragglers
     assert [s.rank for s in named] == [1], named
+
+
+def test_a_callers_optimizer_is_rebuilt_sharded_from_what_its_constructor_takes():
+    # torch's AdamW keeps decoupled_weight_decay in its defaults but takes no such argument
+    p = torch.nn.Parameter(torch.zeros(2))
+    adamw = torch.optim.AdamW([p], lr=0.1, betas=(0.8, 0.9), weight_decay=0.2, fused=True)
+    assert torch.optim.AdamW([p], **constructor_defaults(adamw)).defaults == adamw.defaults
+    sgd = torch.optim.SGD([p], lr=0.5, momentum=0.9)
+    assert constructor_defaults(sgd) == sgd.defaults

@@ -219,7 +219,23 @@ def small_buckets(rank: int) -> dict:
     }
 
 
-CASES = [forms, explain, sharded, find_unused, small_buckets]
+def auto_buckets(rank: int) -> dict:
+    """bucket_mb="auto" compiled: its plan is chosen from the first compiled backward; weights as eager's."""
+    eager = dtcore.wrap(gpt(), bucket_mb="auto")
+    mine = torch.compile(dtcore.wrap(gpt(), bucket_mb="auto"), backend=BACKEND)
+    for model in (eager, mine):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for step in range(3):
+            model(*batch(step, rank)).backward()
+            opt.step()
+            opt.zero_grad()
+    return {
+        "param_diff": max_diff(bare(mine).module, eager.module, "param"),
+        "chosen": bare(mine)._reducer.auto_plan_info()["chosen"],
+    }
+
+
+CASES = [forms, explain, sharded, find_unused, small_buckets, auto_buckets]
 
 
 if __name__ == "__main__":

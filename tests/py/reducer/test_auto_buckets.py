@@ -1,0 +1,56 @@
+"""bucket_mb="auto": buckets cut from the first backward's timeline and the measured cost of an all-reduce
+(Note [Buckets that size themselves] in csrc/dtcore/reducer/bucket_plan.h). One 2-rank job
+(workers/auto_buckets_worker.py)."""
+
+import pytest
+
+from launch_helpers import run_job
+
+pytestmark = pytest.mark.multirank
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    reports = run_job("auto_buckets_worker.py", 2, tmp_path_factory.mktemp("auto"), timeout=240)
+    for report in reports:
+        for case, result in report.items():
+            assert not (isinstance(result, dict) and "raised" in result), (case, result["raised"])
+    return reports
+
+
+def test_the_auto_plan_trains_as_torch_ddp_and_leaves_no_more_exposed_than_the_default(ranks):
+    for r in ranks:
+        j = r["against_ddp"]
+        assert j["param_diff"] == 0.0, j
+        info = j["info"]
+        assert info["chosen"] and info["alpha_us"] >= 0 and info["us_per_mib"] > 0 and info["backward_ms"] > 0, info
+        assert info["exposed_ms"] <= info["default_exposed_ms"] + 1e-9, info
+        assert sorted(i for b in j["buckets"] for i in b) == list(range(j["params"]))
+        assert j["bucket_cap"] == 25 * 2**20  # what dynamo splits by before the plan is chosen
+    assert ranks[0]["against_ddp"]["buckets"] == ranks[1]["against_ddp"]["buckets"]  # rank 0's plan everywhere
+
+
+def test_sharded_stages_take_the_auto_plan(ranks):
+    for r in ranks:
+        for zero, j in r["sharded"].items():
+            assert j["chosen"] and j["param_diff"] < 1e-6, (zero, j)
+
+
+def test_a_graph_that_may_change_keeps_its_first_plan(ranks):
+    for r in ranks:
+        assert r["find_unused"] == {"dynamic": False, "static": True}
+
+
+def test_a_checkpoint_keeps_the_plan_and_the_resumed_job_adopts_it(ranks):
+    for r in ranks:
+        j = r["checkpoint"]
+        assert j["adopted"] == j["saved"] and not j["measured_again"], j
+        assert j["param_diff"] == 0.0
+        assert j["kept_on_resave"] and j["fresh_adopted"]
+        assert not j["other_world_adopted"]  # measured at another world size: this job measures its own
+
+
+def test_what_auto_refuses(ranks):
+    j = ranks[0]["refusals"]
+    assert j["first_bucket"].startswith("first_bucket_mb=2 with bucket_mb='auto'") and "Fix:" in j["first_bucket"]
+    assert j["word"].startswith("bucket_mb='fast' is neither a size in MiB nor 'auto'")
