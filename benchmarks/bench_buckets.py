@@ -13,6 +13,8 @@ size and to 25 MiB (torch DDP's default), the buckets it has, and auto's plan: t
 all-reduce and the communication it expects to leave after the backward.
 
 --preset: the GPT shapes of dtcore.train.gpt or llama25m (bench_reducer.py's Llama stack).
+--no-shm: DTCORE_SHM=0, so that Gloo moves the bytes over loopback TCP instead of shared memory: an
+all-reduce then costs several times more, as between hosts, and where the buckets are cut matters.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--sizes", type=float, nargs="+", default=[1.0, 5.0, 25.0, 100.0])
+    ap.add_argument("--no-shm", action="store_true", help="DTCORE_SHM=0: Gloo over loopback TCP")
     ap.add_argument("--json", action="store_true", help="print rank 0's result as one JSON line")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -81,17 +84,20 @@ def main() -> None:
         return worker(args)
     flags = ["--preset", args.preset, "--steps", str(args.steps), "--warmup", str(args.warmup)]
     flags += ["--batch", str(args.batch), "--sizes", *[str(s) for s in args.sizes]]
-    r = rank0_report(__file__, args.world, ["--worker", *flags])["result"]
+    extra = {"DTCORE_SHM": "0"} if args.no_shm else {}
+    r = rank0_report(__file__, args.world, ["--worker", *flags], **extra)["result"]
     if args.json:
         print(json.dumps(r))
         return
     fixed = {k: v for k, v in r.items() if k.endswith(" MiB")}
     best = min(fixed, key=fixed.get)
     info = r["auto_info"]
+    transport = ", Gloo over TCP (DTCORE_SHM=0)" if args.no_shm else ""
     print(
         f"{args.world} ranks (Gloo, 1 thread each), preset {args.preset} ({r['params'] / 1e6:.1f}M parameters, "
-        f"float32), batch {args.batch}x{r['block_size']} per rank, median of {args.steps} steps after {args.warmup} "
-        f"warm-up, alternating. auto: an all-reduce {info['alpha_us']:.0f} us + {info['us_per_mib']:.0f} us/MiB, "
+        f"float32), batch {args.batch}x{r['block_size']} per rank{transport}, median of {args.steps} steps after "
+        f"{args.warmup} warm-up, alternating. auto: an all-reduce {info['alpha_us']:.0f} us + "
+        f"{info['us_per_mib']:.0f} us/MiB, "
         f"first backward {info['backward_ms']:.0f} ms, {info['exposed_ms']:.2f} ms expected exposed "
         f"(25 MiB: {info['default_exposed_ms']:.2f} ms); bucket sizes (MiB) "
         f"{', '.join(f'{s:.2f}' for s in r['auto_sizes'])}"

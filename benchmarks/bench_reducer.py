@@ -161,7 +161,7 @@ def world1(args) -> None:
     data = CharData(make_corpus(), block_size, seed=0)
     variants = {
         "plain module": copy.deepcopy(base),
-        "dtcore.wrap (25 MB buckets)": dtcore.wrap(copy.deepcopy(base)),
+        "dtcore.wrap (25 MB buckets)": dtcore.wrap(copy.deepcopy(base), bucket_mb=25),
         "dtcore.wrap (one parameter per bucket)": dtcore.wrap(
             copy.deepcopy(base), bucket_mb=1e-6, first_bucket_mb=1e-6
         ),

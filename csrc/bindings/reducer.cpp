@@ -108,6 +108,7 @@ void bind_reducer(py::module_& m) {
              const Reducer::AutoPlanInfo i = r.auto_plan_info();
              py::dict d;
              d["chosen"] = i.chosen;
+             d["device_clock"] = i.device_clock;
              d["alpha_us"] = i.alpha_us;
              d["us_per_mib"] = i.us_per_mib;
              d["backward_ms"] = i.backward_ms;

@@ -122,14 +122,34 @@ std::vector<Bucket> plan_buckets_auto(const std::vector<GradSpec>& grads, const 
 
   std::vector<Bucket> out;
   for (const auto& [key, members] : groups) {
-    const size_t m = members.size();
-    std::vector<double> bytes(m + 1, 0.0);  // bytes[i]: the first i members'
-    for (size_t i = 0; i < m; ++i) {
+    // The places a cut may go: after every gradient, or, for more than kMaxAutoCuts gradients (a model
+    // of thousands of tensors), after runs of about 1/kMaxAutoCuts of the bytes, so that the search
+    // stays within kMaxAutoBuckets x kMaxAutoCuts^2 / 2 steps.
+    const size_t n = members.size();
+    std::vector<double> member_bytes(n);
+    double group_bytes = 0;
+    for (size_t i = 0; i < n; ++i) {
       const GradSpec& g = grads[members[i]];
-      bytes[i + 1] = bytes[i] + static_cast<double>(g.numel) * static_cast<double>(c10::elementSize(g.dtype));
+      member_bytes[i] = static_cast<double>(g.numel) * static_cast<double>(c10::elementSize(g.dtype));
+      group_bytes += member_bytes[i];
     }
-    // finish[k][i]: the earliest the last of k collectives of members [0, i) can finish, each earlier one
-    // having delayed the backward by alpha; cut[k][i]: where that plan's last bucket starts.
+    std::vector<size_t> ends;  // ends[u]: one past the last member of unit u
+    double run = 0;
+    for (size_t i = 0; i < n; ++i) {
+      run += member_bytes[i];
+      if (n <= kMaxAutoCuts || (run > 0 && run * static_cast<double>(kMaxAutoCuts) >= group_bytes) || i + 1 == n) {
+        ends.push_back(i + 1);
+        run = 0;
+      }
+    }
+    const size_t m = ends.size();
+    std::vector<double> bytes(m + 1, 0.0);  // bytes[u]: units [0, u)'s
+    for (size_t u = 0, i = 0; u < m; ++u) {
+      bytes[u + 1] = bytes[u];
+      for (; i < ends[u]; ++i) bytes[u + 1] += member_bytes[i];
+    }
+    // finish[k][u]: the earliest the last of k collectives of units [0, u) can finish, each earlier one
+    // having delayed the backward by alpha; cut[k][u]: where that plan's last bucket starts.
     const size_t most = std::min(m, kMaxAutoBuckets);
     const double inf = std::numeric_limits<double>::infinity();
     std::vector<std::vector<double>> finish(most + 1, std::vector<double>(m + 1, inf));
@@ -137,15 +157,15 @@ std::vector<Bucket> plan_buckets_auto(const std::vector<GradSpec>& grads, const 
     finish[0][0] = -inf;
     for (size_t k = 1; k <= most; ++k) {
       const double delay = cost.alpha_ns * static_cast<double>(k - 1);  // from the k-1 collectives before
-      for (size_t i = k; i <= m; ++i) {
-        const double ready = static_cast<double>(ready_ns[pos[members[i - 1]]]) + delay;
-        for (size_t j = k - 1; j < i; ++j) {  // the last bucket is members [j, i)
+      for (size_t u = k; u <= m; ++u) {
+        const double ready = static_cast<double>(ready_ns[pos[members[ends[u - 1] - 1]]]) + delay;
+        for (size_t j = k - 1; j < u; ++j) {  // the last bucket is units [j, u)
           if (finish[k - 1][j] == inf) continue;
           const double f =
-              std::max(ready, finish[k - 1][j]) + cost.alpha_ns + cost.beta_ns_per_byte * (bytes[i] - bytes[j]);
-          if (f < finish[k][i]) {
-            finish[k][i] = f;
-            cut[k][i] = j;
+              std::max(ready, finish[k - 1][j]) + cost.alpha_ns + cost.beta_ns_per_byte * (bytes[u] - bytes[j]);
+          if (f < finish[k][u]) {
+            finish[k][u] = f;
+            cut[k][u] = j;
           }
         }
       }
@@ -155,8 +175,9 @@ std::vector<Bucket> plan_buckets_auto(const std::vector<GradSpec>& grads, const 
       if (finish[c][m] < finish[k][m]) k = c;
     }
     std::vector<std::vector<size_t>> pieces;
-    for (size_t i = m; i > 0; i = cut[k][i], --k) {
-      pieces.emplace_back(members.begin() + cut[k][i], members.begin() + i);
+    for (size_t u = m; u > 0; u = cut[k][u], --k) {
+      const size_t begin = cut[k][u] ? ends[cut[k][u] - 1] : 0;
+      pieces.emplace_back(members.begin() + begin, members.begin() + ends[u - 1]);
     }
     std::reverse(pieces.begin(), pieces.end());
     for (const auto& piece : pieces) out.push_back(bucket_of(grads, piece));

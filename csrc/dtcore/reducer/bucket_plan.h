@@ -72,7 +72,8 @@ Bucket bucket_of(const std::vector<GradSpec>& grads, const std::vector<size_t>& 
 
 // Note [Buckets that size themselves]: with bucket_mb="auto" the reducer cuts its buckets where
 // they leave the least communication after the backward, from two measurements: when each
-// gradient became ready in the first reduced backward (rank 0's clock, the order it observed) and
+// gradient became ready in the first reduced backward (rank 0's clock, the order it observed; on a
+// GPU, CUDA events recorded on the backward's stream, since the host runs ahead of it) and
 // what one all-reduce costs on this communicator (alpha + beta x bytes, fitted from a few sizes).
 // The model: collectives run one at a time in plan order, a bucket's once its last gradient is
 // ready and the one before it has finished; and each collective delays the rest of the backward
@@ -87,6 +88,7 @@ Bucket bucket_of(const std::vector<GradSpec>& grads, const std::vector<size_t>& 
 // can be hidden. Gradients of several dtypes or devices are cut per kind, each ignoring the
 // others' delays.
 inline constexpr size_t kMaxAutoBuckets = 64;
+inline constexpr size_t kMaxAutoCuts = 512;  // places a cut may go; more gradients are grouped in runs
 
 struct CollectiveCost {
   double alpha_ns = 0;          // a collective's fixed cost

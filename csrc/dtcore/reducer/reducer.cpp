@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
@@ -73,8 +74,9 @@ void Reducer::check_options(const Options& options) {
                "as well.");
   DTCORE_CHECK(!options.auto_buckets || options.first_bucket_mb == kDefaultFirstBucketMiB, ConfigError,
                "first_bucket_mb=", options.first_bucket_mb,
-               " with bucket_mb='auto': the planner chooses the first bucket too, from the measured backward. Fix: "
-               "leave first_bucket_mb out, or give bucket_mb a size in MiB.");
+               " with bucket_mb='auto' (dtcore.wrap's default): the planner chooses the first bucket too, from the "
+               "measured backward. Fix: leave first_bucket_mb out, or give bucket_mb a size in MiB as well (e.g. "
+               "bucket_mb=25).");
 }
 
 Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, std::shared_ptr<Communicator> comm,
@@ -351,6 +353,7 @@ void Reducer::reset_locked() {
   drained_ = 0;
   ready_order_.clear();
   ready_times_.clear();
+  ready_events_.clear();
 }
 
 void Reducer::launch_ready_locked() {
@@ -578,6 +581,10 @@ void Reducer::mark_ready_locked(size_t index) {
       ready_times_.push_back(
           std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
               .count());
+      if (s.param.is_cuda()) {  // the host runs ahead of the GPU: its clock, at this point of its stream
+        ready_events_.emplace_back(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
+        ready_events_.back().record(c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getStream(s.param.device()));
+      }
     }
   }
   grad_order_.push_back(index);

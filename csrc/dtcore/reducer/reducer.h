@@ -134,6 +134,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include "dtcore/comm/communicator.h"
@@ -291,8 +292,9 @@ class Reducer {
   // With Options::auto_buckets, once the plan is final: what it was chosen from and what it expects
   // (all 0 before, or where the first plan was kept: find_unused_parameters without static_graph).
   struct AutoPlanInfo {
-    bool chosen = false;  // the plan is the auto planner's
-    double alpha_us = 0;  // one all-reduce: alpha_us + us_per_mib x MiB (rank 0's fit)
+    bool chosen = false;        // the plan is the auto planner's
+    bool device_clock = false;  // the timeline is the GPU's (CUDA events), not the host's
+    double alpha_us = 0;        // one all-reduce: alpha_us + us_per_mib x MiB (rank 0's fit)
     double us_per_mib = 0;
     double backward_ms = 0;         // the first reduced backward, first gradient to last (rank 0)
     double exposed_ms = 0;          // communication left after the last gradient, by that model
@@ -424,6 +426,7 @@ class Reducer {
   size_t drained_ = 0;                    // zero=2: buckets before this one are in their shards, buffers freed
   std::vector<size_t> ready_order_;       // slots in the order they became ready (until the rebuild)
   std::vector<int64_t> ready_times_;      // when each became ready (steady clock, ns), with auto_buckets
+  std::vector<c10::Event> ready_events_;  // and on CUDA, where it became ready on the device's stream
   AutoPlanInfo auto_info_;
   std::vector<size_t> grad_order_;  // the same in every reduced backward, kept after it; last_ready_order()
   BackwardTimes times_;             // See Note [Backward timeline]; cleared when a backward starts

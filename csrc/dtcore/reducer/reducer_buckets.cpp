@@ -121,45 +121,63 @@ bool Reducer::shared_memory_plan() const {  // See Note [Buckets in shared memor
 }
 
 CollectiveCost Reducer::measure_collective_cost(bool shared_memory) {
-  // The first bucket's kind (most models have one), sizes from 64 KiB to the whole model's gradients
-  // (at least 4 MiB, at most 64 MiB), three of each, the fastest counted: the first pays for any skew
-  // between the ranks' arrivals. A least-squares line through the three sizes.
+  // The collective the buckets will issue (an all-reduce; zero=2's reduce-scatter), in the dtype it
+  // sends (comm_dtype, else the first bucket's: most models have one), at 64 KiB, 1 MiB and the whole
+  // model's gradients (at least 4 MiB, at most 64 MiB), three of each, the fastest counted: the first
+  // pays for any skew between the ranks' arrivals. beta the least-squares slope through the three,
+  // alpha what the smallest leaves of its time (the line's intercept, which the largest size sets,
+  // can come out negative).
   std::vector<Bucket> plan;
   {
     std::lock_guard<std::mutex> lock(mu_);
     plan = plan_;
   }
   if (plan.empty()) return {};
-  const c10::ScalarType dtype = plan.front().dtype;
+  const c10::ScalarType dtype = options_.comm_dtype.value_or(plan.front().dtype);
   const c10::Device device = plan.front().device;
-  int64_t total = 0;
-  for (const Bucket& b : plan) total += b.bytes();
   const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
-  const std::vector<int64_t> sizes{64 << 10, 1 << 20, std::clamp<int64_t>(total, 4 << 20, 64 << 20)};
+  int64_t total = 0;  // the bytes the buckets send
+  for (const Bucket& b : plan) total += b.numel * element;
+  const int64_t unit = 4096 * comm_->size();  // whole elements, and whole shards for a reduce-scatter
+  std::vector<int64_t> sizes{64 << 10, 1 << 20, std::clamp<int64_t>(total, 4 << 20, 64 << 20)};
+  for (size_t i = 0; i < sizes.size(); ++i) {  // multiples of `unit`, each larger than the one before
+    sizes[i] = std::max<int64_t>(sizes[i] / unit * unit, i ? sizes[i - 1] + unit : unit);
+  }
+  const int64_t largest = sizes.back();
   at::Tensor scratch;
-  if (shared_memory && device.is_cpu()) scratch = comm_->shared_buffer(sizes.back());  // like the buckets
-  if (!scratch.defined()) scratch = at::zeros({sizes.back()}, at::TensorOptions().dtype(at::kByte).device(device));
+  if (shared_memory && device.is_cpu()) scratch = comm_->shared_buffer(largest);  // where the buckets will be
+  if (!scratch.defined()) scratch = at::zeros({largest}, at::TensorOptions().dtype(at::kByte).device(device));
   scratch = scratch.view(dtype);
-  std::vector<double> x, y;
+  std::vector<double> seconds;
   for (int64_t bytes : sizes) {
+    const at::Tensor input = scratch.narrow(0, 0, bytes / element);
     double best = std::numeric_limits<double>::infinity();
     for (int repeat = 0; repeat < 3; ++repeat) {
       const auto start = std::chrono::steady_clock::now();
-      comm_->all_reduce(scratch.narrow(0, 0, bytes / element), ReduceOp::Sum, "bucket cost probe")->wait();
+      if (options_.zero == 2) {  // each rank keeps its shard: Note [Shard layout]
+        at::Tensor output = at::empty({input.numel() / comm_->size()}, input.options());
+        comm_->reduce_scatter(output, input, ReduceOp::Avg, "bucket cost probe")->wait();
+      } else {
+        comm_->all_reduce(input, ReduceOp::Sum, "bucket cost probe")->wait();
+      }
       best = std::min(best, std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count());
     }
-    x.push_back(static_cast<double>(bytes));
-    y.push_back(best);
+    seconds.push_back(best);
   }
-  const double mx = (x[0] + x[1] + x[2]) / 3, my = (y[0] + y[1] + y[2]) / 3;
-  double sxy = 0, sxx = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    sxy += (x[i] - mx) * (y[i] - my);
-    sxx += (x[i] - mx) * (x[i] - mx);
+  double mx = 0, my = 0, sxy = 0, sxx = 0;  // beta: the least-squares slope through the three
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    mx += static_cast<double>(sizes[i]) / 3;
+    my += seconds[i] / 3;
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    sxy += (static_cast<double>(sizes[i]) - mx) * (seconds[i] - my);
+    sxx += (static_cast<double>(sizes[i]) - mx) * (static_cast<double>(sizes[i]) - mx);
   }
   CollectiveCost cost;
   cost.beta_ns_per_byte = std::max(0.0, sxy / sxx);
-  cost.alpha_ns = std::max(0.0, my - cost.beta_ns_per_byte * mx);
+  cost.alpha_ns = std::max(0.0, seconds[0] - cost.beta_ns_per_byte * static_cast<double>(sizes[0]));
+  // Per byte of gradient (the planner counts buckets in their own dtype), where comm_dtype sends fewer.
+  cost.beta_ns_per_byte *= static_cast<double>(element) / static_cast<double>(c10::elementSize(plan.front().dtype));
   return cost;
 }
 
@@ -169,16 +187,37 @@ void Reducer::rebuild_if_needed() {
   // autograd ran in on each.
   std::vector<size_t> order;
   std::vector<int64_t> times;
+  std::vector<c10::Event> events;
   {
     std::lock_guard<std::mutex> lock(mu_);
     order = ready_order_;
     times = ready_times_;
+    events = std::move(ready_events_);
+    ready_events_.clear();
+  }
+  // CUDA: when the device got there, not the host (which runs ahead). Rank 0's times are the ones
+  // broadcast, so only it reads them; an event it cannot time leaves the host's clock.
+  bool device_clock = false;
+  if (comm_->rank() == 0 && !events.empty() && events.size() == times.size()) {
+    try {
+      std::vector<int64_t> device_times(times.size(), times[0]);
+      for (c10::Event& e : events) e.synchronize();
+      for (size_t i = 1; i < times.size(); ++i) {
+        const auto ns = static_cast<int64_t>(std::llround(events.front().elapsedTime(events[i]) * 1e6));
+        device_times[i] = std::max(device_times[i - 1], times[0] + ns);
+      }
+      times = std::move(device_times);
+      device_clock = true;
+    } catch (const c10::Error& e) {
+      log::warn("reducer: bucket_mb=auto times the first backward by the host's clock: ", e.what_without_backtrace());
+    }
   }
   const size_t n = slots_.size();
   const bool shared_memory = shared_memory_plan();  // the same decision on every rank
-  const bool measure = options_.auto_buckets;       // every rank alike: the probe is a collective
+  // Every rank alike, by the one option the ranks agree on at wrap: the probe is a collective.
+  const bool measure = options_.auto_buckets;
   const CollectiveCost measured = measure ? measure_collective_cost(shared_memory) : CollectiveCost{};
-  at::Tensor shared = at::full({static_cast<int64_t>(measure ? 2 * n + 2 : n)}, -1, at::kLong);
+  at::Tensor shared = at::full({static_cast<int64_t>(measure ? 2 * n + 3 : n)}, -1, at::kLong);
   int64_t* out = shared.data_ptr<int64_t>();
   if (order.size() == n) {  // else this rank saw fewer: -1 says "no complete order"
     for (size_t i = 0; i < n; ++i) out[i] = static_cast<int64_t>(order[i]);
@@ -189,6 +228,7 @@ void Reducer::rebuild_if_needed() {
   if (measure) {  // whole nanoseconds, and femtoseconds per byte
     out[2 * n] = std::llround(measured.alpha_ns);
     out[2 * n + 1] = std::llround(measured.beta_ns_per_byte * 1e6);
+    out[2 * n + 2] = device_clock ? 1 : 0;
   }
   if (comm_->backend() == "nccl") shared = shared.to(plan_.empty() ? c10::Device(c10::kCPU) : plan_[0].device);
   comm_->broadcast(shared, 0)->wait();
@@ -217,6 +257,7 @@ void Reducer::rebuild_if_needed() {
     plan = plan_buckets_auto(specs_, chosen, chosen_times, cost);
     AutoPlanInfo info;
     info.chosen = true;
+    info.device_clock = in[2 * n + 2] != 0;
     info.alpha_us = cost.alpha_ns / 1e3;
     info.us_per_mib = cost.beta_ns_per_byte * (1 << 20) / 1e3;
     info.backward_ms = n ? static_cast<double>(chosen_times.back()) / 1e6 : 0.0;
@@ -242,7 +283,7 @@ void Reducer::rebuild_if_needed() {
   } else {
     plan = plan_buckets(specs_, chosen, caps_);
   }
-  if (measure && !order_rebuilt_ && comm_->rank() == 0) {
+  if (options_.auto_buckets && !order_rebuilt_ && comm_->rank() == 0) {
     log::info("reducer: bucket_mb=auto keeps its first plan (", options_.bucket_mb,
               " MiB buckets): with find_unused_parameters and no static_graph the order of gradients may change "
               "from step to step. Fix: static_graph=True if the model uses the same parameters every step.");
@@ -295,10 +336,11 @@ void Reducer::adopt_plan(const std::vector<std::vector<size_t>>& buckets) {
     DTCORE_CHECK(!plan_final_ && reductions_ == 0 && !backward_started_, ConfigError,
                  "adopt_plan: the buckets are already final (after the first reduced backward). Fix: adopt a saved "
                  "plan before the first backward, as load_checkpoint does.");
-    plan_final_ = true;
-    order_rebuilt_ = !options_.find_unused_parameters || options_.static_graph;  // as rebuild_if_needed()
   }
-  build_buckets(std::move(plan), shared_memory_plan(), /*only_into_shared_memory=*/false);
+  build_buckets(std::move(plan), shared_memory_plan(), /*only_into_shared_memory=*/false);  // a collective
+  std::lock_guard<std::mutex> lock(mu_);
+  plan_final_ = true;  // once built: a failed build leaves the first plan, still to be rebuilt
+  order_rebuilt_ = !options_.find_unused_parameters || options_.static_graph;  // as rebuild_if_needed()
 }
 
 }  // namespace dtcore

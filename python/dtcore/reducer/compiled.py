@@ -9,11 +9,13 @@ each graph it compiles there into pieces of about one bucket's worth of paramete
 order, a small first piece). Each piece is an autograd node of its own, so its parameters' hooks
 fire when its backward ends, and their buckets go while earlier pieces still compute.
 
-The wrapper's forward itself is never traced (torch.compiler.disable(recursive=False)): its
-bookkeeping (arming the reducer, buffer broadcasts, timings, the unused-parameter search) runs
-eagerly in functions dynamo skips whole, and the module's frames beneath it are compiled. So
-torch.compile(dtcore.wrap(m)), dtcore.wrap(torch.compile(m)) and model.compile() give the same
-graphs, with no graph break in dtcore's code.
+The wrapper's forward itself is never traced (torch.compiler.disable(recursive=False), through
+torch's lazy torch._disable_dynamo, as torch DDP's: torch.compiler.disable at class definition would
+import dynamo, seconds, with `import dtcore`): its bookkeeping (arming the reducer, buffer
+broadcasts, timings, the unused-parameter search) runs eagerly in functions dynamo skips whole, and
+the module's frames beneath it are compiled. So torch.compile(dtcore.wrap(m)),
+dtcore.wrap(torch.compile(m)) and model.compile() give the same graphs, with no graph break in
+dtcore's code.
 
 Dynamo's first piece holds at least torch's first bucket size (1 MiB), and it refuses a cap below
 that; a model whose bucket_mb is smaller is split into 1 MiB pieces (its buckets still go as soon
@@ -45,17 +47,18 @@ class SplittingGraphs:
     """While `model.module` runs: graphs dynamo compiles are split at bucket boundaries. Never traced
     itself (its methods are skipped whole, as the wrapper's bookkeeping)."""
 
+    @torch._disable_dynamo
     def __init__(self, model: Any) -> None:
         self._model = model
         self._previous: Any = None
 
-    @torch.compiler.disable
+    @torch._disable_dynamo
     def __enter__(self) -> None:
         first = getattr(torch.distributed, "_DEFAULT_FIRST_BUCKET_BYTES", 2**20)
         cap = self._model.bucket_bytes_cap
         self._previous = _TorchDDP._active_ddp_module
         _TorchDDP._active_ddp_module = self._model if cap >= first else _SplitCue(first)
 
-    @torch.compiler.disable
+    @torch._disable_dynamo
     def __exit__(self, *exc: object) -> None:
         _TorchDDP._active_ddp_module = self._previous

@@ -31,6 +31,9 @@ from .torch_face import TorchDDPFace
 from .uneven import Uneven
 
 _DEFAULTS = _C.ReducerOptions()
+# dtcore.wrap's bucket size: measured (Note [Buckets that size themselves]). torch's face
+# (dtcore.DistributedDataParallel) keeps torch's bucket_cap_mb=25, the reducer's own default caps.
+DEFAULT_BUCKET_MB = "auto"
 
 
 def _signature(named: list[tuple[str, torch.Tensor]]) -> list[str]:
@@ -41,11 +44,12 @@ def _signature(named: list[tuple[str, torch.Tensor]]) -> list[str]:
 class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
     """Wraps `module`; `forward` passes through, `.module` is the original. See dtcore.wrap.
 
-    bucket_mb / first_bucket_mb: bucket caps in MiB (2^20 bytes, as torch DDP's bucket_cap_mb); the
-    first bucket is small so that communication starts early in backward. bucket_mb="auto": the
-    buckets are cut where they hide the most communication, from the first backward's timeline and
-    the measured cost of an all-reduce (Note [Buckets that size themselves]); a checkpoint keeps
-    the plan, so that a resumed job does not measure again. comm_dtype: send
+    bucket_mb: "auto" (the default) cuts the buckets where they hide the most communication, from the
+    first backward's timeline and the measured cost of an all-reduce (Note [Buckets that size
+    themselves]; before that backward, buckets of the reducer's default caps); a checkpoint keeps
+    the plan, so that a resumed job does not measure again. A number: bucket caps in MiB (2^20
+    bytes, as torch DDP's bucket_cap_mb), the first bucket first_bucket_mb, small so that
+    communication starts early in backward. comm_dtype: send
     gradients as torch.bfloat16 or torch.float16. find_unused_parameters: allow parameters that get
     no gradient in some steps. broadcast_buffers: broadcast rank 0's buffers before each forward.
     zero: 0 keeps whole gradients on every rank; 1 shards the optimizer state and 2 the gradients
@@ -70,7 +74,7 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
         self,
         module: torch.nn.Module,
         *,
-        bucket_mb: float | str = _DEFAULTS.bucket_mb,
+        bucket_mb: float | str = DEFAULT_BUCKET_MB,
         first_bucket_mb: float = _DEFAULTS.first_bucket_mb,
         comm_dtype: torch.dtype | None = _DEFAULTS.comm_dtype,
         find_unused_parameters: bool = _DEFAULTS.find_unused_parameters,
@@ -125,6 +129,13 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
             what="the model (parameter names, shapes, dtypes and requires_grad)",
             item="parameter",
             fix="build the same model on every rank (same code, same configuration) before wrapping it.",
+            communicator=self._comm,
+        )
+        agree.check_same(  # the reducer's collectives depend on them: Note [Buckets that size themselves]
+            [f"bucket_mb={'auto' if options.get('auto_buckets') else options['bucket_mb']}"],
+            what="the bucket size (bucket_mb)",
+            item="value",
+            fix="pass the same bucket_mb to dtcore.wrap on every rank.",
             communicator=self._comm,
         )
         self._broadcast_initial(init_sync_buffers)
@@ -183,6 +194,7 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
         stacking.take_over(self, [p for _, p in named])
         self._live_reducer = _C.Reducer([p for _, p in named], [n for n, _ in named], self._comm, options)
         self._trainable = [p for _, p in named if p.requires_grad]  # the reducer's indices (bucket_layout)
+        self._trainable_names = [n for n, p in named if p.requires_grad]
         stacking.claim(self, [p for _, p in named])
         self._reattach_hooks(self._live_reducer)
         if self._options["zero"] == 2:
@@ -195,7 +207,7 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
             return
         if self._live_reducer is not None:
             self._live_reducer.release_parameters()
-        self._live_reducer = self._trainable = None  # its buckets go with it
+        self._live_reducer = self._trainable = self._trainable_names = None  # its buckets go with it
         self._retired = (what, fix)
 
     def _remove_autograd_hooks(self) -> None:
@@ -227,7 +239,13 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
     def __getstate__(self) -> dict[str, Any]:
         """As torch DDP's: the reducer stays behind; a copy or an unpickled model builds its own."""
         state = self.__dict__.copy()
-        for name in ("_live_reducer", "_trainable", "process_group", "_comm"):  # a process group does not pickle
+        for name in (
+            "_live_reducer",
+            "_trainable",
+            "_trainable_names",
+            "process_group",
+            "_comm",
+        ):  # no pickling a group
             state.pop(name, None)
         return state
 
@@ -239,14 +257,18 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
             self._comm = get_context().communicator
             self._attach()
 
-    @torch.compiler.disable(recursive=False)  # See Note [dtcore under torch.compile]
+    @torch._disable_dynamo(recursive=False)  # See Note [dtcore under torch.compile]
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         synced, sync_buffers, src = self._forward_prologue()
-        with SplittingGraphs(self):
-            out = self.module(*args, **kwargs)
+        try:
+            with SplittingGraphs(self):
+                out = self.module(*args, **kwargs)
+        except _C.DtcoreError as e:  # recorded as records_errors records the prologue's and epilogue's
+            self._record_error(type(e).__name__, str(e))
+            raise
         return self._forward_epilogue(out, synced, sync_buffers, src)
 
-    @torch.compiler.disable
+    @torch._disable_dynamo
     @records_errors
     def _forward_prologue(self) -> tuple[bool, bool, int]:
         """Before the module runs: arms the reducer, broadcasts buffers. Returns (synced, sync_buffers, the
@@ -268,7 +290,7 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
             self._sync_forward_buffers(src, post_forward=False)
         return synced, sync_buffers, src
 
-    @torch.compiler.disable
+    @torch._disable_dynamo
     @records_errors
     def _forward_epilogue(self, out: Any, synced: bool, sync_buffers: bool, src: int) -> Any:
         if sync_buffers:
@@ -350,7 +372,7 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
         reducer = self._reducer
         if not self._options.get("auto_buckets") or not (reducer.auto_plan_info()["chosen"] or self._plan_adopted):
             return None
-        names = [n for n, p in self._named_parameters() if p.requires_grad]  # the reducer's indices
+        names = self._trainable_names  # by the reducer's indices
         return {"world_size": self._comm.size, "buckets": [[names[i] for i in b] for b in self.bucket_params]}
 
     def adopt_bucket_plan(self, state: dict[str, Any] | None) -> bool:
@@ -360,7 +382,7 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
         reducer = self._reducer
         if not state or not self._options.get("auto_buckets") or reducer.plan_final:
             return False
-        index = {n: i for i, (n, p) in enumerate(p for p in self._named_parameters() if p[1].requires_grad)}
+        index = {n: i for i, n in enumerate(self._trainable_names)}
         saved = [name for bucket in state["buckets"] for name in bucket]
         if state["world_size"] != self._comm.size or sorted(saved) != sorted(index):
             return False

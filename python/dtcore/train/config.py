@@ -21,6 +21,7 @@ from typing import Any, Literal
 import tomllib
 
 from .. import _C
+from ..reducer.model import DEFAULT_BUCKET_MB
 from .rundir import STRAGGLER_FACTOR, WINDOW
 
 
@@ -159,7 +160,7 @@ class ParallelConfig:
     (dtcore.ShardedOptimizer); 3: parameters too, each transformer layer gathered while it runs."""
     activation_checkpointing: str = "none"
     """none, all, selective, every:<k> or budget:<size> (e.g. budget:2GB): see dtcore.checkpoint_activations."""
-    bucket_mb: float | Literal["auto"] = 25.0
+    bucket_mb: float | Literal["auto"] = DEFAULT_BUCKET_MB
     """Gradient bucket size in MiB for the overlapped all-reduce (zero=0/1/2; zero=3 reduces by layer), or auto:
     chosen from the first backward's timeline and the measured cost of an all-reduce (kept in checkpoints)."""
 

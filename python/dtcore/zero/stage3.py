@@ -211,7 +211,7 @@ class FullyShardedModel(DistributedModel):
 
     # --- training -------------------------------------------------------------------------
 
-    @torch.compiler.disable  # See Note [zero=3 and torch.compile]
+    @torch._disable_dynamo  # See Note [zero=3 and torch.compile]; lazy, as torch.compiler.disable is not
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         stacking.refuse_outer_ddp(self)
         synced = torch.is_grad_enabled() and self.require_backward_grad_sync

@@ -44,6 +44,8 @@ def _check_report(report: dict, world: int) -> None:
     assert report["collectives"] == dict.fromkeys(report["collectives"], True), report["collectives"]
     assert report["reducer"]["grads_on_gpu"]
     assert report["reducer"]["max_error"] < 1e-5, report["reducer"]
+    for kind, auto in report["auto_buckets"].items():  # the device's timeline, eager and compiled
+        assert auto["max_error"] < 1e-5 and auto["chosen"] and auto["device_clock"], (kind, auto)
     zero = report["zero"]
     for key in ("zero=1 max_error", "zero=2 max_error", "zero=3 max_error"):
         assert zero[key] < 1e-5, zero

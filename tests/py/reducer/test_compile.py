@@ -71,9 +71,15 @@ def test_find_unused_parameters_compiled_as_torch_ddp(ranks):
 def test_buckets_below_dynamos_first_piece_compile(ranks):
     for r in ranks:
         j = r["small_buckets"]
-        assert j["grad_diff"] == 0.0 and j["buckets"] > 4 and j["overlapped"], j
+        assert j["grad_diff"] == 0.0 and j["buckets"] > 4 and j["first_collective"] < 0.6, j
 
 
 def test_auto_buckets_compiled(ranks):
     for r in ranks:
         assert r["auto_buckets"] == {"param_diff": 0.0, "chosen": True}
+
+
+def test_models_with_quirks_compile_as_torch_ddp(ranks):
+    for r in ranks:  # tied weights, a parameter used twice, frozen ones, BatchNorm buffers
+        j = r["quirks"]
+        assert j["buffers_equal"] and j["dtcore_breaks"] == [], j

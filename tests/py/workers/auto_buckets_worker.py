@@ -120,6 +120,11 @@ def refusals(rank: int) -> dict:
             out[name] = "accepted"
         except dtcore.ConfigError as e:
             out[name] = str(e)
+    try:
+        dtcore.wrap(gpt(), bucket_mb="auto" if rank == 0 else 25)
+        out["ranks_differ"] = "accepted"
+    except dtcore.ConfigError as e:
+        out["ranks_differ"] = str(e)
     return out
 
 

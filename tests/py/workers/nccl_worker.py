@@ -78,16 +78,38 @@ def reducer(rank: int) -> dict:
     """dtcore.wrap's averaged gradients against a plain model's, averaged by torch.distributed."""
     plain = _gpt()
     model = dtcore.wrap(copy.deepcopy(plain), bucket_mb=0.05)  # several buckets, overlapped with backward
+    return {
+        "max_error": _max_error(plain, model, model, rank),
+        "grads_on_gpu": all(p.grad.is_cuda for p in model.parameters()),
+    }
+
+
+def _max_error(plain: torch.nn.Module, model: torch.nn.Module, run: torch.nn.Module, rank: int) -> float:
+    """Over 3 steps, the largest difference between `model`'s gradients (trained through `run`, itself or
+    its compiled form) and the plain model's averaged by torch.distributed."""
     errors = []
     for step in range(3):
         x, y = _batch(rank, step)
         plain.zero_grad(set_to_none=True)
         model.zero_grad(set_to_none=True)
         plain(x, y).backward()
-        model(x, y).backward()
+        run(x, y).backward()
         want = _averaged_grads(plain)
         errors.append(max((p.grad - w).abs().max().item() for p, w in zip(model.parameters(), want)))
-    return {"max_error": max(errors), "grads_on_gpu": all(p.grad.is_cuda for p in model.parameters())}
+    return max(errors)
+
+
+def auto_buckets(rank: int) -> dict:
+    """bucket_mb="auto" on a GPU: the timeline from CUDA events (Note [Buckets that size themselves]), and the
+    same model compiled (Note [dtcore under torch.compile]), against the plain model's averaged gradients."""
+    out = {}
+    for compiled in (False, True):
+        plain = _gpt()
+        model = dtcore.wrap(copy.deepcopy(plain), bucket_mb="auto")
+        run = torch.compile(model, backend="aot_eager") if compiled else model  # the split, without codegen time
+        error = _max_error(plain, model, run, rank)
+        out["compiled" if compiled else "eager"] = {"max_error": error, **model._reducer.auto_plan_info()}
+    return out
 
 
 def zero(rank: int) -> dict:
@@ -140,7 +162,7 @@ def offload(rank: int) -> dict:
     }
 
 
-CASES = [setup, collectives, reducer, zero, offload]
+CASES = [setup, collectives, reducer, auto_buckets, zero, offload]
 
 if __name__ == "__main__":
     run_cases(CASES)
