@@ -74,7 +74,7 @@ void Reducer::check_options(const Options& options) {
                "as well.");
   DTCORE_CHECK(!options.auto_buckets || options.first_bucket_mb == kDefaultFirstBucketMiB, ConfigError,
                "first_bucket_mb=", options.first_bucket_mb,
-               " with bucket_mb='auto' (dtcore.wrap's default): the planner chooses the first bucket too, from the "
+               " with bucket_mb='auto': the planner chooses the first bucket too, from the "
                "measured backward. Fix: leave first_bucket_mb out, or give bucket_mb a size in MiB as well (e.g. "
                "bucket_mb=25).");
 }

@@ -31,9 +31,12 @@ from .torch_face import TorchDDPFace
 from .uneven import Uneven
 
 _DEFAULTS = _C.ReducerOptions()
-# dtcore.wrap's bucket size: measured (Note [Buckets that size themselves]). torch's face
-# (dtcore.DistributedDataParallel) keeps torch's bucket_cap_mb=25, the reducer's own default caps.
-DEFAULT_BUCKET_MB = "auto"
+# dtcore.wrap's bucket size: the reducer's default cap (torch's 25 MiB), not "auto". An auto plan
+# depends on the first backward's timing, so two runs of one job may cut their buckets differently,
+# and where a result's rounding depends on the layout (the clip norm summed over zero=2's shards, a
+# ring all-reduce of more than 2 ranks) they differ in the last bits: runs would stop being bitwise
+# reproducible. See Note [Buckets that size themselves].
+DEFAULT_BUCKET_MB: float | str = _DEFAULTS.bucket_mb
 
 
 def _signature(named: list[tuple[str, torch.Tensor]]) -> list[str]:
@@ -44,12 +47,12 @@ def _signature(named: list[tuple[str, torch.Tensor]]) -> list[str]:
 class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
     """Wraps `module`; `forward` passes through, `.module` is the original. See dtcore.wrap.
 
-    bucket_mb: "auto" (the default) cuts the buckets where they hide the most communication, from the
-    first backward's timeline and the measured cost of an all-reduce (Note [Buckets that size
-    themselves]; before that backward, buckets of the reducer's default caps); a checkpoint keeps
-    the plan, so that a resumed job does not measure again. A number: bucket caps in MiB (2^20
-    bytes, as torch DDP's bucket_cap_mb), the first bucket first_bucket_mb, small so that
-    communication starts early in backward. comm_dtype: send
+    bucket_mb: bucket caps in MiB (2^20 bytes, as torch DDP's bucket_cap_mb), the first bucket
+    first_bucket_mb, small so that communication starts early in backward. "auto" cuts the buckets
+    where they hide the most communication, from the first backward's timeline and the measured cost
+    of an all-reduce (Note [Buckets that size themselves]; before that backward, buckets of the
+    default caps); a checkpoint keeps the plan, so that a resumed job does not measure again. Two
+    runs may then cut differently, and differ in the last bits (DEFAULT_BUCKET_MB says where). comm_dtype: send
     gradients as torch.bfloat16 or torch.float16. find_unused_parameters: allow parameters that get
     no gradient in some steps. broadcast_buffers: broadcast rank 0's buffers before each forward.
     zero: 0 keeps whole gradients on every rank; 1 shards the optimizer state and 2 the gradients
