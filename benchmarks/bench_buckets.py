@@ -59,7 +59,7 @@ def worker(args) -> None:
         result["buckets"] = {k: len(m.bucket_params) for k, m in models.items()}
         result["auto_info"] = models["auto"]._reducer.auto_plan_info()
         result["auto_sizes"] = [
-            sum(models["auto"]._trainable[i].numel() * 4 for i in b) / 2**20 for b in models["auto"].bucket_params
+            sum(models["auto"]._trainable[i].nbytes for i in b) / 2**20 for b in models["auto"].bucket_params
         ]
         result["params"] = num_parameters(base)
         result["block_size"] = block_size
