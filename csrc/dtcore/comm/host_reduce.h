@@ -20,7 +20,8 @@ namespace dtcore {
 bool host_reducible(at::ScalarType dtype);
 
 // dst[i] = op(own[i], peers[0][i], ..., peers[npeers - 1][i]) for i < n, reducing in that
-// order; Avg divides the sum by `ranks`. `dst` may be `own` (in place) but no peer. The dtype
+// order; Avg divides the sum by `ranks`. `dst` may be any input (in place: each block
+// of every input is read before that block of `dst` is written). The dtype
 // must be host_reducible(); Avg is for floating types only (the communicator checks both).
 void host_reduce(void* dst, const void* own, const void* const* peers, int npeers, int64_t n, at::ScalarType dtype,
                  ReduceOp op, int ranks);

@@ -43,8 +43,12 @@ namespace dtcore {
 //   4. all_gather and broadcast read the others' slots now; counter := 2t+2
 //   5. all_reduce waits until every counter >= 2t+2 and copies the reduced chunk out
 // All-reduce: rank p reduces part p of each chunk (1/N of it) into the result area, so that
-// every part is reduced once, by one rank, and all ranks get the same bits. A rank copies in
-// only the parts the others reduce. Reduce-scatter: each rank copies in the shards of the others
+// every part is reduced once, by one rank, and all ranks get the same bits. Every element is
+// reduced in rank order (rank 0's value first, whichever rank reduces it), so its bits do not
+// depend on which part it falls in either: a bucket layout or chunking of another run gives the
+// same sums (a ring, Gloo's or NCCL's, adds in an order that depends on the element's position,
+// and differs from run to run once the layout does). A rank copies in only the parts the others
+// reduce. Reduce-scatter: each rank copies in the shards of the others
 // and reduces its own shard straight into its output (no copy out). Per rank and byte of an
 // all-reduce at 2 ranks: half a byte copied in, one byte read to reduce, half written, one byte
 // copied out; Gloo over loopback copies each byte through two socket buffers, in the kernel.
@@ -470,6 +474,16 @@ int64_t chunks_of(int64_t n, int64_t per_chunk) { return std::max<int64_t>(1, (n
 // (clipped to m), on cache lines of `line` elements.
 int64_t part_of(int64_t m, int size, int64_t line) { return (m + size * line - 1) / (size * line) * line; }
 
+// The inputs of a reduction in rank order, rank r's at `at(r)`: returns rank 0's and puts the
+// others' in `rest` (See Note [Collectives through shared memory]: the order every element is
+// reduced in).
+template <typename At>
+const void* in_rank_order(int size, std::vector<const void*>& rest, At&& at) {
+  rest.clear();
+  for (int r = 1; r < size; ++r) rest.push_back(at(r));
+  return at(0);
+}
+
 }  // namespace
 
 void ShmExchange::all_reduce(const Collective& c, const Interrupt& interrupt) {
@@ -477,7 +491,8 @@ void ShmExchange::all_reduce(const Collective& c, const Interrupt& interrupt) {
   const int64_t per_chunk = chunk_elements(e, 1), line = kLine / e;
   char* data = static_cast<char*>(c.input.data_ptr());
   const auto place = buffers_->find(data, n * e);
-  std::vector<const void*> peers(static_cast<size_t>(size_ - 1));
+  std::vector<const void*> peers;
+  peers.reserve(static_cast<size_t>(size_ - 1));
   for (int64_t k = 0, chunks = chunks_of(n, per_chunk); k < chunks; ++k) {
     const int64_t off = k * per_chunk, m = std::min(per_chunk, n - off);
     // Rank p's part of the chunk: elements [lo(p), lo(p + 1)), on cache lines.
@@ -491,11 +506,10 @@ void ShmExchange::all_reduce(const Collective& c, const Interrupt& interrupt) {
     if (k == 0 && place) chunk.offer(*place);
     chunk.written();
     if (k == 0 && chunk.offered_everywhere()) return all_reduce_in_place(c, *place, chunk);
-    for (int r = 0, i = 0; r < size_; ++r) {
-      if (r != rank_) peers[static_cast<size_t>(i++)] = chunk.slot(r) + mine * e;
-    }
-    host_reduce(chunk.result() + mine * e, src + mine * e, peers.data(), size_ - 1, mine_end - mine,
-                c.input.scalar_type(), c.op, size_);
+    const void* first = in_rank_order(
+        size_, peers, [&](int r) -> const void* { return r == rank_ ? src + mine * e : chunk.slot(r) + mine * e; });
+    host_reduce(chunk.result() + mine * e, first, peers.data(), size_ - 1, mine_end - mine, c.input.scalar_type(), c.op,
+                size_);
     chunk.reduced();
     chunk.all_reduced();
     copy(src, chunk.result(), static_cast<size_t>(m * e));
@@ -512,11 +526,8 @@ void ShmExchange::all_reduce_in_place(const Collective& c, const ShmBuffers::Pla
   std::vector<const void*> peers;
   for (int64_t lo = mine; lo < mine_end; lo += block) {
     const int64_t m = std::min(block, mine_end - lo);
-    peers.clear();
-    for (int r = 0; r < size_; ++r) {
-      if (r != rank_) peers.push_back(place.at(r) + lo * e);
-    }
-    host_reduce(own + lo * e, own + lo * e, peers.data(), size_ - 1, m, c.input.scalar_type(), c.op, size_);
+    const void* first = in_rank_order(size_, peers, [&](int r) -> const void* { return place.at(r) + lo * e; });
+    host_reduce(own + lo * e, first, peers.data(), size_ - 1, m, c.input.scalar_type(), c.op, size_);
     for (int r = 0; r < size_; ++r) {
       if (r != rank_) copy(place.at(r) + lo * e, own + lo * e, static_cast<size_t>(m * e));
     }
@@ -530,7 +541,8 @@ void ShmExchange::reduce_scatter(const Collective& c, const Interrupt& interrupt
   const int64_t per_chunk = chunk_elements(e, size_);  // of each shard: the slot holds one per rank
   const char* in = static_cast<const char*>(c.input.data_ptr());
   char* out = static_cast<char*>(c.output.data_ptr());
-  std::vector<const void*> peers(static_cast<size_t>(size_ - 1));
+  std::vector<const void*> peers;
+  peers.reserve(static_cast<size_t>(size_ - 1));
   for (int64_t k = 0, chunks = chunks_of(n, per_chunk); k < chunks; ++k) {
     const int64_t off = k * per_chunk, m = std::min(per_chunk, n - off);
     Chunk chunk(*this, c, interrupt);
@@ -538,11 +550,10 @@ void ShmExchange::reduce_scatter(const Collective& c, const Interrupt& interrupt
       if (r != rank_) copy(chunk.slot(rank_) + r * per_chunk * e, in + (r * n + off) * e, static_cast<size_t>(m * e));
     }
     chunk.written();
-    for (int r = 0, i = 0; r < size_; ++r) {
-      if (r != rank_) peers[static_cast<size_t>(i++)] = chunk.slot(r) + rank_ * per_chunk * e;
-    }
-    host_reduce(out + off * e, in + (rank_ * n + off) * e, peers.data(), size_ - 1, m, c.output.scalar_type(), c.op,
-                size_);
+    const void* first = in_rank_order(size_, peers, [&](int r) -> const void* {
+      return r == rank_ ? in + (rank_ * n + off) * e : chunk.slot(r) + rank_ * per_chunk * e;
+    });
+    host_reduce(out + off * e, first, peers.data(), size_ - 1, m, c.output.scalar_type(), c.op, size_);
     chunk.reduced();
   }
 }

@@ -86,7 +86,9 @@ Bucket bucket_of(const std::vector<GradSpec>& grads, const std::vector<size_t>& 
 // the fewest on a tie. So: few cuts where gradients come in a burst (a compiled graph's piece), a
 // small last-ready bucket where the rest can hide behind the backward, one bucket where nothing
 // can be hidden. Gradients of several dtypes or devices are cut per kind, each ignoring the
-// others' delays.
+// others' delays. A plan measured from timing may differ from one run to the next, and with it
+// the last bits of whatever rounds by the layout: dtcore.wrap's bucket_options (Python) keeps the
+// default caps where the process asked torch for deterministic algorithms.
 inline constexpr size_t kMaxAutoBuckets = 64;
 inline constexpr size_t kMaxAutoCuts = 512;  // places a cut may go; more gradients are grouped in runs
 

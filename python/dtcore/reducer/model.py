@@ -10,6 +10,7 @@ them from there.
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -31,12 +32,11 @@ from .torch_face import TorchDDPFace
 from .uneven import Uneven
 
 _DEFAULTS = _C.ReducerOptions()
-# dtcore.wrap's bucket size: the reducer's default cap (torch's 25 MiB), not "auto". An auto plan
-# depends on the first backward's timing, so two runs of one job may cut their buckets differently,
-# and where a result's rounding depends on the layout (the clip norm summed over zero=2's shards, a
-# ring all-reduce of more than 2 ranks) they differ in the last bits: runs would stop being bitwise
-# reproducible. See Note [Buckets that size themselves].
-DEFAULT_BUCKET_MB: float | str = _DEFAULTS.bucket_mb
+# dtcore.wrap's bucket size: measured (Note [Buckets that size themselves]), unless the process asked
+# torch for deterministic algorithms, which fixes the default caps (bucket_options says why). torch's
+# face (dtcore.DistributedDataParallel) keeps torch's bucket_cap_mb=25, the reducer's own default.
+DEFAULT_BUCKET_MB: float | str = "auto"
+_log = logging.getLogger("dtcore.reducer")
 
 
 def _signature(named: list[tuple[str, torch.Tensor]]) -> list[str]:
@@ -47,12 +47,13 @@ def _signature(named: list[tuple[str, torch.Tensor]]) -> list[str]:
 class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
     """Wraps `module`; `forward` passes through, `.module` is the original. See dtcore.wrap.
 
-    bucket_mb: bucket caps in MiB (2^20 bytes, as torch DDP's bucket_cap_mb), the first bucket
-    first_bucket_mb, small so that communication starts early in backward. "auto" cuts the buckets
-    where they hide the most communication, from the first backward's timeline and the measured cost
-    of an all-reduce (Note [Buckets that size themselves]; before that backward, buckets of the
-    default caps); a checkpoint keeps the plan, so that a resumed job does not measure again. Two
-    runs may then cut differently, and differ in the last bits (DEFAULT_BUCKET_MB says where). comm_dtype: send
+    bucket_mb: "auto" (the default) cuts the buckets where they hide the most communication, from the
+    first backward's timeline and the measured cost of an all-reduce (Note [Buckets that size
+    themselves]; before that backward, buckets of the default caps); a checkpoint keeps the plan, so
+    that a resumed job does not measure again. Under torch.use_deterministic_algorithms(True) "auto"
+    takes the default caps (bucket_options says why). A number: bucket caps in MiB (2^20 bytes, as
+    torch DDP's bucket_cap_mb), the first bucket first_bucket_mb, small so that communication starts
+    early in backward. comm_dtype: send
     gradients as torch.bfloat16 or torch.float16. find_unused_parameters: allow parameters that get
     no gradient in some steps. broadcast_buffers: broadcast rank 0's buffers before each forward.
     zero: 0 keeps whole gradients on every rank; 1 shards the optimizer state and 2 the gradients
@@ -134,11 +135,17 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
             fix="build the same model on every rank (same code, same configuration) before wrapping it.",
             communicator=self._comm,
         )
+        fixed = options.pop("auto_fixed", False)  # bucket_mb="auto" under deterministic algorithms
         agree.check_same(  # the reducer's collectives depend on them: Note [Buckets that size themselves]
-            [f"bucket_mb={'auto' if options.get('auto_buckets') else options['bucket_mb']}"],
+            [
+                "bucket_mb=auto, fixed by torch.use_deterministic_algorithms(True)"
+                if fixed
+                else f"bucket_mb={'auto' if options.get('auto_buckets') else options['bucket_mb']}"
+            ],
             what="the bucket size (bucket_mb)",
             item="value",
-            fix="pass the same bucket_mb to dtcore.wrap on every rank.",
+            fix="pass the same bucket_mb to dtcore.wrap on every rank, and call torch.use_deterministic_algorithms "
+            "alike on every rank before it (deterministic algorithms fix bucket_mb='auto' at the default caps).",
             communicator=self._comm,
         )
         self._broadcast_initial(init_sync_buffers)
@@ -396,13 +403,29 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
 
 def bucket_options(bucket_mb: float | str) -> dict[str, Any]:
     """The reducer's options for a bucket_mb: a size in MiB, or "auto" (Note [Buckets that size themselves]),
-    whose first plan uses the default caps."""
+    whose first plan uses the default caps.
+
+    An auto plan comes from the first backward's timing, so two runs of one job may cut their buckets
+    differently; a result whose rounding depends on where the buckets end (a ring all-reduce of more
+    than 2 ranks, Gloo's over TCP or NCCL's; the clip norm summed over zero=2's shards) then differs in
+    its last bits between the runs (dtcore's shared-memory collectives reduce in rank order whatever
+    the layout, so on one host only zero=2's norm does). A process that asked torch for deterministic
+    algorithms (torch.use_deterministic_algorithms(True), which Lightning's deterministic=True and
+    transformers' full_determinism set) wants two runs to agree bit for bit: "auto" then takes the
+    default caps and says so, as torch's cudnn.benchmark, a choice by timing too, yields to them."""
     if isinstance(bucket_mb, str):
         if bucket_mb != "auto":
             raise _C.ConfigError(
                 f"bucket_mb={bucket_mb!r} is neither a size in MiB nor 'auto'. Fix: bucket_mb='auto' (measured), or a "
                 "number such as 25."
             )
+        if torch.are_deterministic_algorithms_enabled():
+            _log.info(
+                "bucket_mb=auto takes fixed %g MiB buckets: torch.use_deterministic_algorithms(True) is set, and a "
+                "plan measured from timing may cut differently in another run (give bucket_mb a size to choose it)",
+                _DEFAULTS.bucket_mb,
+            )
+            return {"bucket_mb": _DEFAULTS.bucket_mb, "auto_buckets": False, "auto_fixed": True}
         return {"bucket_mb": _DEFAULTS.bucket_mb, "auto_buckets": True}
     return {"bucket_mb": bucket_mb, "auto_buckets": False}
 

@@ -104,6 +104,12 @@ class TrainingConfig:
     as inductor does but runs them eagerly, without generating code (for debugging a compiled run)."""
     seed: int = 1234
     """Every rank seeds Python, NumPy and torch with seed + rank."""
+    deterministic: bool = False
+    """Two runs of one configuration give the same bits: torch.use_deterministic_algorithms(True)
+    (on CUDA with cuBLAS's fixed workspace, CUBLAS_WORKSPACE_CONFIG=:4096:8, unless set), and
+    parallel.bucket_mb=auto takes fixed buckets of the default size, since a plan measured from
+    timing may cut differently in another run. Slower on GPUs; on CPU most kernels are already
+    deterministic, and a resumed run continues bit for bit without it (checkpoints keep the plan)."""
     eval_every: int = 20
     """Evaluate on held-out data every this many steps and at the end; 0: never."""
     eval_batches: int = 4

@@ -68,6 +68,14 @@ def constructor_defaults(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     return {k: v for k, v in optimizer.defaults.items() if k in parameters}
 
 
+def _use_deterministic_algorithms(device: torch.device) -> None:
+    """training.deterministic: torch's deterministic kernels; cuBLAS needs a fixed workspace for them
+    (read when its handle is made: before the first matmul), as Lightning's deterministic=True sets."""
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+
+
 def _check(config: TrainConfig) -> None:
     t, o = config.training, config.optim
     for key, value in (
@@ -188,6 +196,8 @@ class Trainer:
         self.host = socket.gethostname()
         self.accum = accumulation_steps(config, self.world)
         _seed_everything(config.training.seed, self.rank)  # per-rank seeds: seed + rank
+        if config.training.deterministic:
+            _use_deterministic_algorithms(self.device)  # before wrapping: bucket_mb="auto" asks
         par = config.parallel
         inner = (model.module if isinstance(model, DistributedModel) else model).to(self.device)
         if par.activation_checkpointing != "none":

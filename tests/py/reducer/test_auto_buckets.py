@@ -59,3 +59,19 @@ def test_what_auto_refuses(ranks):
         message = r["refusals"]["ranks_differ"]
         assert message.startswith("the bucket size (bucket_mb) differs across ranks: rank 1 has"), message
     assert "rank 0 has 'bucket_mb=auto', rank 1 has 'bucket_mb=25'" in ranks[1]["refusals"]["ranks_differ"]
+
+
+def test_auto_is_the_default_and_deterministic_algorithms_fix_the_default_caps(ranks):
+    """Two runs may measure different plans; a process that asked torch for deterministic algorithms
+    gets the 25 MiB buckets, the same as bucket_mb=25 (model.bucket_options)."""
+    for r in ranks:
+        j = r["deterministic"]
+        assert j["default_chosen"] and not j["fixed_chosen"], j
+        assert j["same_buckets_as_25"] and j["param_diff"] == 0.0, j
+        assert j["ranks_differ"].startswith("the bucket size (bucket_mb) differs across ranks"), j["ranks_differ"]
+    message = ranks[1]["deterministic"]["ranks_differ"]
+    assert (
+        "rank 0 has 'bucket_mb=auto', rank 1 has 'bucket_mb=auto, fixed by torch.use_deterministic_algorithms(True)'"
+        in message
+    )
+    assert "call torch.use_deterministic_algorithms alike on every rank" in message

@@ -82,6 +82,9 @@ def _losses(run_dir, rank):
 # corpus make 11 steps, so a stop before step 11 is mid-epoch and a resume after it crosses epoch
 # boundaries. ZeRO-2: the optimizer state and the gradients are sharded, and resharded at load.
 ARGS = ("--device_batch_size=3", "--total_batch_size=12", "--zero=2", "--num_iterations=30", "--checkpoint.every=4")
+# Deterministic: the reference and the interrupted run are two runs, whose bucket_mb="auto" plans may
+# differ, and zero=2's clip norm, summed shard by shard, rounds by the layout.
+ARGS += ("--training.deterministic=true",)
 ARGS += ("--checkpoint.at_end=false",)
 EPOCH = 11
 

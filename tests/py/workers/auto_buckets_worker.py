@@ -128,7 +128,31 @@ def refusals(rank: int) -> dict:
     return out
 
 
-CASES = [against_ddp, sharded, find_unused, checkpoint, refusals]
+def deterministic(rank: int) -> dict:
+    """The default is "auto"; deterministic algorithms keep the default caps, and every rank must ask alike."""
+    default = dtcore.wrap(gpt())
+    train(default, torch.optim.SGD(default.parameters(), lr=1e-3), 1, rank)
+    out = {"default_chosen": default._reducer.auto_plan_info()["chosen"]}
+    torch.use_deterministic_algorithms(True)
+    try:
+        fixed, sized = dtcore.wrap(gpt()), dtcore.wrap(gpt(), bucket_mb=25)
+        for model in (fixed, sized):
+            train(model, torch.optim.SGD(model.parameters(), lr=1e-3), 2, rank)
+        out["fixed_chosen"] = fixed._reducer.auto_plan_info()["chosen"]
+        out["same_buckets_as_25"] = fixed.bucket_params == sized.bucket_params
+        out["param_diff"] = param_diff(fixed.module, sized.module)
+        torch.use_deterministic_algorithms(rank == 1)
+        try:
+            dtcore.wrap(gpt())
+            out["ranks_differ"] = "accepted"
+        except dtcore.ConfigError as e:
+            out["ranks_differ"] = str(e)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    return out
+
+
+CASES = [against_ddp, sharded, find_unused, checkpoint, refusals, deterministic]
 
 
 if __name__ == "__main__":
