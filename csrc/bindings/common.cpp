@@ -76,6 +76,12 @@ void bind_common(py::module_& m) {
         return out;
       },
       "Every DTCORE_* variable as (name, default, doc), in the order of docs/knobs.md");
+  m.def(
+      "unknown_knobs",
+      [](const std::optional<std::map<std::string, std::string>>& env) { return unknown_knobs(env_or_process(env)); },
+      py::arg("env") = py::none(),
+      "A line for each DTCORE_* variable set that no knob declares, naming the closest knob (the process's "
+      "environment unless `env` is given)");
 
   m.def("parse_bytes", &parse_bytes, py::arg("text"), py::arg("what") = "size",
         "'2GB' -> 2*10^9, '1.5GiB' -> 1.5*2^30, '4096' -> 4096; ConfigError naming `what` otherwise");

@@ -1,6 +1,7 @@
 // The DTCORE_* registry: knob_value (set, unset, default) and the shape of knobs::kAll.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <map>
 #include <set>
 #include <string>
@@ -69,4 +70,27 @@ TEST(KnobRegistry, EveryDeclaredKnobIsListedOnce) {
         &knobs::kLogLevel, &knobs::kLogRanks, &knobs::kLogDir}) {
     EXPECT_TRUE(listed.count(k)) << k->name << " is not in knobs::kAll";
   }
+}
+
+TEST(KnobDefaults, DurationsAreReadFromTheRegistry) {
+  EXPECT_EQ(default_duration(knobs::kTimeout), std::chrono::seconds(300));
+  EXPECT_EQ(default_duration(knobs::kRdzvLogInterval), std::chrono::seconds(5));
+  EXPECT_THROW(default_duration(knobs::kBackend), std::logic_error);  // "auto" is no number of seconds
+}
+
+TEST(UnknownKnobs, AMisspeltNameIsNamedWithTheClosestKnob) {
+  const Env env = vars({{"DTCORE_TIMEOUTS", "60"},
+                        {"DTCORE_LOGLEVEL", "debug"},
+                        {"DTCORE_TIMEOUT", "60"},
+                        {"DTCORE_FROBNICATE", "1"},
+                        {"NCCL_DEBUG", "INFO"}});
+  const std::vector<std::string> lines = unknown_knobs(env);
+  ASSERT_EQ(lines.size(), 3u);  // sorted by name; declared knobs and other variables are not named
+  EXPECT_EQ(lines[0].rfind("DTCORE_FROBNICATE is set, but dtcore has no such setting and ignores it.", 0), 0u);
+  EXPECT_EQ(lines[0].find("Did you mean"), std::string::npos);  // nothing close
+  EXPECT_NE(lines[1].find("DTCORE_LOGLEVEL is set"), std::string::npos);
+  EXPECT_NE(lines[1].find("Did you mean DTCORE_LOG_LEVEL?"), std::string::npos);
+  EXPECT_NE(lines[2].find("Did you mean DTCORE_TIMEOUT?"), std::string::npos);
+  EXPECT_NE(lines[2].find("docs/knobs.md"), std::string::npos);
+  EXPECT_TRUE(unknown_knobs(vars({{"DTCORE_RANK", "0"}})).empty());
 }

@@ -26,13 +26,14 @@
 #include "dtcore/bootstrap/roster.h"
 #include "dtcore/bootstrap/world_spec.h"
 #include "dtcore/common/env.h"
+#include "dtcore/common/knobs.h"
 #include "dtcore/common/settings.h"
 
 namespace dtcore {
 
 struct RendezvousOptions {
-  std::chrono::milliseconds timeout{300'000};
-  std::chrono::milliseconds log_interval{5'000};
+  std::chrono::milliseconds timeout = default_duration(knobs::kTimeout);
+  std::chrono::milliseconds log_interval = default_duration(knobs::kRdzvLogInterval);
   // How many times this process has joined before: every rank of a job counts the same, and the
   // count namespaces the keys, so init() after shutdown() never reads the last round's keys from
   // a store that outlives it (torchrun's agent store).

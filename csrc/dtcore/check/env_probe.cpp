@@ -4,6 +4,7 @@
 #include <cctype>
 
 #include "dtcore/common/error.h"
+#include "dtcore/common/knobs.h"
 
 namespace dtcore::check {
 namespace {
@@ -126,9 +127,26 @@ void judge_wandb(const Env& env, const TrapContext& c, Items& out) {
   }
 }
 
+void judge_knobs(const Env& env, Items& out) {
+  const std::vector<std::string> unknown = unknown_knobs(env);
+  if (unknown.empty()) {
+    out.pass("env.dtcore_unknown", "dtcore's variables", "every one set is a setting");
+    return;
+  }
+  std::string names, lines;
+  for (const std::string& name : env.names_with_prefix(knobs::kPrefix)) {
+    const auto about = [&](const std::string& line) { return line.starts_with(name + " "); };
+    if (std::any_of(unknown.begin(), unknown.end(), about)) names += (names.empty() ? "" : ", ") + name;
+  }
+  for (const std::string& line : unknown) lines += (lines.empty() ? "" : " ") + line;
+  out.warn("env.dtcore_unknown", "dtcore's variables", names, lines,
+           "rename or unset them; python -m dtcore.check --json lists every setting with its source.");
+}
+
 }  // namespace
 
 void judge_env_traps(const Env& env, const TrapContext& c, Items& out) {
+  judge_knobs(env, out);
   judge_store(env, c, out);
   judge_nccl(env, out);
   judge_allocator(env, c, out);

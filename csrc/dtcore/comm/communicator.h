@@ -32,6 +32,7 @@
 
 #include "dtcore/comm/flight_recorder.h"
 #include "dtcore/comm/health.h"
+#include "dtcore/common/knobs.h"
 #include "dtcore/common/settings.h"
 
 namespace dtcore {
@@ -194,7 +195,8 @@ enum class SharedMemory {
 };
 
 struct CommunicatorOptions {
-  std::chrono::milliseconds timeout{300'000};  // every collective's, and Work::wait()'s default
+  std::chrono::milliseconds timeout =
+      default_duration(knobs::kTimeout);  // every collective's, and Work::wait()'s default
   CollectiveCheck check = CollectiveCheck::kAuto;
   size_t flight_records = 2000;                      // collectives the flight recorder keeps
   SharedMemory shared_memory = SharedMemory::kAuto;  // Gloo only

@@ -41,6 +41,15 @@ bool Env::has_prefix(std::string_view prefix) const {
   return it != vars_.end() && std::string_view(it->first).starts_with(prefix);
 }
 
+std::vector<std::string> Env::names_with_prefix(std::string_view prefix) const {
+  std::vector<std::string> out;
+  for (auto it = vars_.lower_bound(prefix); it != vars_.end() && std::string_view(it->first).starts_with(prefix);
+       ++it) {
+    out.push_back(it->first);
+  }
+  return out;
+}
+
 std::string ascii_lower(std::string_view value) {
   std::string out(value);
   std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return std::tolower(c); });

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace dtcore {
 
@@ -32,6 +33,8 @@ class Env {
 
   // True when any variable starts with `prefix` (e.g. "ACCELERATE_").
   bool has_prefix(std::string_view prefix) const;
+  // The names of the variables that start with `prefix`, sorted.
+  std::vector<std::string> names_with_prefix(std::string_view prefix) const;
 
  private:
   std::map<std::string, std::string, std::less<>> vars_;

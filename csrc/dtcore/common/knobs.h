@@ -10,9 +10,11 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "dtcore/common/env.h"
 
@@ -25,6 +27,8 @@ struct Knob {
 };
 
 namespace knobs {
+
+inline constexpr std::string_view kPrefix = "DTCORE_";  // every knob's name starts with it
 
 // clang-format off
 inline constexpr Knob kRank{"DTCORE_RANK", "", "Global rank of this process; beats the launcher's variable."};
@@ -78,5 +82,14 @@ inline constexpr auto kAll = std::to_array<const Knob*>({
 // The knob's value in `env`, or its default when the variable is unset (nullopt when the
 // default is "" too).
 std::optional<std::string> knob_value(const Env& env, const Knob& knob);
+
+// A knob of seconds' default, for the options whose defaults are the knob's (RendezvousOptions,
+// CommunicatorOptions): read from its default_value, so that the number is written once.
+std::chrono::milliseconds default_duration(const Knob& knob);
+
+// The DTCORE_* variables in `env` that no knob declares, which dtcore would otherwise ignore
+// without a word (a misspelt name), each as a line for the log or the resource
+// checker that names the closest knob when one is close.
+std::vector<std::string> unknown_knobs(const Env& env);
 
 }  // namespace dtcore

@@ -153,6 +153,9 @@ def _join(r: _Request) -> Context:
         _run_preflight(r)
 
     log_file = _C.configure_logging(spec.rank, spec.world_size, host, settings)
+    if spec.local_rank == 0:  # a node's ranks share its environment: one warning per node
+        for line in _C.unknown_knobs():
+            log.warning("init: %s", line)
     log.debug("init: %s", spec.describe())
     accelerate.warn_if_started_fewer(spec)
     if backend == "nccl":

@@ -51,7 +51,7 @@ class Options:
     """The backend to judge and, in the distributed mode, to join with, as init(backend=)."""
     timeout: float | None = None
     """The distributed mode's wait for the other ranks and for each collective, in seconds. None: inside a job
-    that ran dtcore.init(), that job's timeout; otherwise the DTCORE_TIMEOUT setting (300 s by default). Under
+    that ran dtcore.init(), that job's timeout; otherwise the DTCORE_TIMEOUT setting (its default: docs/knobs.md). Under
     preflight, init()'s own timeout argument, judged as init() judges it."""
     bandwidth: bool = True
     """In the distributed mode, measure: the allreduce sweep and the ring's link test."""

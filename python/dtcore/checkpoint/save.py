@@ -64,7 +64,9 @@ def save_checkpoint(
     wait()  # one save at a time: the previous one completes (or raises) first
     ctx = context.current()
     rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
-    timeout = float(timeout if timeout is not None else (ctx.timeout if ctx is not None else 300.0))
+    timeout = float(
+        timeout if timeout is not None else (ctx.timeout if ctx is not None else _C.read_settings().timeout_s)
+    )
     directory = os.path.abspath(os.fspath(path))
     if not isinstance(step, int) or isinstance(step, bool):
         raise _C.ConfigError(f"save_checkpoint(step={step!r}): step must be an int. Fix: pass the training step.")

@@ -25,7 +25,7 @@ from . import rendezvous
 from .failure import RankFailure, first_first, rank_failures, report
 from .rendezvous import BACKEND, register
 
-DEFAULT_TIMEOUT = 300.0  # seconds for every node to join: dtcore.init()'s default wait (DTCORE_TIMEOUT)
+DEFAULT_TIMEOUT = _C.read_settings(env={}).timeout_s  # seconds for every node to join: DTCORE_TIMEOUT's default
 DEFAULT_LOG_DIR = "logs"
 # Seconds a failed node waits for the other nodes to post their failures before naming the earliest: a rank
 # that raised and the peers that lost it a moment later fail within this of each other.

@@ -115,3 +115,11 @@ def test_what_ranks_must_agree_on_is_one_vocabulary():
         "job",
     }
     assert keys <= set(fingerprint.local_facts()) | {"driver", "cuda_driver"}  # each fact is looked up
+
+
+def test_init_warns_of_an_unknown_dtcore_variable_naming_the_closest(fresh_dtcore, monkeypatch, log_messages):
+    messages = log_messages()
+    monkeypatch.setenv("DTCORE_TIMEOUTS", "60")  # a typo: ignored, as before, but no longer in silence
+    dtcore.init(timeout=20)
+    warned = [m for m in messages if "DTCORE_TIMEOUTS" in m]
+    assert len(warned) == 1 and "Did you mean DTCORE_TIMEOUT?" in warned[0], messages

@@ -199,6 +199,13 @@ def test_environment_traps():
     assert report.item("env.agent_store").status == "WARN"
 
 
+def test_an_unknown_dtcore_variable_is_named_with_the_closest_setting():
+    assert check().item("env.dtcore_unknown").status == "PASS"
+    item = check(DTCORE_TIMEOUTS="60").item("env.dtcore_unknown")
+    assert (item.status, item.value) == ("WARN", "DTCORE_TIMEOUTS")
+    assert "Did you mean DTCORE_TIMEOUT?" in item.message, item.message
+
+
 def test_disk_of_the_checkpoint_and_log_directories(tmp_path):
     report = dtcore.check.run(
         env=clean_env(),
