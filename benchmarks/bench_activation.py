@@ -3,7 +3,7 @@
     python benchmarks/bench_activation.py [--preset 20m] [--batch 4] [--steps 10] [--warmup 2]
                                           [--dropout 0.0] [--budgets 0.5 0.75] [--threads N]
 
-One process, one GPT (dtcore/train/gpt.py), one copy of the model per variant (same weights):
+One process, one GPT (dtcore/train/demo/gpt.py), one copy of the model per variant (same weights):
   none                 no checkpointing
   torch per block      torch.utils.checkpoint.checkpoint(use_reentrant=False) around each block
   all, every:2, selective, budget:<f>   dtcore.checkpoint_activations with that policy; each budget
@@ -35,7 +35,9 @@ from torch.utils.checkpoint import checkpoint
 
 import dtcore
 from dtcore.activation import LiveTensorMemory
-from dtcore.train.gpt import GPT, SHAPES, CharData, make_corpus, num_parameters
+from dtcore.train.config import SHAPES
+from dtcore.train.demo.data import from_text, make_corpus
+from dtcore.train.demo.gpt import GPT, num_parameters, shape
 
 MiB = 2**20
 
@@ -92,13 +94,12 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if cuda else "cpu")
     dtype = getattr(torch, args.dtype)
-    config = dataclasses.replace(SHAPES[args.preset], dropout=args.dropout)
-    data = CharData(make_corpus(), config.block_size, seed=0)
-    if config.vocab_size < len(data.vocab):
-        raise SystemExit(f"preset {args.preset} has too small a vocabulary for the corpus")
+    size = dataclasses.replace(SHAPES[args.preset], dropout=args.dropout)
+    tokenizer, data, _ = from_text(make_corpus(), "char", size.block_size, args.batch, 0, 1, seed=0)
+    config = shape(size, tokenizer.vocab_size, "the corpus' characters")
     torch.manual_seed(0)
     base = GPT(config).to(device=device, dtype=dtype)
-    x, y = data.batch(args.batch, device)
+    x, y = (t.to(device) for t in data.next_batch())
 
     variants: dict[str, torch.nn.Module] = {"none": base}
     torch_model = copy.deepcopy(base)

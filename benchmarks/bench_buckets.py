@@ -12,7 +12,7 @@ the end of its first backward). The report gives each variant's step, its ratio 
 size and to 25 MiB (torch DDP's default), the buckets it has, and auto's plan: the fitted cost of an
 all-reduce and the communication it expects to leave after the backward.
 
---preset: the GPT shapes of dtcore.train.gpt or llama25m (bench_reducer.py's Llama stack).
+--preset: the GPT shapes of dtcore.train.config.SHAPES or llama25m (bench_reducer.py's Llama stack).
 --no-shm: DTCORE_SHM=0, so that Gloo moves the bytes over loopback TCP instead of shared memory: an
 all-reduce then costs several times more, as between hosts, and where the buckets are cut matters.
 """
@@ -29,7 +29,9 @@ import time
 import torch
 from bench_reducer import LLAMA, make_model
 
-from dtcore.train.gpt import SHAPES, CharData, make_corpus, num_parameters
+from dtcore.train.config import SHAPES
+from dtcore.train.demo.data import TokenData, Tokenizer, make_corpus
+from dtcore.train.demo.gpt import num_parameters
 
 from ranks import rank0_report
 
@@ -38,14 +40,16 @@ def worker(args) -> None:
     import dtcore
 
     ctx = dtcore.init(timeout=600)
-    base, block_size = make_model(args.preset)
-    data = CharData(make_corpus(), block_size, seed=ctx.rank)
+    text = make_corpus()
+    tokenizer = Tokenizer("char", text)
+    base, block_size = make_model(args.preset, tokenizer.vocab_size)
+    data = TokenData(tokenizer.encode(text), block_size, args.batch, ctx.rank, ctx.world_size, seed=0)
     models = {f"{size:g} MiB": dtcore.wrap(copy.deepcopy(base), bucket_mb=size) for size in args.sizes}
     models["auto"] = dtcore.wrap(copy.deepcopy(base), bucket_mb="auto")
     opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, m in models.items()}
     times: dict[str, list[float]] = {k: [] for k in models}
     for step in range(args.warmup + args.steps):
-        x, y = data.batch(args.batch, torch.device("cpu"))
+        x, y = data.next_batch()
         for name, model in models.items():
             dtcore.barrier()
             start = time.perf_counter()

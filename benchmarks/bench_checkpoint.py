@@ -26,7 +26,9 @@ from pathlib import Path
 
 import torch
 
-from dtcore.train.gpt import GPT, SHAPES, CharData, make_corpus, num_parameters
+from dtcore.train.config import SHAPES
+from dtcore.train.demo.data import from_text, make_corpus
+from dtcore.train.demo.gpt import GPT, num_parameters, shape
 
 from ranks import rank0_report
 
@@ -35,8 +37,9 @@ def worker(args) -> None:
     import dtcore
 
     ctx = dtcore.init(timeout=600)
-    config = SHAPES[args.preset]
-    data = CharData(make_corpus(), config.block_size, seed=ctx.rank)
+    block_size = SHAPES[args.preset].block_size
+    tokenizer, data, _ = from_text(make_corpus(), "char", block_size, 2, ctx.rank, ctx.world_size, seed=0)
+    config = shape(SHAPES[args.preset], tokenizer.vocab_size)
     report: dict = {}
     for zero in (0, 2):
         torch.manual_seed(0)
@@ -48,7 +51,7 @@ def worker(args) -> None:
             else torch.optim.AdamW(model.parameters(), lr=1e-4)
         )
         for _ in range(2):
-            x, y = data.batch(2, torch.device("cpu"))
+            x, y = data.next_batch()
             model(x, y).backward()
             opt.step()
             opt.zero_grad()

@@ -24,7 +24,7 @@ the whole backward.
 first backward (same weights, same batch). "Recompiles" counts graphs dynamo compiled after the
 warm-up (torch._dynamo's unique_graphs counter): 0 in a steady loop.
 
---preset: the GPT shapes of dtcore.train.gpt or llama25m (bench_reducer.py's Llama stack).
+--preset: the GPT shapes of dtcore.train.config.SHAPES or llama25m (bench_reducer.py's Llama stack).
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ import time
 import torch
 from bench_reducer import LLAMA, make_model
 
-from dtcore.train.gpt import SHAPES, CharData, make_corpus, num_parameters
+from dtcore.train.config import SHAPES
+from dtcore.train.demo.data import TokenData, Tokenizer, make_corpus
+from dtcore.train.demo.gpt import num_parameters
 
 from ranks import rank0_report
 
@@ -62,8 +64,10 @@ def worker(args) -> None:
     import dtcore
 
     ctx = dtcore.init(timeout=600)
-    base, block_size = make_model(args.preset)
-    data = CharData(make_corpus(), block_size, seed=ctx.rank)
+    text = make_corpus()
+    tokenizer = Tokenizer("char", text)
+    base, block_size = make_model(args.preset, tokenizer.vocab_size)
+    data = TokenData(tokenizer.encode(text), block_size, args.batch, ctx.rank, ctx.world_size, seed=0)
     mb = args.bucket_mb
     bare = {
         "ddp eager": torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base), bucket_cap_mb=mb),
@@ -88,7 +92,7 @@ def worker(args) -> None:
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             graphs_after_warmup = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-        x, y = data.batch(args.batch, torch.device("cpu"))
+        x, y = data.next_batch()
         for name, model in models.items():
             dtcore.barrier()
             start = time.perf_counter()

@@ -47,7 +47,7 @@ the step's small all-reduce, its metrics line and progress). Both against the pl
 the same code on the CPU, fp32 and Gloo, to check the script where there is no GPU; no figure of it is
 a GPU's.
 
-Presets: those of dtcore.train.gpt.SHAPES (gpt2 is 124M parameters, GPT-2's vocabulary padded to
+Presets: the sizes of dtcore.train.config.SHAPES (gpt2 is 124M parameters, GPT-2's vocabulary padded to
 50304 as the GPU presets of dtcore.train have it) and gpt2-medium (350M).
 """
 
@@ -70,11 +70,15 @@ import torch
 
 import dtcore
 from dtcore.train import config as train_config
-from dtcore.train.gpt import GPT, SHAPES, GPTConfig, make_corpus, num_parameters
+from dtcore.train.config import SHAPES
+from dtcore.train.demo.data import make_corpus
+from dtcore.train.demo.gpt import GPT, GPTConfig, num_parameters, shape
 
 from ranks import clean_env
 
-PRESETS = {**SHAPES, "gpt2-medium": GPTConfig(vocab_size=50304, n_layer=24, n_head=16, n_embd=1024, block_size=1024)}
+# Random tokens stand in for text: a size that names no vocabulary gets the byte tokenizer's (256).
+PRESETS = {name: shape(size, 256) for name, size in SHAPES.items()}
+PRESETS["gpt2-medium"] = GPTConfig(vocab_size=50304, n_layer=24, n_head=16, n_embd=1024, block_size=1024)
 VARIANTS = ("plain", "torch DDP", "dtcore", "dtcore zero=1", "dtcore zero=2", "DDP + ZeroRedundancyOptimizer")
 COMPILED = ("plain compiled", "torch DDP compiled", "dtcore compiled")
 PEAK_TFLOPS = {"H100": 989.4, "H200": 989.4}  # dense bf16, SXM

@@ -22,10 +22,11 @@ included: time.process_time), so "CPU - compute's CPU" is what communicating cos
 CPU time. Where the ranks' compute threads fill every core (2 ranks, 1 thread each, 2 cores),
 that CPU time cannot overlap anything, and compute + it bounds any overlapping variant's step.
 
---preset names the model: the GPT shapes of dtcore.train.gpt (20m: 6 layers of width 512), or
+--preset names the model: the GPT shapes of dtcore.train.config.SHAPES (20m: 6 layers of width 512), or
 llama25m, a Llama block stack built from transformers' LlamaConfig (4 layers of width 768, SwiGLU
 MLP of 2048, grouped-query attention with 4 key/value heads, RMSNorm, rotary positions, untied
-head; random weights, nothing downloaded): wider and shallower, with other layer types.
+head; random weights, nothing downloaded): wider and shallower, with other layer types. Each rank
+trains on its own sequences of make_corpus()'s text, by character.
 
 --find-unused: ddp and dtcore with find_unused_parameters=True (each forward's graph search, and
 dtcore's function the outputs pass through: Note [Outputs the loss does not use]).
@@ -45,7 +46,9 @@ import time
 
 import torch
 
-from dtcore.train.gpt import GPT, SHAPES, CharData, make_corpus, num_parameters
+from dtcore.train.config import SHAPES
+from dtcore.train.demo.data import TokenData, Tokenizer, make_corpus
+from dtcore.train.demo.gpt import GPT, num_parameters, shape
 
 from ranks import rank0_report
 
@@ -85,12 +88,13 @@ class LlamaLM(torch.nn.Module):
         return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
-def make_model(preset: str) -> tuple[torch.nn.Module, int]:
-    """The preset's model, seeded alike on every rank, and its sequence length."""
+def make_model(preset: str, vocab_size: int) -> tuple[torch.nn.Module, int]:
+    """The preset's model for a tokenizer of `vocab_size` tokens (a GPT shape's own vocabulary where it
+    names one), seeded alike on every rank, and its sequence length."""
     torch.manual_seed(0)
     if preset in LLAMA:
-        return LlamaLM(preset, SHAPES["20m"].vocab_size), BLOCK_SIZE
-    return GPT(SHAPES[preset]), SHAPES[preset].block_size
+        return LlamaLM(preset, vocab_size), BLOCK_SIZE
+    return GPT(shape(SHAPES[preset], vocab_size)), SHAPES[preset].block_size
 
 
 def worker(args) -> None:
@@ -99,8 +103,10 @@ def worker(args) -> None:
     import dtcore
 
     ctx = dtcore.init(timeout=600)
-    base, block_size = make_model(args.preset)
-    data = CharData(make_corpus(), block_size, seed=ctx.rank)
+    text = make_corpus()
+    tokenizer = Tokenizer("char", text)
+    base, block_size = make_model(args.preset, tokenizer.vocab_size)
+    data = TokenData(tokenizer.encode(text), block_size, args.batch, ctx.rank, ctx.world_size, seed=0)
     mb, unused = args.bucket_mb, args.find_unused
     models = {
         "ddp": torch.nn.parallel.DistributedDataParallel(
@@ -123,7 +129,7 @@ def worker(args) -> None:
     times: dict[str, list[float]] = {k: [] for k in models}
     cpu: dict[str, list[float]] = {k: [] for k in models}
     for step in range(args.warmup + args.steps):
-        x, y = data.batch(args.batch, torch.device("cpu"))
+        x, y = data.next_batch()
         for name, model in models.items():
             dtcore.barrier()
             start, cpu_start = time.perf_counter(), time.process_time()
@@ -157,8 +163,10 @@ def world1(args) -> None:
     import dtcore
 
     dtcore.init(timeout=600)
-    base, block_size = make_model(args.preset)
-    data = CharData(make_corpus(), block_size, seed=0)
+    text = make_corpus()
+    tokenizer = Tokenizer("char", text)
+    base, block_size = make_model(args.preset, tokenizer.vocab_size)
+    data = TokenData(tokenizer.encode(text), block_size, args.batch, rank=0, world=1, seed=0)
     variants = {
         "plain module": copy.deepcopy(base),
         "dtcore.wrap (25 MB buckets)": dtcore.wrap(copy.deepcopy(base), bucket_mb=25),
@@ -168,7 +176,7 @@ def world1(args) -> None:
     }
     times: dict[str, list[float]] = {k: [] for k in variants}
     for step in range(3 + args.steps):
-        x, y = data.batch(args.batch, torch.device("cpu"))
+        x, y = data.next_batch()
         for name, model in variants.items():
             loss = model(x, y)
             start = time.perf_counter()

@@ -29,8 +29,9 @@ from pathlib import Path
 
 import torch
 
-from dtcore.train import config, data
-from dtcore.train.gpt import GPT, shape
+from dtcore.train import config
+from dtcore.train.demo import data
+from dtcore.train.demo.gpt import GPT, shape
 
 from ranks import clean_env, free_port, rank_env
 

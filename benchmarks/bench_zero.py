@@ -37,7 +37,9 @@ import time
 
 import torch
 
-from dtcore.train.gpt import GPT, SHAPES, CharData, make_corpus, num_parameters
+from dtcore.train.config import SHAPES
+from dtcore.train.demo.data import from_text, make_corpus
+from dtcore.train.demo.gpt import GPT, num_parameters, shape
 
 from ranks import bytes_written, rank0_report
 
@@ -85,9 +87,9 @@ def memory_worker(args) -> None:
     import dtcore
 
     ctx = dtcore.init(timeout=600)
-    config = SHAPES[args.preset]
-    data = CharData(make_corpus(), 16, seed=ctx.rank)
-    batches = [data.batch(1, torch.device("cpu")) for _ in range(4)]
+    tokenizer, data, _ = from_text(make_corpus(), "char", 16, 1, ctx.rank, ctx.world_size, seed=0)
+    config = shape(SHAPES[args.preset], tokenizer.vocab_size)
+    batches = [data.next_batch() for _ in range(4)]
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         torch.manual_seed(0)
         model, opt = build(args.variant, GPT(config), foreach=False, bucket_mb=args.bucket_mb)
@@ -159,8 +161,9 @@ def time_worker(args) -> None:
     import dtcore
 
     ctx = dtcore.init(timeout=600)
-    config = SHAPES[args.preset]
-    data = CharData(make_corpus(), config.block_size, seed=ctx.rank)
+    block_size = SHAPES[args.preset].block_size
+    tokenizer, data, _ = from_text(make_corpus(), "char", block_size, args.batch, ctx.rank, ctx.world_size, seed=0)
+    config = shape(SHAPES[args.preset], tokenizer.vocab_size)
     torch.manual_seed(0)
     base = GPT(config)
     runs = {v: build(v, copy.deepcopy(base), foreach=None, bucket_mb=args.bucket_mb) for v in VARIANTS}
@@ -168,7 +171,7 @@ def time_worker(args) -> None:
     cpu: dict[str, list[float]] = {v: [] for v in VARIANTS}
     sent: dict[str, list[int]] = {v: [] for v in VARIANTS}
     for i in range(args.warmup + args.steps):
-        x, y = data.batch(args.batch, torch.device("cpu"))
+        x, y = data.next_batch()
         for v, (model, opt) in runs.items():
             dtcore.barrier()
             start, cpu_start, written = time.perf_counter(), time.process_time(), bytes_written()

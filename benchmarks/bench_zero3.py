@@ -18,7 +18,7 @@ AdamW(lr=1e-4, weight_decay=0.1, foreach=False) everywhere; clipping to norm 1.0
 forward + backward + clip + optimizer step + zero_grad. --variants picks a subset (e.g.
 fsdp2,zero2 where zero=3 is not there yet).
 
---preset names the model: the GPT shapes of dtcore.train.gpt (its units are model.blocks), or
+--preset names the model: the GPT shapes of dtcore.train.config.SHAPES (its units are model.blocks), or
 bench_reducer's llama25m, transformers' LlamaForCausalLM with random weights (units are
 model.model.layers), built by bench_reducer's make_model.
 
@@ -65,7 +65,9 @@ import torch
 from bench_reducer import LLAMA, LlamaLM, make_model
 from bench_zero import _MARK, live_at_peak, shared_buffer_bytes
 
-from dtcore.train.gpt import SHAPES, CharData, make_corpus, num_parameters
+from dtcore.train.config import SHAPES
+from dtcore.train.demo.data import TokenData, Tokenizer, from_text, make_corpus
+from dtcore.train.demo.gpt import num_parameters
 
 from ranks import bytes_written, rank0_report
 
@@ -142,12 +144,12 @@ def memory_worker(args) -> None:
     import dtcore
 
     ctx = dtcore.init(timeout=600)
-    data = CharData(make_corpus(), 16, seed=ctx.rank)
-    batches = [data.batch(1, torch.device("cpu")) for _ in range(4)]
+    tokenizer, data, _ = from_text(make_corpus(), "char", 16, 1, ctx.rank, ctx.world_size, seed=0)
+    batches = [data.next_batch() for _ in range(4)]
     if args.variant == "fsdp2":
         cpu_mesh()  # outside the profile: the mesh is not the model's
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        base, _ = make_model(args.preset)
+        base, _ = make_model(args.preset, tokenizer.vocab_size)
         params, unit = num_parameters(base), largest_block(base)
         model, opt, clip = build(args.variant, base)
         for i, (x, y) in enumerate(batches):
@@ -172,14 +174,16 @@ def time_worker(args) -> None:
 
     ctx = dtcore.init(timeout=600)
     variants = args.variants.split(",")
-    base, block_size = make_model(args.preset)
-    data = CharData(make_corpus(), block_size, seed=ctx.rank)
+    text = make_corpus()
+    tokenizer = Tokenizer("char", text)
+    base, block_size = make_model(args.preset, tokenizer.vocab_size)
+    data = TokenData(tokenizer.encode(text), block_size, args.batch, ctx.rank, ctx.world_size, seed=0)
     runs = {v: build(v, copy.deepcopy(base)) for v in variants}  # fully_shard shards its copy in place
     times: dict[str, list[float]] = {v: [] for v in variants}
     cpu: dict[str, list[float]] = {v: [] for v in variants}
     sent: dict[str, list[int]] = {v: [] for v in variants}
     for i in range(args.warmup + args.steps):
-        x, y = data.batch(args.batch, torch.device("cpu"))
+        x, y = data.next_batch()
         for v, (model, opt, clip) in runs.items():
             dtcore.barrier()
             start, cpu_start, written = time.perf_counter(), time.process_time(), bytes_written()
@@ -200,7 +204,7 @@ def large_worker(args) -> None:
     import resource
 
     import dtcore
-    from dtcore.train.gpt import GPT, GPTConfig
+    from dtcore.train.demo.gpt import GPT, GPTConfig
 
     def peak_rss() -> int:  # bytes; Linux reports KiB
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

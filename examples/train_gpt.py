@@ -8,14 +8,15 @@ and step time; the job fails (exit 1) if the loss did not fall.
 
 import argparse
 import contextlib
-import dataclasses
 import sys
 import time
 
 import torch
 
 import dtcore
-from dtcore.train.gpt import GPT, SHAPES, CharData, make_corpus, num_parameters, uniform_loss
+from dtcore.train.config import SHAPES
+from dtcore.train.demo.data import from_text, make_corpus
+from dtcore.train.demo.gpt import GPT, num_parameters, shape, uniform_loss
 
 
 def main() -> int:
@@ -30,8 +31,9 @@ def main() -> int:
 
     ctx = dtcore.init(seed=1234)
     config = SHAPES[args.preset]
-    data = CharData(make_corpus(), config.block_size, seed=1234 + ctx.rank)  # each rank its own batches
-    config = dataclasses.replace(config, vocab_size=len(data.vocab))
+    # every rank takes its own sequences of each epoch (seed: the same order of them on every rank)
+    tokenizer, data, _ = from_text(make_corpus(), "char", config.block_size, args.batch, ctx.rank, ctx.world_size, 1234)
+    config = shape(config, tokenizer.vocab_size)  # the characters' vocabulary where the size names none
     model = GPT(config).to(ctx.device)
     model = dtcore.wrap(model)  # parameters from rank 0; gradients averaged during backward
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
@@ -49,7 +51,7 @@ def main() -> int:
     window, window_start = 0, time.perf_counter()
     for step in range(1, args.steps + 1):
         for micro in range(args.accum):
-            x, y = data.batch(args.batch, ctx.device)
+            x, y = (t.to(ctx.device) for t in data.next_batch())
             sync = micro == args.accum - 1
             with contextlib.nullcontext() if sync else model.no_sync(), autocast:
                 loss = model(x, y) / args.accum

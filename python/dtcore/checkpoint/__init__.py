@@ -5,13 +5,14 @@
     dtcore.checkpoint.latest(path)   the newest complete checkpoint under path, or None
     dtcore.checkpoint.wait()         the asynchronous save in flight, done (or its error raised)
     dtcore.checkpoint.export(path, out.safetensors)   the model's weights for use without dtcore
+    dtcore.checkpoint.write_json(path, value)          a JSON file that appears whole or not at all
 
 A checkpoint saved by N ranks loads at any number of ranks, with or without ZeRO, and into a
 plain torch optimizer. See Note [Checkpoint layout] in manifest.py and docs/checkpoint.md.
 """
 
 from .load import export, load_checkpoint
-from .manifest import latest
+from .manifest import latest, write_json
 from .save import save_checkpoint, wait
 
-__all__ = ["save_checkpoint", "load_checkpoint", "latest", "wait", "export"]
+__all__ = ["save_checkpoint", "load_checkpoint", "latest", "wait", "export", "write_json"]

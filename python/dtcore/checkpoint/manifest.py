@@ -60,6 +60,12 @@ def chunk_key(name: str, lo: int) -> str:
     return f"{name}@{lo}"
 
 
+def write_json(path: str, value: Any) -> None:
+    """`value` as JSON into the file `path`, which appears whole or not at all (_C.write_file_atomic: a
+    temporary name, fsynced, renamed): the manifest, and the trainer's run.json."""
+    _C.write_file_atomic(path, json.dumps(value, indent=1))
+
+
 def is_complete(directory: str) -> bool:
     return os.path.isfile(os.path.join(directory, MANIFEST))
 

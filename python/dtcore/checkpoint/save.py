@@ -312,7 +312,7 @@ class _Write:
             "rank_extra": [rep["rank_extra"] for rep in reports],
             "bucket_plan": head["bucket_plan"],
         }
-        _C.write_file_atomic(os.path.join(self.directory, manifest.MANIFEST), json.dumps(document, indent=1))
+        manifest.write_json(os.path.join(self.directory, manifest.MANIFEST), document)
 
 
 def _check_tiled(name: str, info: dict[str, Any]) -> None:

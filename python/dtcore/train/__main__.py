@@ -12,9 +12,9 @@ import torch
 
 from .. import _C
 from ..bootstrap import init, shutdown
-from . import data
 from .config import parse_args
-from .gpt import GPT, shape
+from .demo import data
+from .demo.gpt import GPT, shape
 from .reference import help_text
 from .trainer import Trainer
 

@@ -22,7 +22,9 @@ import tomllib
 
 from .. import _C
 from ..reducer.model import DEFAULT_BUCKET_MB
-from .rundir import STRAGGLER_FACTOR, WINDOW
+from .metrics import STRAGGLER_FACTOR, WINDOW
+
+_REDUCER = _C.ReducerOptions()  # dtcore.wrap's defaults, written once in csrc/dtcore/reducer
 
 
 @dataclasses.dataclass
@@ -161,7 +163,7 @@ class LoggingConfig:
 class ParallelConfig:
     """How the model is distributed (dtcore.wrap) and how much memory it may save."""
 
-    zero: Literal[0, 1, 2, 3] = 0
+    zero: Literal[0, 1, 2, 3] = _REDUCER.zero
     """0: every rank holds the whole optimizer state; 1: optimizer state sharded; 2: gradients too
     (dtcore.ShardedOptimizer); 3: parameters too, each transformer layer gathered while it runs."""
     activation_checkpointing: str = "none"
@@ -188,15 +190,17 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-# GPT-2 small (124M parameters): GPT-2's vocabulary of 50257 padded to 50304 as nanoGPT does, so
-# the logits' matmuls run on whole tiles; with the byte tokenizer the rows past 256 are never targeted.
-_GPT2 = {
-    "model.n_layer": 12,
-    "model.n_head": 12,
-    "model.n_embd": 768,
-    "model.block_size": 1024,
-    "model.vocab_size": 50304,
+# The built-in GPT's sizes by name: the presets' models, and the ones the benchmarks and examples name
+# (dtcore.train.demo.gpt.shape() gives each its vocabulary). GPT-2 small (124M parameters): GPT-2's
+# vocabulary of 50257 padded to 50304 as nanoGPT does, so the logits' matmuls run on whole tiles; with
+# the byte tokenizer the rows past 256 are never targeted.
+SHAPES: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(),  # the defaults: seconds on a laptop CPU
+    "small": ModelConfig(n_layer=4, n_head=4, n_embd=128, block_size=128),  # ~0.8M parameters
+    "20m": ModelConfig(n_layer=6, n_head=8, n_embd=512, block_size=128),  # ~19M: the CPU benchmark
+    "gpt2": ModelConfig(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304),  # 124M
 }
+_GPT2 = {f"model.{name}": value for name, value in dataclasses.asdict(SHAPES["gpt2"]).items()}
 _GPU = {**_GPT2, "data.tokenizer": "byte", "training.total_batch_size": 512, "training.compile": True}
 _GPU.update({"training.num_iterations": 5000, "training.warmup_steps": 200, "training.eval_every": 250})
 _GPU.update({"optim.lr": 6e-4, "optim.weight_decay": 0.1, "optim.min_lr_ratio": 0.1, "checkpoint.every": 500})

@@ -12,8 +12,8 @@ import os
 
 import torch
 
-from . import data, gpt
 from .config import PRESETS, TrainConfig, from_preset
+from .demo import data, gpt
 
 GIB = 2**30
 kPresetWorld = 8  # the presets' memory figures assume 8 ranks (one node of 8 GPUs) for ZeRO's sharding
@@ -26,7 +26,7 @@ class MemoryBreakdown:
     parameters: int
     gradients: int
     optimizer_state: int
-    activations: int | None  # None: unknown (a model without activation_bytes(), on CPU)
+    activations: int | None  # None: unknown (a model without activation_bytes())
 
     @property
     def total(self) -> int:
@@ -34,13 +34,13 @@ class MemoryBreakdown:
 
 
 def model_vocab_size(config: TrainConfig) -> int:
-    """The vocabulary the built-in GPT of `config` has (dtcore.train.gpt.shape: model.vocab_size, or the
+    """The vocabulary the built-in GPT of `config` has (dtcore.train.demo.gpt.shape: model.vocab_size, or the
     tokenizer's where that is 0; the char tokenizer's is read from data.path's text)."""
     return gpt.shape(config.model, data.vocab_size(config.data), f"data.tokenizer={config.data.tokenizer!r}").vocab_size
 
 
 def gpt_parameters(config: TrainConfig, vocab_size: int | None = None) -> int:
-    """The built-in GPT's parameter count (dtcore.train.gpt.GPT, tied embeddings), without building it;
+    """The built-in GPT's parameter count (dtcore.train.demo.gpt.GPT, tied embeddings), without building it;
     vocab_size None: the model's own (model_vocab_size)."""
     c = config.model
     vocab_size = model_vocab_size(config) if vocab_size is None else vocab_size
@@ -49,28 +49,23 @@ def gpt_parameters(config: TrainConfig, vocab_size: int | None = None) -> int:
 
 
 def estimate(config: TrainConfig, world_size: int, vocab_size: int | None = None) -> MemoryBreakdown:
-    """A GPT step's memory per device: fp32 parameters and gradients, AdamW's two fp32 moments,
-    activations in 16-bit (Korthikanti et al.: 34 bytes per token, channel and block with fused
-    attention; with checkpointing, each block's input plus one block recomputed) and fp32 logits.
-    vocab_size None: the model's own (model_vocab_size)."""
+    """A GPT step's memory per device: fp32 parameters and gradients, AdamW's two fp32 moments, and
+    the activations at their peak (dtcore.train.demo.gpt.activation_bytes, Note [GPT activation
+    memory]). vocab_size None: the model's own (model_vocab_size)."""
     vocab_size = model_vocab_size(config) if vocab_size is None else vocab_size
     n = gpt_parameters(config, vocab_size)
     zero = config.parallel.zero
     # zero=3 holds 1/N of every parameter, plus the whole parameters (and gradients) of the unit
     # running and the one prefetched: two blocks
     units = 2 * 4 * (12 * config.model.n_embd**2 + 13 * config.model.n_embd) if zero == 3 else 0
-    tokens = config.training.device_batch_size * config.model.block_size
-    per_block = 34 * tokens * config.model.n_embd
-    if config.parallel.activation_checkpointing == "none":
-        acts = per_block * config.model.n_layer
-    else:  # every policy keeps at least the blocks' inputs; "all" keeps no more
-        acts = 2 * tokens * config.model.n_embd * config.model.n_layer + per_block
-    acts += 3 * 4 * tokens * vocab_size  # fp32 logits, their softmax and gradient
+    shape = gpt.GPTConfig(**{**dataclasses.asdict(config.model), "vocab_size": vocab_size})
     return MemoryBreakdown(
         parameters=4 * n // (world_size if zero == 3 else 1) + units,
         gradients=4 * n // (world_size if zero >= 2 else 1) + units,
         optimizer_state=8 * n // (world_size if zero >= 1 else 1),
-        activations=acts,
+        activations=gpt.activation_bytes(
+            shape, config.training.device_batch_size, config.parallel.activation_checkpointing
+        ),
     )
 
 
@@ -95,8 +90,11 @@ def _tensor_bytes(value: object) -> int:
     return 0
 
 
-def measure(model: torch.nn.Module, optimizer: torch.optim.Optimizer, zero: int, world: int, batch: int):
-    """What this rank holds now (parameters, gradients, optimizer state) and the activation estimate."""
+def measure(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, zero: int, world: int, batch: int, checkpointing: str
+):
+    """What this rank holds now (parameters, gradients, optimizer state) and the activation estimate of a
+    model that gives one (activation_bytes(batch, checkpointing), as the built-in GPT does)."""
     if zero == 3:  # the shards (the parameters' data is empty between uses)
         groups = [g for u in model.units for g in u.groups]
         params = sum(g.shard.numel() * g.shard.element_size() for g in groups)
@@ -108,7 +106,7 @@ def measure(model: torch.nn.Module, optimizer: torch.optim.Optimizer, zero: int,
     if state == 0:  # before the first step (or sharded out of sight): AdamW's two fp32 moments
         state = 2 * sum(p.numel() * 4 for p in model.parameters()) // (world if zero >= 1 else 1)
     inner = getattr(model, "module", model)
-    acts = inner.activation_bytes(batch) if hasattr(inner, "activation_bytes") else None
+    acts = inner.activation_bytes(batch, checkpointing) if hasattr(inner, "activation_bytes") else None
     return MemoryBreakdown(params, grads, state, acts)
 
 

@@ -1,31 +1,38 @@
 """What a run records and shows: run.json, each rank's metrics file, rank 0's progress bar,
 MFU, stragglers, and TensorBoard / MLflow when they are installed.
 
-Note [Run directory]: the files written here are read by dtcore.monitor and dtcore.plot:
+Note [Run directory]: the files written here are read by dtcore.monitor and dtcore.plot
+(dtcore/train/rundir):
   RUN_DIR/run.json               rank 0, atomically at start (config, world_size, num_iterations,
                                  started, hosts, model_flops_per_token, peak_flops_per_device)
   RUN_DIR/metrics/rank<r>.jsonl  every rank; one JSON object per line, each written by a single
                                  write() with O_APPEND, so a crash never leaves half a line.
-Keys of the lines are in `train_line` and `eval_line`; change them only together with the readers.
+Keys of the lines are in MetricsProcessor.train and .eval; change them only together with the
+readers. The straggler rule (own_time, slow_ranks) is here too: the trainer applies it live and
+dtcore.monitor to the files.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
 import os
 import statistics
 import time
+from collections import deque
 from typing import Any
 
 import torch
 
 from .. import _C
-from .rundir import slow_ranks
 
 log = logging.getLogger("dtcore.train")
+
+STRAGGLER_FACTOR = 1.1  # a rank whose median own time (own_time()) exceeds the job's by this factor is named
+WINDOW = 20  # steps over which own times are compared (logging.straggler_window's default, dtcore.monitor's)
 
 # Peak dense bf16 FLOP/s per device (vendor data sheets, SXM parts), by a name's substring.
 PEAK_BF16_FLOPS = (
@@ -55,15 +62,6 @@ def peak_flops(device: torch.device, override_tflops: float) -> float | None:
     return None
 
 
-def write_json_atomically(path: str, value: Any) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class MetricsFile:
     """RUN_DIR/metrics/rank<r>.jsonl, appended one whole line per write(). See Note [Run directory]."""
 
@@ -82,19 +80,37 @@ class MetricsFile:
         os.close(self._fd)
 
 
-def train_line(step: int, rank: int, host: str, **values: Any) -> dict[str, Any]:
-    """The train line of Note [Run directory]; `values`: loss, lr, step_time_s, wait_s, tokens, tokens_per_s,
-    mfu, mem_allocated_bytes, mem_reserved_bytes."""
-    return {"kind": "train", "step": step, "time": time.time(), "rank": rank, "host": host, **values}
+@dataclasses.dataclass
+class Straggler:
+    rank: int
+    host: str
+    median_s: float
+    factor: float  # its median / the job's median
 
 
-def eval_line(step: int, rank: int, eval_loss: float) -> dict[str, Any]:
-    return {"kind": "eval", "step": step, "time": time.time(), "rank": rank, "eval_loss": eval_loss}
+def own_time(step_time_s: float, wait_s: float | None) -> float:
+    """A rank's own time in a step: its step time less the time it was blocked waiting for the
+    other ranks' collectives (wait_s, from dtcore._C.wait_seconds()). Every rank's step time
+    includes waiting for the slowest, so step times alone are equal and name nobody; own times
+    differ by what each rank itself spent. Lines without wait_s (older runs) count it as 0."""
+    return step_time_s - (wait_s or 0.0)
+
+
+def slow_ranks(medians: dict[int, float], hosts: dict[int, str], factor: float = STRAGGLER_FACTOR) -> list[Straggler]:
+    """The stragglers among `medians` (rank -> its median own time over a window): the ranks above
+    `factor` x the job's median, the median of the ranks' medians. The trainer (live, from an
+    all-reduce) and dtcore.monitor (from the run directory) both name ranks by this rule."""
+    job = statistics.median(medians.values())
+    return [
+        Straggler(rank, hosts.get(rank, "?"), m, m / job)
+        for rank, m in sorted(medians.items())
+        if job > 0 and m > factor * job
+    ]
 
 
 def stragglers(medians: list[float], hosts: list[str], ratio: float) -> list[str]:
-    """'rank r (host): median x s, y x the job median' for each rank that rundir.slow_ranks() names
-    (median own time, rundir.own_time(), above ratio x the job's median)."""
+    """'rank r (host): median x s, y x the job median' for each rank that slow_ranks() names
+    (median own time above ratio x the job's median)."""
     slow = slow_ranks(dict(enumerate(medians)), dict(enumerate(hosts)), ratio)
     job = statistics.median(medians)
     return [
@@ -129,10 +145,12 @@ def summary(line: dict[str, Any], eta_s: float) -> dict[str, str]:
 
 
 class Progress:
-    """Rank 0's tqdm bar (when enabled) and a log line every `log_every` steps; nothing elsewhere."""
+    """Rank 0's tqdm bar (when enabled) and a log line every `log_every` steps; nothing elsewhere.
+    Its ETA: the steps left of `total`, at the mean time of those taken since it was made (at `initial`)."""
 
     def __init__(self, enabled: bool, bar: bool, total: int, initial: int, log_every: int) -> None:
         self.enabled, self.log_every = enabled, log_every
+        self.total, self.initial, self.started = total, initial, time.monotonic()
         self.bar = None
         if enabled and bar:
             try:
@@ -144,9 +162,11 @@ class Progress:
             else:
                 self.bar = tqdm(total=total, initial=initial, desc="train", dynamic_ncols=True, leave=True)
 
-    def update(self, line: dict[str, Any], eta_s: float) -> None:
+    def update(self, line: dict[str, Any]) -> None:
         if not self.enabled:
             return
+        step = line["step"]
+        eta_s = (time.monotonic() - self.started) / (step - self.initial) * (self.total - step)
         fields = summary(line, eta_s)
         if self.bar is not None:
             self.bar.set_postfix(fields, refresh=False)
@@ -237,6 +257,71 @@ class Trackers:
             with contextlib.suppress(Exception):  # the run's metrics are in; its end mark is best effort
                 self.mlflow.end_run(status=status)
         self.tb = self.mlflow = None
+
+
+class MetricsProcessor:
+    """One rank's metrics, from its measurements to every place they go (as torchtitan's
+    MetricsProcessor): a step becomes the train line of Note [Run directory] in this rank's metrics
+    file, rank 0's progress bar and log line, and the job's scalars for the trackers; an evaluation
+    becomes an eval line and a scalar. It keeps the own times (own_time()) of the last `window`
+    steps for the trainer's straggler check. `peak_flops`: one device's, None for no MFU."""
+
+    def __init__(
+        self,
+        run_dir: str,
+        *,
+        rank: int,
+        host: str,
+        world: int,
+        device: torch.device,
+        flops_per_token: float,
+        peak_flops: float | None,
+        window: int,
+        progress: Progress,
+        trackers: Trackers,
+    ) -> None:
+        self.rank, self.host, self.world, self.device = rank, host, world, device
+        self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
+        self.own_times: deque[float] = deque(maxlen=window)
+        self.progress, self.trackers = progress, trackers
+        self.file = MetricsFile(run_dir, rank)
+
+    def train(
+        self,
+        step: int,
+        *,
+        loss: float,
+        job_loss: float,
+        lr: float,
+        step_time_s: float,
+        wait_s: float,
+        tokens: int,
+        job_tokens: float,
+    ) -> None:
+        """Step `step`: this rank's loss and tokens, the job's (summed over ranks; job_loss their mean),
+        the learning rate it used, its time and the part of it spent waiting for the other ranks."""
+        rate = job_tokens / step_time_s  # the job's tokens/s
+        mfu = None if self.peak_flops is None else self.flops_per_token * rate / (self.peak_flops * self.world)
+        allocated, reserved = memory(self.device)
+        line = {"kind": "train", "step": step, "time": time.time(), "rank": self.rank, "host": self.host}
+        line |= {"loss": loss, "lr": lr, "step_time_s": step_time_s, "wait_s": wait_s}
+        line |= {"tokens": tokens, "tokens_per_s": rate, "mfu": mfu}
+        line |= {"mem_allocated_bytes": allocated, "mem_reserved_bytes": reserved}
+        self.file.write(line)
+        self.own_times.append(own_time(step_time_s, wait_s))
+        self.progress.update(line | {"loss": job_loss})
+        self.trackers.scalars(step, {"train/loss": job_loss, "train/tokens_per_s": rate, "train/mfu": mfu})
+
+    def eval(self, step: int, eval_loss: float) -> None:
+        """The evaluation at step `step`: its loss, the same on every rank."""
+        self.file.write({"kind": "eval", "step": step, "time": time.time(), "rank": self.rank, "eval_loss": eval_loss})
+        self.trackers.scalars(step, {"eval/loss": eval_loss})
+
+    def close(self, status: str) -> None:
+        """`status`: how the run ended, for MLflow (Trackers.close)."""
+        self.progress.close()
+        self.trackers.close(status)
+        self.file.close()
 
 
 def _first_line(error: BaseException) -> str:

@@ -27,11 +27,11 @@ from .. import _C
 from ..activation import checkpoint_activations
 from ..bootstrap import get_context, init, is_initialized
 from ..bootstrap.join import _seed_everything
-from ..checkpoint import latest, load_checkpoint, save_checkpoint, wait
+from ..checkpoint import latest, load_checkpoint, save_checkpoint, wait, write_json
 from ..comm import agree, all_reduce, barrier
 from ..reducer import DistributedModel
 from ..zero import ShardedOptimizer, clip_grad_norm_, wrap
-from . import memory, metrics, rundir
+from . import memory, metrics
 from .config import TrainConfig
 from .resume import EXIT_PREEMPTED, Preemption, rng_state, set_rng_state
 
@@ -173,7 +173,7 @@ class Trainer:
       (fused on CUDA). With parallel.zero >= 1 it becomes a dtcore.ShardedOptimizer of the same class
       and defaults. training.compile compiles the wrapped model in place (model.compile()).
     train_data: this rank's batches, an iterable restarted when exhausted. Resume is exact when it
-      has state_dict()/load_state_dict() (dtcore.train.data.TokenData has); otherwise the batches
+      has state_dict()/load_state_dict() (dtcore.train.demo.data.TokenData has); otherwise the batches
       taken are counted and skipped on resume, exact when iterating it again yields the same batches.
     eval_data: batches for evaluation (the same first ones each time); flops_per_token: for MFU
       (default: the model's flops_per_token(), else 6 x its parameters).
@@ -295,17 +295,26 @@ class Trainer:
             os.makedirs(run_dir, exist_ok=True)
             run = {"config": c.to_dict(), "world_size": self.world, "num_iterations": c.training.num_iterations}
             run |= {"started": time.time(), "hosts": hosts, "model_flops_per_token": self.flops_per_token}
-            metrics.write_json_atomically(os.path.join(run_dir, "run.json"), run | {"peak_flops_per_device": peak})
+            write_json(os.path.join(run_dir, "run.json"), run | {"peak_flops_per_device": peak})
         trackers = self._trackers(main, run_dir)
-        out = metrics.MetricsFile(run_dir, self.rank)
-        progress = metrics.Progress(main, c.logging.progress, c.training.num_iterations, self.step, c.logging.log_every)
         batches = self._batches()
         if self._rng_to_restore is not None:  # replaying the data to its position may draw random numbers
             set_rng_state(self._rng_to_restore)
             self._rng_to_restore = None
-        window: deque[float] = deque(maxlen=c.logging.straggler_window)
-        losses, eval_losses, started = [], [], time.monotonic()
-        first_step = self.step
+        progress = metrics.Progress(main, c.logging.progress, c.training.num_iterations, self.step, c.logging.log_every)
+        record = metrics.MetricsProcessor(
+            run_dir,
+            rank=self.rank,
+            host=self.host,
+            world=self.world,
+            device=self.device,
+            flops_per_token=self.flops_per_token,
+            peak_flops=peak,
+            window=c.logging.straggler_window,
+            progress=progress,
+            trackers=trackers,
+        )
+        losses, eval_losses = [], []
         self.preemption.install()
         status = "FAILED"  # how the MLflow run ends
         try:
@@ -320,23 +329,19 @@ class Trainer:
                 flags = [loss, float(tokens), float(self.preemption.requested)]
                 summed, job_tokens, stop = all_reduce(torch.tensor(flags, device=self.device), op="sum").tolist()
                 job_loss = summed / self.world
-                rate = job_tokens / step_time
-                mem_alloc, mem_reserved = metrics.memory(self.device)
-                line = metrics.train_line(self.step, self.rank, self.host, loss=loss, lr=lr)
-                line |= {"step_time_s": step_time, "wait_s": waited, "tokens": tokens, "tokens_per_s": rate}
-                line |= {"mfu": None if peak is None else self.flops_per_token * rate / (peak * self.world)}
-                line |= {"mem_allocated_bytes": mem_alloc, "mem_reserved_bytes": mem_reserved}
-                out.write(line)
-                losses.append(job_loss)
-                window.append(rundir.own_time(step_time, waited))
-                elapsed = time.monotonic() - started
-                eta = elapsed / (self.step - first_step) * (c.training.num_iterations - self.step)
-                progress.update(line | {"loss": job_loss}, eta)
-                trackers.scalars(
-                    self.step, {"train/loss": job_loss, "train/tokens_per_s": rate, "train/mfu": line["mfu"]}
+                record.train(
+                    self.step,
+                    loss=loss,
+                    job_loss=job_loss,
+                    lr=lr,
+                    step_time_s=step_time,
+                    wait_s=waited,
+                    tokens=tokens,
+                    job_tokens=job_tokens,
                 )
+                losses.append(job_loss)
                 if self.step % c.logging.straggler_window == 0:
-                    self._stragglers(window, hosts)
+                    self._stragglers(record.own_times, hosts)
                 last = self.step == c.training.num_iterations
                 if (
                     c.training.eval_every
@@ -344,8 +349,7 @@ class Trainer:
                     and self.eval_data is not None
                 ):
                     eval_loss = self._evaluate()
-                    out.write(metrics.eval_line(self.step, self.rank, eval_loss))
-                    trackers.scalars(self.step, {"eval/loss": eval_loss})
+                    record.eval(self.step, eval_loss)
                     eval_losses.append(eval_loss)
                 if stop > 0:
                     self._save(run_dir, complete=True)
@@ -356,9 +360,7 @@ class Trainer:
             status = "FINISHED"
         finally:
             self.preemption.uninstall()
-            progress.close()
-            trackers.close(status)
-            out.close()
+            record.close(status)
         wait()  # the last asynchronous save, complete (or its error raised), before the run says it is done
         if c.logging.plot:
             if self.world > 1:
@@ -423,7 +425,12 @@ class Trainer:
     def _oom(self, error: BaseException, where: str) -> torch.OutOfMemoryError:
         c = self.config
         breakdown = memory.measure(
-            self.model, self.optimizer, c.parallel.zero, self.world, c.training.device_batch_size
+            self.model,
+            self.optimizer,
+            c.parallel.zero,
+            self.world,
+            c.training.device_batch_size,
+            c.parallel.activation_checkpointing,
         )
         report = memory.oom_report(
             error,
@@ -484,9 +491,9 @@ class Trainer:
         self.model.train()
         return all_reduce((total / max(n, 1)).reshape(1), op="avg").item()
 
-    def _stragglers(self, window: deque[float], hosts: list[str]) -> None:
+    def _stragglers(self, own_times: deque[float], hosts: list[str]) -> None:
         medians = torch.zeros(self.world, dtype=torch.float64, device=self.device)
-        medians[self.rank] = statistics.median(window)
+        medians[self.rank] = statistics.median(own_times)
         medians = all_reduce(medians, op="sum").tolist()
         if self.rank == 0:
             for slow in metrics.stragglers(medians, hosts, self.config.logging.straggler_ratio):
@@ -584,9 +591,9 @@ def _plot(run_dir: str) -> None:
     except ImportError:
         log.warning("matplotlib is not installed: no plots of this run. Fix: pip install matplotlib")
         return
-    from . import plot, rundir
+    from .rundir import plot, run
 
-    written, _ = plot.plot(rundir.load(run_dir))
+    written, _ = plot.plot(run.load(run_dir))
     log.info("plots of this run: %s", ", ".join(written))
 
 

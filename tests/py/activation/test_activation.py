@@ -11,7 +11,7 @@ from dtcore import _C
 from dtcore.activation import LiveTensorMemory
 from dtcore.activation.api import CheckpointedForward
 from dtcore.activation.offload import Offloader
-from dtcore.train.gpt import GPT, GPTConfig
+from dtcore.train.demo.gpt import GPT, GPTConfig
 from dtcore.units import parse_bytes
 
 CONFIG = GPTConfig(vocab_size=32, block_size=32, n_layer=4, n_head=4, n_embd=64, dropout=0.1)
@@ -90,7 +90,7 @@ def test_blocks_are_found_by_run_class_name_and_pattern():
     model = _model()
     names = [f"blocks.{i}" for i in range(4)]
     assert dtcore.checkpoint_activations(model).checkpointed == names
-    from dtcore.train.gpt import Block
+    from dtcore.train.demo.gpt import Block
 
     assert dtcore.checkpoint_activations(model, blocks=Block).checkpointed == names
     assert dtcore.checkpoint_activations(model, blocks="Block").checkpointed == names

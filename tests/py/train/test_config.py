@@ -9,9 +9,11 @@ import pytest
 import torch
 
 import dtcore
+from dtcore.activation import LiveTensorMemory
 from dtcore.train import config as cfg
-from dtcore.train import data, memory, reference
-from dtcore.train.gpt import GPT, num_parameters, shape
+from dtcore.train import memory, reference
+from dtcore.train.demo import data
+from dtcore.train.demo.gpt import GPT, GPTConfig, activation_bytes, num_parameters, shape
 from dtcore.train.trainer import _check, accumulation_steps, lr_factor
 
 from launch_helpers import ROOT, clean_env
@@ -118,6 +120,36 @@ def test_gpu_presets_are_gpt2_small_with_its_padded_vocabulary_124m_parameters(p
     tokens = c.training.device_batch_size * 1024
     assert est.activations > 12 * tokens * 50304  # the fp32 logits of the real vocabulary, and more
     assert memory.estimate(c, 8, vocab_size=256).total < est.total
+
+
+def test_the_estimate_and_the_oom_report_share_one_activation_formula_whose_logits_term_is_the_peak():
+    c = cfg.from_preset("conservative")  # activation_checkpointing=all
+    gpt2 = shape(c.model, data.vocab_size(c.data))
+    with torch.device("meta"):
+        model = GPT(gpt2)
+    batch, policy = c.training.device_batch_size, c.parallel.activation_checkpointing
+    assert (
+        memory.estimate(c, 8).activations
+        == model.activation_bytes(batch, policy)
+        == activation_bytes(gpt2, batch, policy)
+    )
+
+    def peak(vocab: int, batch: int) -> int:
+        torch.manual_seed(0)
+        small = GPT(GPTConfig(vocab_size=vocab, n_layer=1, n_head=2, n_embd=16, block_size=32))
+        tokens = torch.randint(vocab, (batch, 32))
+        with LiveTensorMemory() as live:
+            small(tokens, tokens).backward()
+        return live.peak_bytes()
+
+    # What grows with the vocabulary alone (the embedding, its gradient) cancels: left is tokens x vocabulary,
+    # 12 bytes each at the peak (Note [GPT activation memory]): 64 tokens more, 2000 entries more.
+    measured = (peak(3000, 4) - peak(1000, 4)) - (peak(3000, 2) - peak(1000, 2))
+    assert measured == 12 * 64 * 2000
+    small = GPTConfig(vocab_size=1000, n_layer=1, n_head=2, n_embd=16, block_size=32)
+    assert (
+        activation_bytes(dataclasses.replace(small, vocab_size=3000), 1) - activation_bytes(small, 1) == 12 * 32 * 2000
+    )
 
 
 def test_a_vocabulary_smaller_than_the_tokenizers_is_refused_with_both_values_and_the_fix():

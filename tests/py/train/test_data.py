@@ -6,7 +6,7 @@ import torch
 
 import dtcore
 from dtcore.train import DataConfig
-from dtcore.train.data import build
+from dtcore.train.demo.data import build, from_text, make_corpus
 
 
 def test_a_text_file_by_path_is_tokenized_split_and_batched(tmp_path):
@@ -31,6 +31,17 @@ def test_ranks_take_disjoint_sequences_of_an_epoch(tmp_path):
         shares.append(set(train._mine().tolist()))
     assert all(shares[i].isdisjoint(shares[j]) for i in range(3) for j in range(i + 1, 3))
     assert len({len(s) for s in shares}) == 1  # the same number of batches on every rank
+
+
+def test_a_text_of_the_callers_own_gives_the_same_batches_as_that_text_from_a_file(tmp_path):
+    text = make_corpus(chars=20_000)
+    path = tmp_path / "corpus.txt"
+    path.write_text(text)
+    _, by_path, _ = build(DataConfig(path=str(path), eval_fraction=0.0), 32, 4, 1, 2, 5)
+    tokenizer, given, held = from_text(text, "char", 32, 4, 1, 2, 5)
+    assert held is None and tokenizer.vocab_size == len(set(text))
+    for _ in range(by_path.batches_per_epoch + 2):  # into the next epoch
+        assert all(torch.equal(a, b) for a, b in zip(by_path.next_batch(), given.next_batch()))
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,52 @@
-"""The straggler rule of the trainer's metrics."""
+"""The trainer's metrics: a step's line from its measurements, and the straggler rule."""
 
-from dtcore.train.metrics import stragglers
+import json
+
+import pytest
+import torch
+
+from dtcore.train.metrics import MetricsProcessor, Progress, Trackers, stragglers
+
+
+def test_a_steps_measurements_become_its_train_line_and_an_evaluation_its_eval_line(tmp_path):
+    off = dict(enabled=False)
+    record = MetricsProcessor(
+        str(tmp_path),
+        rank=1,
+        host="h1",
+        world=2,
+        device=torch.device("cpu"),
+        flops_per_token=6e6,
+        peak_flops=1e12,
+        window=2,
+        progress=Progress(**off, bar=False, total=10, initial=0, log_every=0),
+        trackers=Trackers(**off, run_dir=str(tmp_path), tensorboard=False, mlflow=False, params={}),
+    )
+    for step in (1, 2, 3):
+        record.train(step, loss=2.0, job_loss=2.5, lr=1e-3, step_time_s=0.5, wait_s=0.1, tokens=100, job_tokens=200.0)
+    record.eval(3, 2.25)
+    record.close("FINISHED")
+    train, *_, evaluation = [
+        json.loads(line) for line in (tmp_path / "metrics" / "rank1.jsonl").read_text().splitlines()
+    ]
+    assert train.pop("time") > 0 and evaluation.pop("time") > 0
+    assert train == {
+        "kind": "train",
+        "step": 1,
+        "rank": 1,
+        "host": "h1",
+        "loss": 2.0,  # this rank's
+        "lr": 1e-3,
+        "step_time_s": 0.5,
+        "wait_s": 0.1,
+        "tokens": 100,
+        "tokens_per_s": 400.0,  # the job's
+        "mfu": pytest.approx(6e6 * 400 / (1e12 * 2)),
+        "mem_allocated_bytes": None,  # CPU
+        "mem_reserved_bytes": None,
+    }
+    assert evaluation == {"kind": "eval", "step": 3, "rank": 1, "eval_loss": 2.25}
+    assert list(record.own_times) == pytest.approx([0.4, 0.4])  # the last `window` steps, less their wait
 
 
 def test_stragglers_are_ranks_above_the_ratio_of_the_job_median():

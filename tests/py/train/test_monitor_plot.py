@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from dtcore.train.monitor import main as monitor_main
-from dtcore.train.plot import main as plot_main
+from dtcore.train.rundir.monitor import main as monitor_main
+from dtcore.train.rundir.plot import main as plot_main
 
 from launch_helpers import clean_env
 
@@ -122,7 +122,7 @@ def test_absent_or_empty_run_dirs_are_refused_with_the_fix(tmp_path, capsys):
 
 
 def test_a_resumed_run_counts_each_step_once_and_ranks_of_an_earlier_world_not_at_all(tmp_path):
-    from dtcore.train import rundir
+    from dtcore.train.rundir.run import load
 
     run = tmp_path / "run"
     write_run(run, steps=12)
@@ -132,7 +132,7 @@ def test_a_resumed_run_counts_each_step_once_and_ranks_of_an_earlier_world_not_a
         again = [{"kind": "train", "step": s, "time": 0, "rank": rank, "host": "h", "loss": 1.0} for s in range(6, 12)]
         path.write_text(text + "".join(json.dumps(x) + "\n" for x in again))
     (run / "metrics" / "rank2.jsonl").write_text(json.dumps({"kind": "train", "step": 3, "loss": 9.0}) + "\n")
-    loaded = rundir.load(str(run))
+    loaded = load(str(run))
     assert sorted(loaded.train) == [0, 1]  # world_size 2 in run.json: rank 2's file is an earlier run's
     for rank in (0, 1):
         steps = [x["step"] for x in loaded.train[rank]]

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from dtcore.train import DataConfig
-from dtcore.train.data import Tokenizer, load_text
-from dtcore.train.gpt import GPT, GPTConfig, num_parameters
-from dtcore.train.rundir import load, spread
+from dtcore.train.demo.data import Tokenizer, load_text
+from dtcore.train.demo.gpt import GPT, GPTConfig, num_parameters
+from dtcore.train.rundir.run import load, spread
 from dtcore.train.trainer import constructor_defaults
 
 from launch_helpers import clean_env, describe, free_port, leftover_processes, run_processes, run_ranks, torchrun_style

@@ -65,7 +65,7 @@ def test_one_training_graph_and_one_evaluation_graph_are_compiled(runs):
     for stderr in runs["compiled"][1]:
         # GPT.forward traced twice: with grad in train mode (every step, no_sync or not), then under
         # no_grad in eval mode; nothing traced again after that
-        assert len(_traced(stderr, "train/gpt.py")) == 2, _traced(stderr, "")
+        assert len(_traced(stderr, "demo/gpt.py")) == 2, _traced(stderr, "")
     assert not any(_traced(stderr, "") for stderr in runs["eager"][1])
     assert "training.compile: torch.compile(backend='aot_eager') compiles the model" in runs["compiled"][1][0]
 
@@ -74,13 +74,13 @@ def test_the_compiled_run_resumes_from_its_checkpoint_to_the_same_losses(runs):
     for rank, stderr in enumerate(runs["resumed"][1]):
         resumed, whole = _losses(runs["resumed"][0], rank), _losses(runs["compiled"][0], rank)
         assert min(step for _, step in resumed) == 5 and resumed == {k: v for k, v in whole.items() if k[1] > 4}
-        assert len(_traced(stderr, "train/gpt.py")) == 2
+        assert len(_traced(stderr, "demo/gpt.py")) == 2
     assert "resumed from" in runs["resumed"][1][0] and "at step 4" in runs["resumed"][1][0]
 
 
 def test_zero3_compiles_each_unit_and_trains_as_the_eager_run(runs):
     for rank, stderr in enumerate(runs["zero3"][1]):
-        assert _traced(stderr, "train/gpt.py"), stderr[-3000:]  # each block's forward (Note [zero=3 and torch.compile])
+        assert _traced(stderr, "demo/gpt.py"), stderr[-3000:]  # each block's forward (Note [zero=3 and torch.compile])
         eager, zero3 = _losses(runs["eager"][0], rank), _losses(runs["zero3"][0], rank)
         assert zero3.keys() == eager.keys()
         assert all(zero3[k] == pytest.approx(eager[k], rel=1e-6) for k in eager), (zero3, eager)

@@ -17,7 +17,7 @@ import sys
 import torch
 
 import dtcore
-from dtcore.train.gpt import GPT, GPTConfig
+from dtcore.train.demo.gpt import GPT, GPTConfig
 
 CONFIG = GPTConfig(vocab_size=32, block_size=16, n_layer=3, n_head=2, n_embd=32, dropout=0.0)
 

@@ -13,7 +13,7 @@ import torch
 from ddp_semantics_worker import run_cases
 
 import dtcore
-from dtcore.train.gpt import GPT, GPTConfig
+from dtcore.train.demo.gpt import GPT, GPTConfig
 
 CONFIG = GPTConfig(vocab_size=64, block_size=32, n_layer=4, n_head=4, n_embd=128)
 

@@ -18,7 +18,7 @@ from torch._dynamo.utils import counters
 from zero3_worker import close
 
 import dtcore
-from dtcore.train.gpt import GPT, GPTConfig
+from dtcore.train.demo.gpt import GPT, GPTConfig
 
 BACKEND = "aot_eager"
 # 4 blocks of width 128: about 3 MB of parameters, so that 1 MiB buckets make several graph pieces.

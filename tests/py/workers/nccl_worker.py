@@ -14,7 +14,7 @@ import torch.distributed as dist
 from ddp_semantics_worker import run_cases
 
 import dtcore
-from dtcore.train.gpt import GPT, GPTConfig
+from dtcore.train.demo.gpt import GPT, GPTConfig
 
 
 def _device() -> torch.device:

@@ -15,8 +15,9 @@ import time
 import torch
 
 import dtcore
-from dtcore.train import TrainConfig, data
-from dtcore.train.gpt import GPT, GPTConfig
+from dtcore.train import TrainConfig
+from dtcore.train.demo import data
+from dtcore.train.demo.gpt import GPT, GPTConfig
 
 
 class OutOfMemoryGPT(GPT):

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import dtcore
-from dtcore.train.gpt import GPT, SHAPES
+from dtcore.train.demo.gpt import GPT, GPTConfig
 
 VOCAB, WIDTH, CONTEXT = 40, 16, 8
 
@@ -72,7 +72,7 @@ class Quirks(torch.nn.Module):
 def build(kind: str) -> torch.nn.Module:
     torch.manual_seed(0)
     if kind == "gpt":
-        return GPT(SHAPES["tiny"])
+        return GPT(GPTConfig())  # the tiny shape, vocabulary 64
     return Quirks()
 
 

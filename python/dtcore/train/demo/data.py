@@ -1,5 +1,7 @@
-"""Text for `python -m dtcore.train`: the corpus that ships with dtcore or a file, tokenized by
-character or byte, cut into sequences that the ranks share out epoch by epoch.
+"""Text for the built-in GPT: the corpus that ships with dtcore, a file, or generated text
+(make_corpus), tokenized by character or byte, cut into sequences that the ranks share out epoch by
+epoch. `python -m dtcore.train` reads the data section (`build`); the benchmarks, examples and
+tests give a text (`from_text`).
 
 Every rank draws the same permutation of sequences each epoch (seeded by seed and epoch) and
 takes every world_size-th one from its rank on, so the ranks never see the same sequence in an
@@ -9,12 +11,13 @@ make resume exact, mid-epoch included.
 
 from __future__ import annotations
 
+import random
 from importlib import resources
 
 import torch
 
-from .. import _C
-from .config import DataConfig
+from ... import _C
+from ..config import DataConfig
 
 
 def load_text(config: DataConfig) -> str:
@@ -106,15 +109,48 @@ class TokenData:
 
 
 def build(config: DataConfig, block_size: int, batch_size: int, rank: int, world: int, seed: int):
-    """(tokenizer, training data, evaluation data) of `config`: the text's tail (eval_fraction) is held out."""
+    """(tokenizer, training data, evaluation data) of the data section `config` (from_text on its text)."""
     text = load_text(config)
-    tokenizer = Tokenizer(config.tokenizer, text)
+    return from_text(text, config.tokenizer, block_size, batch_size, rank, world, seed, config.eval_fraction)
+
+
+def from_text(
+    text: str,
+    kind: str,
+    block_size: int,
+    batch_size: int,
+    rank: int,
+    world: int,
+    seed: int,
+    eval_fraction: float = 0.0,
+) -> tuple[Tokenizer, TokenData, TokenData | None]:
+    """(tokenizer, training data, evaluation data or None) of `text`, tokenized by `kind` (char or byte):
+    this rank's batches of (batch_size, block_size), the text's tail (eval_fraction) held out."""
+    tokenizer = Tokenizer(kind, text)
     tokens = tokenizer.encode(text)
-    cut = int(len(tokens) * (1.0 - config.eval_fraction))
+    cut = int(len(tokens) * (1.0 - eval_fraction))
     train = TokenData(tokens[:cut], block_size, batch_size, rank, world, seed)
     evaluation = None
-    if config.eval_fraction > 0:  # a short held-out tail is evaluated in smaller batches, not refused
+    if eval_fraction > 0:  # a short held-out tail is evaluated in smaller batches, not refused
         held = tokens[cut:]
         eval_batch = max(1, min(batch_size, (len(held) - 1) // block_size // world))
         evaluation = TokenData(held, block_size, eval_batch, rank, world, seed)
     return tokenizer, train, evaluation
+
+
+def make_corpus(chars: int = 200_000, seed: int = 0) -> str:
+    """Generated text with structure a small model learns quickly: sums and short sentences."""
+    rng = random.Random(seed)
+    nouns = ["rank", "node", "gpu", "bucket", "tensor", "store", "port", "job", "loss", "step"]
+    verbs = ["joins", "waits", "sends", "reduces", "starts", "fails", "holds", "names"]
+    parts = []
+    size = 0
+    while size < chars:
+        if rng.random() < 0.5:
+            a, b = rng.randint(0, 99), rng.randint(0, 99)
+            s = f"{a} + {b} = {a + b}. "
+        else:
+            s = f"the {rng.choice(nouns)} {rng.choice(verbs)} the {rng.choice(nouns)}. "
+        parts.append(s)
+        size += len(s)
+    return "".join(parts)

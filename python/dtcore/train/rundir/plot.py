@@ -14,8 +14,8 @@ import statistics
 import sys
 from collections.abc import Sequence
 
-from .. import _C
-from .rundir import Run, load, parser, values
+from ... import _C
+from .run import Run, load, parser, values
 
 _GIB = float(1 << 30)
 

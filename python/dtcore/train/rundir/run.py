@@ -1,7 +1,8 @@
 """Reading a run directory of `python -m dtcore.train` (RUN_DIR/run.json, RUN_DIR/metrics/rank<r>.jsonl),
-for dtcore.monitor and dtcore.plot. The layout is the trainer's; this module only reads it, and
-tolerates what a live or crashed run leaves: a rank with no line yet, a metric that is null, a
-line still being written (no newline yet: skipped until it is complete).
+for dtcore.monitor and dtcore.plot. The layout is the trainer's (Note [Run directory] in
+dtcore/train/metrics.py); this module only reads it, and tolerates what a live or crashed run
+leaves: a rank with no line yet, a metric that is null, a line still being written (no newline
+yet: skipped until it is complete).
 """
 
 from __future__ import annotations
@@ -14,10 +15,8 @@ import os
 import re
 import statistics
 
-from .. import _C
-
-STRAGGLER_FACTOR = 1.1  # a rank whose median own time (own_time()) exceeds the job's by this factor is named
-WINDOW = 20  # steps over which step times are compared (the trainer's default straggler window)
+from ... import _C
+from ..metrics import WINDOW, Straggler, own_time, slow_ranks
 
 
 @dataclasses.dataclass
@@ -100,34 +99,6 @@ def values(lines: list[dict], key: str) -> tuple[list[int], list[float]]:
     """(steps, values) of `key` over `lines`, leaving out the lines where it is null or absent."""
     pairs = [(x["step"], x[key]) for x in lines if x.get(key) is not None]
     return [s for s, _ in pairs], [float(v) for _, v in pairs]
-
-
-@dataclasses.dataclass
-class Straggler:
-    rank: int
-    host: str
-    median_s: float
-    factor: float  # its median / the job's median
-
-
-def own_time(step_time_s: float, wait_s: float | None) -> float:
-    """A rank's own time in a step: its step time less the time it was blocked waiting for the
-    other ranks' collectives (wait_s, from dtcore._C.wait_seconds()). Every rank's step time
-    includes waiting for the slowest, so step times alone are equal and name nobody; own times
-    differ by what each rank itself spent. Lines without wait_s (older runs) count it as 0."""
-    return step_time_s - (wait_s or 0.0)
-
-
-def slow_ranks(medians: dict[int, float], hosts: dict[int, str], factor: float = STRAGGLER_FACTOR) -> list[Straggler]:
-    """The stragglers among `medians` (rank -> its median own time over a window): the ranks above
-    `factor` x the job's median, the median of the ranks' medians. The trainer (live, from an
-    all-reduce) and dtcore.monitor (from the run directory) both name ranks by this rule."""
-    job = statistics.median(medians.values())
-    return [
-        Straggler(rank, hosts.get(rank, "?"), m, m / job)
-        for rank, m in sorted(medians.items())
-        if job > 0 and m > factor * job
-    ]
 
 
 @dataclasses.dataclass

@@ -1,21 +1,37 @@
-"""The built-in GPT (a decoder-only transformer, nanoGPT-style) and a generated corpus.
+"""The built-in GPT (a decoder-only transformer, nanoGPT-style) and what a step of it holds.
 
 `python -m dtcore.train` trains it, shaped by `shape()` from the model section and the tokenizer;
-examples/train_gpt.py, the benchmarks and the tests build it from a GPTConfig. `SHAPES` are the
-sizes the benchmarks name.
+examples/train_gpt.py, the benchmarks and the tests build it from a GPTConfig, or from one of the
+named sizes of dtcore.train.config.SHAPES through `shape()`. `activation_bytes()` is its
+activation memory, for the presets' estimate and the out-of-memory diagnosis (dtcore.train.memory).
+
+Note [GPT activation memory]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A step's activations peak where backward starts: every block still holds what it keeps, and the
+loss's backward runs on the largest tensors of the step, tokens x vocabulary.
+  - A block keeps 34 bytes per token and channel in 16-bit (Korthikanti et al. 2022, with fused
+    attention: no term in the sequence length squared). Under activation checkpointing every
+    policy keeps at least each block's input (2 bytes per token and channel); the block being
+    recomputed holds its 34 again.
+  - The loss, `cross_entropy(logits.float())`, keeps one tensor of tokens x vocabulary for
+    backward: the fp32 log-probabilities (log_softmax's output, which nll_loss reads as well); the
+    logits and their fp32 copy are freed once the loss is computed. Its backward first makes the
+    log-probabilities' gradient (nll_loss's, dense fp32), then from both the logits' gradient
+    (fp32): three fp32 tensors of tokens x vocabulary alive at once, 12 bytes per token and
+    vocabulary entry. That is the step's peak (the forward's is 10 under 16-bit autocast: the
+    logits, their fp32 copy and the log-probabilities; the saved tensor alone is 4).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import random
 
 import torch
 import torch.nn.functional as F
 
-from .. import _C
-from .config import ModelConfig
+from ... import _C
+from ..config import ModelConfig
 
 
 @dataclasses.dataclass
@@ -48,14 +64,6 @@ def shape(model: ModelConfig, tokenizer_vocab: int, tokenizer: str = "the tokeni
     return GPTConfig(**{**dataclasses.asdict(model), "vocab_size": vocab})
 
 
-SHAPES = {
-    "tiny": GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=64),  # seconds on a laptop CPU
-    "small": GPTConfig(n_layer=4, n_head=4, n_embd=128, block_size=128),  # ~0.8M parameters
-    "20m": GPTConfig(n_layer=6, n_head=8, n_embd=512, block_size=128),  # ~19M: the CPU benchmark
-    "gpt2": GPTConfig(vocab_size=50304, n_layer=12, n_head=12, n_embd=768, block_size=1024),  # 124M
-}
-
-
 class Block(torch.nn.Module):
     def __init__(self, c: GPTConfig) -> None:
         super().__init__()
@@ -83,7 +91,7 @@ class GPT(torch.nn.Module):
         if c.vocab_size < 1:
             raise _C.ConfigError(
                 f"GPT(vocab_size={c.vocab_size}): a model section's 0 means the tokenizer's vocabulary, which only "
-                "dtcore.train.gpt.shape(model, tokenizer_vocab) can decide. Fix: build the GPTConfig with shape()."
+                "dtcore.train.demo.gpt.shape(model, tokenizer_vocab) can decide. Fix: build the GPTConfig with shape()."
             )
         self.config = c
         self.tok = torch.nn.Embedding(c.vocab_size, c.n_embd)
@@ -116,52 +124,27 @@ class GPT(torch.nn.Module):
         n = num_parameters(self) - self.pos.weight.numel()
         return 6.0 * n + 12.0 * c.n_layer * c.n_embd * c.block_size
 
-    def activation_bytes(self, batch_size: int, element_size: int = 2) -> int:
-        """Activations kept for backward by one micro-batch of `batch_size` sequences: 34 values per
-        token and channel per block (Korthikanti et al. 2022, with fused attention), plus the fp32
-        logits and their gradient."""
-        c = self.config
-        tokens = batch_size * c.block_size
-        return 34 * tokens * c.n_embd * c.n_layer * element_size // 2 + 2 * 4 * tokens * c.vocab_size
+    def activation_bytes(self, batch_size: int, checkpointing: str = "none") -> int:
+        """activation_bytes() of this model's shape: the activation estimate that the out-of-memory
+        diagnosis reads from a model that gives one (dtcore.train.memory.measure)."""
+        return activation_bytes(self.config, batch_size, checkpointing)
+
+
+def activation_bytes(c: GPTConfig, batch_size: int, checkpointing: str = "none") -> int:
+    """The activation memory of one micro-batch of `batch_size` sequences at its peak, the start of
+    backward (Note [GPT activation memory]); `checkpointing`: parallel.activation_checkpointing's policy
+    (any but none keeps at least the blocks' inputs)."""
+    tokens = batch_size * c.block_size
+    per_block = 34 * tokens * c.n_embd
+    if checkpointing == "none":
+        blocks = per_block * c.n_layer
+    else:
+        blocks = 2 * tokens * c.n_embd * c.n_layer + per_block
+    return blocks + 3 * 4 * tokens * c.vocab_size
 
 
 def num_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-
-
-def make_corpus(chars: int = 200_000, seed: int = 0) -> str:
-    """Generated text with structure a small model learns quickly: sums and short sentences."""
-    rng = random.Random(seed)
-    nouns = ["rank", "node", "gpu", "bucket", "tensor", "store", "port", "job", "loss", "step"]
-    verbs = ["joins", "waits", "sends", "reduces", "starts", "fails", "holds", "names"]
-    parts = []
-    size = 0
-    while size < chars:
-        if rng.random() < 0.5:
-            a, b = rng.randint(0, 99), rng.randint(0, 99)
-            s = f"{a} + {b} = {a + b}. "
-        else:
-            s = f"the {rng.choice(nouns)} {rng.choice(verbs)} the {rng.choice(nouns)}. "
-        parts.append(s)
-        size += len(s)
-    return "".join(parts)
-
-
-class CharData:
-    """Character-level batches; every rank draws its own, reproducibly (seed + rank)."""
-
-    def __init__(self, text: str, block_size: int, seed: int) -> None:
-        self.vocab = sorted(set(text))
-        index = {c: i for i, c in enumerate(self.vocab)}
-        self.data = torch.tensor([index[c] for c in text], dtype=torch.long)
-        self.block_size = block_size
-        self.gen = torch.Generator().manual_seed(seed)
-
-    def batch(self, batch_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        start = torch.randint(len(self.data) - self.block_size - 1, (batch_size,), generator=self.gen)
-        x = torch.stack([self.data[s : s + self.block_size] for s in start])  # (B, T)
-        y = torch.stack([self.data[s + 1 : s + 1 + self.block_size] for s in start])  # (B, T)
-        return x.to(device), y.to(device)
 
 
 def uniform_loss(vocab: int) -> float:

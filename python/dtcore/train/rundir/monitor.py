@@ -16,8 +16,9 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .. import _C
-from .rundir import STRAGGLER_FACTOR, WINDOW, Run, load, parser, spread
+from ... import _C
+from ..metrics import STRAGGLER_FACTOR, WINDOW
+from .run import Run, load, parser, spread
 
 
 def _duration(seconds: float) -> str:
