@@ -223,6 +223,22 @@ def _kill_session(sid: int) -> None:
         pass
 
 
+def run_in_session(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """Runs `cmd` in a session of its own (killed whole at the timeout), and checks that no process of it (a
+    rank included) outlives it."""
+    p = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = p.communicate(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert leftover_processes([p.pid]) == []
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
 def leftover_processes(sessions: list[int]) -> list[str]:
     """Processes still alive in any of the given sessions (zombies excluded)."""
     alive = []

@@ -15,7 +15,6 @@ every rank raises a CheckpointError naming it.
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import os
@@ -36,6 +35,7 @@ log = logging.getLogger("dtcore")
 
 _lock = threading.Lock()
 _pending: _Write | None = None  # the asynchronous save in flight, if any
+_POLL_S = 0.05  # the longest pause between two looks at the store for the other ranks' reports
 _KEPT = "Checkpoints in other directories are untouched (a directory of steps gives the newest complete one)."
 
 
@@ -141,6 +141,23 @@ def wait() -> None:
     job.raise_error()
 
 
+def abandon(why: str) -> None:
+    """The asynchronous save in flight, if any, is given up, because the run failed (`why`): a save whose
+    peers may be dead could otherwise keep this process for the whole timeout, waiting for their files.
+    Its writer thread goes on in the background without holding up the exit; its checkpoint has a
+    manifest only if every rank's file was written, and is otherwise never loaded."""
+    global _pending
+    with _lock:
+        job, _pending = _pending, None
+    if job is None or job.thread is None or not job.thread.is_alive():
+        return
+    job.abandoned.set()  # its waits for the other ranks end within _POLL_S; its own file is still written
+    job.thread.join()
+    if job.error is None:
+        return  # it completed meanwhile
+    log.warning("checkpoint %s: given up, since %s (without a manifest it is never loaded)", job.directory, why)
+
+
 context.before_shutdown.append(wait)
 
 
@@ -178,6 +195,7 @@ class _Write:
         self.directory, self.rank, self.world, self.token = directory, rank, world, token
         self.entries, self.report, self.store, self.timeout = entries, report, store, timeout
         self.prefix = f"dtcore/checkpoint/{token}"
+        self.abandoned = threading.Event()  # abandon(): the run failed, its peers may never report
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
 
@@ -198,7 +216,7 @@ class _Write:
             )
         except BaseException as e:  # kept for wait(); an asynchronous save reports it there
             self.error = e
-            if self.thread is not None:
+            if self.thread is not None and not self.abandoned.is_set():
                 log.error("checkpoint %s failed on rank %d: %s", self.directory, self.rank, e)
         finally:
             self.entries = []  # the host copies go as soon as they are written
@@ -263,26 +281,35 @@ class _Write:
         self.store.delete_key(f"{self.prefix}/done")
         self.store.delete_key(acks)
 
+    def _poll(self, keys: list[str], limit: float) -> bool:
+        """Whether every key is set within `limit` seconds; checked every _POLL_S at most, so that abandon()
+        ends the wait (a CheckpointError) without waiting out the timeout."""
+        deadline, pause = time.monotonic() + limit, 0.001
+        while not self.store.check(keys):
+            if self.abandoned.is_set():
+                raise _C.CheckpointError(f"checkpoint {self.directory}: given up, the run failed")
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(2 * pause, _POLL_S)
+        return True
+
     def _wait_for(self, keys: list[str]) -> None:
-        try:
-            self.store.wait(keys, datetime.timedelta(seconds=self.timeout))
-        except Exception:
+        if not self._poll(keys, self.timeout):
             missing = [k.rsplit("/", 1)[1] for k in keys if not self.store.check([k])]
             raise _C.CheckpointError(
                 f"checkpoint {self.directory} is incomplete: rank(s) {', '.join(missing)} did not report their file "
                 f"written within {self.timeout:g} s (the process died, or its disk is that slow); it has no manifest, "
                 f"so it is never loaded. {_KEPT} Fix: look at those ranks' logs; raise timeout= for slow storage."
-            ) from None
+            )
 
     def _get(self, key: str, what: str, limit: float) -> bytes:
-        try:
-            self.store.wait([key], datetime.timedelta(seconds=limit))
-        except Exception:
+        if not self._poll([key], limit):
             raise _C.CheckpointError(
                 f"checkpoint {self.directory}: rank {self.rank} waited {limit:g} s for {what}, in vain (rank 0 "
                 f"died, or another rank did not write its file); it has no manifest, so it is never loaded. {_KEPT} "
                 "Fix: look at rank 0's log."
-            ) from None
+            )
         return self.store.get(key)
 
     def _write_manifest(self, reports: list[dict[str, Any]]) -> None:

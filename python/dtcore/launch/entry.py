@@ -45,6 +45,12 @@ def _user_traceback(e: BaseException) -> str:
     return "".join(traceback.format_exception(type(e), e, tb))
 
 
+def _place(e: BaseException) -> str | None:
+    """file:line of the innermost frame that raised `e`, the function's name after it."""
+    frames = traceback.extract_tb(e.__traceback__)
+    return f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else None
+
+
 def record(e: BaseException, path: str | None = None) -> None:
     """Writes `e` into this worker's error file (TORCHELASTIC_ERROR_FILE), in torch's layout plus "dtcore"."""
     path = path or os.environ.get("TORCHELASTIC_ERROR_FILE")
@@ -65,6 +71,10 @@ def record(e: BaseException, path: str | None = None) -> None:
             "pid": os.getpid(),
             "exception": type(e).__name__,
             "traceback": text,
+            # What tells a bug from a fault (Note [Restarts] in restarts.py): where it was raised, and the
+            # training step dtcore.train marked it with (None elsewhere).
+            "place": _place(e),
+            "step": getattr(e, "dtcore_step", None),
         },
     }
     tmp = f"{path}.tmp{os.getpid()}"

@@ -179,12 +179,20 @@ def diagnose(failure: RankFailure) -> Diagnosis | None:
     return next((d for d in KNOWN if re.search(d.pattern, text)), None)
 
 
-def report(root: RankFailure, others: list[RankFailure], log_file: str, world_size: int, nodes: int = 1) -> str:
-    """The summary printed when a job failed: the root cause, this node's other failures, then the fix."""
+def report(
+    root: RankFailure,
+    others: list[RankFailure],
+    log_file: str,
+    world_size: int,
+    nodes: int = 1,
+    what: str = "the job failed",
+) -> str:
+    """The summary printed when a job failed (or, `what` says, a failure it restarts after): the root cause,
+    this node's other failures, then the fix."""
     where = f"host {root.host}" + (f" (node {root.node})" if nodes > 1 else "")
     lines = [
         "=" * 78,
-        f"dtcore.launch: the job failed. Root cause: rank {root.rank} (local rank {root.local_rank}) on {where}, "
+        f"dtcore.launch: {what}. Root cause: rank {root.rank} (local rank {root.local_rank}) on {where}, "
         f"pid {root.pid}: {root.summary}",
     ]
     if root.traceback:

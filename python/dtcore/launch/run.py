@@ -24,6 +24,7 @@ from ..exit_codes import EXIT_PREEMPTED
 from . import rendezvous
 from .failure import RankFailure, first_first, rank_failures, report
 from .rendezvous import BACKEND, register
+from .restarts import Restarts, restarting_agent
 
 DEFAULT_TIMEOUT = _C.read_settings(env={}).timeout_s  # seconds for every node to join: DTCORE_TIMEOUT's default
 DEFAULT_LOG_DIR = "logs"
@@ -75,6 +76,8 @@ class Job:
         words += ["--nproc-per-node", str(self.nproc)]
         if a.timeout != DEFAULT_TIMEOUT:
             words += ["--timeout", f"{a.timeout:g}"]
+        if a.max_restarts:
+            words += ["--max-restarts", str(a.max_restarts)]
         if a.log_dir != DEFAULT_LOG_DIR:
             words += ["--log-dir", a.log_dir]
         if a.name:
@@ -89,6 +92,12 @@ class Job:
             glob.glob(os.path.join(glob.escape(self.rank_dir), "*", "attempt_*", str(local_rank), "stderr.log"))
         )
         return found[-1] if found else ""
+
+    def run_log_dir(self) -> str:
+        """The agent's directory of this launch, <rank_dir>/<run id>_<random>, which holds attempt_<k>/ (the
+        restarted ranks find restarts.FAILURES there, three levels above their TORCHELASTIC_ERROR_FILE)."""
+        found = sorted(glob.glob(os.path.join(glob.escape(self.rank_dir), "*", "attempt_0")))
+        return os.path.dirname(found[-1]) if found else self.rank_dir
 
     def worker_env(self) -> dict[str, str]:
         """What local rank 0 of this node will see, as the preflight judges it."""
@@ -156,7 +165,7 @@ class Job:
             rdzv_endpoint=f"{self.master_addr}:{self.master_port}",
             rdzv_backend=BACKEND,
             rdzv_configs={"rank": a.node_rank, "timeout": a.timeout},
-            max_restarts=0,  # a failed rank ends the job with its root cause; restarts are the trainer's resume
+            max_restarts=a.max_restarts,  # Note [Restarts] in restarts.py
             monitor_interval=0.1,
             # Each rank's stdout/stderr are also kept in its own file (read back for a rank that died without a
             # traceback) and shown on the console with a [rank<r>] prefix.
@@ -168,13 +177,29 @@ class Job:
             signals_to_handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
         )
         started = time.monotonic()
+        restarts = Restarts(
+            a.max_restarts,
+            self.log_path,
+            self.world,
+            say,
+            lambda failures: rank_failures(failures, self.stderr_file, a.node_rank),
+            self.run_log_dir,
+        )
         try:
-            elastic_launch(config, sys.executable)("-u", "-m", "dtcore.launch.entry", *self.program)
+            with restarting_agent(restarts):
+                elastic_launch(config, sys.executable)("-u", "-m", "dtcore.launch.entry", *self.program)
         except ChildFailedError as e:
             if all(f.exitcode == EXIT_PREEMPTED for f in e.failures.values()):
                 say(f"every failed rank of node {a.node_rank} saved a checkpoint and exited after a preemption signal")
                 return EXIT_PREEMPTED
             self._failed(rank_failures(e.failures, self.stderr_file, a.node_rank))
+            if restarts.bug:
+                say(restarts.bug)
+            elif a.max_restarts:
+                say(
+                    f"no restart left: the job failed {len(restarts.failures) + 1} time(s), "
+                    f"--max-restarts {a.max_restarts}"
+                )
             return 1
         except _C.DtcoreError as e:
             say(f"the job did not start: {e}")

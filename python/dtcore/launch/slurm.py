@@ -21,7 +21,12 @@ import sys
 import time
 
 from .. import _C
+from ..exit_codes import EXIT_PREEMPTED
 
+# Seconds before the time limit that SLURM signals the job (sbatch --signal=USR1@<s>): enough for a checkpoint
+# of a large model to reach a shared file system (dtcore.train's preemption save takes well under a second
+# to leave the state in host memory; the write is what takes time).
+PREEMPT_NOTICE_S = 120
 SUBMIT_TIMEOUT_S = 60.0  # sbatch answers in a second; a controller that does not answer is named, not waited for
 
 
@@ -58,13 +63,24 @@ def script(a: argparse.Namespace, program: list[str], name: str, python: str) ->
     if gpus:
         options.append(("gpus-per-node", str(gpus)))
     options.append(("output", os.path.join(log_dir, f"{name}_%j.out")))
+    given = set()
     for extra in a.sbatch:
         key, sep, value = extra.partition("=")
         options.append((key.lstrip("-"), value) if sep else (extra.lstrip("-"), ""))
+        given.add(options[-1][0])
+    # Before the time limit SLURM sends SIGUSR1 to the job step: each node's launcher passes it to its ranks,
+    # dtcore.train saves a checkpoint and the job step ends with EXIT_PREEMPTED, on which the script requeues
+    # the job; the requeued job (SLURM_RESTART_COUNT > 0) resumes from that checkpoint by itself.
+    if "signal" not in given:
+        options.append(("signal", f"USR1@{PREEMPT_NOTICE_S}"))
+    if "requeue" not in given and "no-requeue" not in given:
+        options.append(("requeue", ""))
     launch = [python, "-m", "dtcore.launch", "--from-slurm"]
     if gpus:
         launch += ["--nproc-per-node", str(gpus)]
     launch += ["--timeout", f"{a.timeout:g}", "--log-dir", log_dir, "--name", name]
+    if a.max_restarts:
+        launch += ["--max-restarts", str(a.max_restarts)]
     if not a.preflight:
         launch.append("--no-preflight")
     lines = [
@@ -80,9 +96,15 @@ def script(a: argparse.Namespace, program: list[str], name: str, python: str) ->
         "# agent. --from-slurm reads SLURM as dtcore.init() does: node index (SLURM_PROCID, SLURM_NODEID), nodes",
         "# (SLURM_NNODES), master = first host of SLURM_JOB_NODELIST, port = MASTER_PORT if set, else derived from",
         "# SLURM_JOB_ID (15000 + id % 15000). A failed rank stops every node, and each prints the root cause.",
+        "status=0",
         "srun --ntasks-per-node=1 \\",
         f"  {shlex.join(launch)} \\",
-        f"  {shlex.join(program)}",
+        f"  {shlex.join(program)} || status=$?",
+        f'if [ "$status" -eq {EXIT_PREEMPTED} ]; then  # every rank saved a checkpoint after SIGUSR1',
+        '  echo "preempted before the time limit: requeueing job $SLURM_JOB_ID, which resumes from its checkpoint"',
+        '  scontrol requeue "$SLURM_JOB_ID"',
+        "fi",
+        'exit "$status"',
         "",
     ]
     return "\n".join(lines)

@@ -4,10 +4,12 @@ MFU, stragglers, and TensorBoard / MLflow when they are installed.
 Note [Run directory]: the files written here are read by dtcore.monitor and dtcore.plot
 (dtcore/train/rundir):
   RUN_DIR/run.json               rank 0, atomically at start (config, world_size, num_iterations,
-                                 started, hosts, model_flops_per_token, peak_flops_per_device)
+                                 started, hosts, model_flops_per_token, peak_flops_per_device,
+                                 restarts), and again after each restart's first step
   RUN_DIR/metrics/rank<r>.jsonl  every rank; one JSON object per line, each written by a single
                                  write() with O_APPEND, so a crash never leaves half a line.
-Keys of the lines are in MetricsProcessor.train and .eval; change them only together with the
+Keys of the lines are in MetricsProcessor.train and .eval, and restarts.restart_line (rank 0's
+"restart" lines, each also an entry of run.json's "restarts"); change them only together with the
 readers. The straggler rule (own_time, slow_ranks) is here too: the trainer applies it live and
 dtcore.monitor to the files.
 """
@@ -67,8 +69,12 @@ class MetricsFile:
 
     def __init__(self, run_dir: str, rank: int) -> None:
         os.makedirs(os.path.join(run_dir, "metrics"), exist_ok=True)
-        self.path = os.path.join(run_dir, "metrics", f"rank{rank}.jsonl")
+        self.path = self.path_of(run_dir, rank)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    @staticmethod
+    def path_of(run_dir: str, rank: int) -> str:
+        return os.path.join(run_dir, "metrics", f"rank{rank}.jsonl")
 
     def write(self, line: dict[str, Any]) -> None:
         data = (json.dumps(line, allow_nan=True) + "\n").encode()

@@ -11,6 +11,7 @@ import contextlib
 import difflib
 import inspect
 import itertools
+import json
 import logging
 import math
 import os
@@ -28,10 +29,11 @@ from ..activation import checkpoint_activations
 from ..bootstrap import get_context, init, is_initialized
 from ..bootstrap.join import _seed_everything
 from ..checkpoint import latest, load_checkpoint, save_checkpoint, wait, write_json
+from ..checkpoint.save import abandon
 from ..comm import agree, all_reduce, barrier
 from ..reducer import DistributedModel
 from ..zero import ShardedOptimizer, clip_grad_norm_, wrap
-from . import memory, metrics
+from . import memory, metrics, restarts
 from .config import TrainConfig
 from .resume import EXIT_PREEMPTED, Preemption, rng_state, set_rng_state
 
@@ -283,19 +285,26 @@ class Trainer:
         c = self.config
         run_dir = c.logging.run_dir
         main = self.rank == 0
-        self._resume(os.path.join(run_dir, "checkpoints"))
-        if self.step == 0:
+        restart = restarts.restart_count()  # a restarted job resumes and keeps its run directory
+        reached = restarts.last_step(metrics.MetricsFile.path_of(run_dir, self.rank)) if restart and main else None
+        self._resume(os.path.join(run_dir, "checkpoints"), restart)
+        resumed_from = self.step
+        if self.step == 0 and not restart:
             if main:
                 _set_aside_earlier_run(run_dir)
             if self.world > 1:
                 barrier()  # no rank opens its metrics file before an earlier run's is moved away
         hosts = self._hosts()
         peak = metrics.peak_flops(self.device, c.logging.peak_tflops)
+        info_path = os.path.join(run_dir, "run.json")
         if main:
             os.makedirs(run_dir, exist_ok=True)
             run = {"config": c.to_dict(), "world_size": self.world, "num_iterations": c.training.num_iterations}
             run |= {"started": time.time(), "hosts": hosts, "model_flops_per_token": self.flops_per_token}
-            write_json(os.path.join(run_dir, "run.json"), run | {"peak_flops_per_device": peak})
+            run |= {"peak_flops_per_device": peak, "restarts": []}
+            if restart:  # the same run: its start and the restarts before this one stay
+                run |= {k: v for k, v in _read_json(info_path).items() if k in ("started", "restarts")}
+            write_json(info_path, run)
         trackers = self._trackers(main, run_dir)
         batches = self._batches()
         if self._rng_to_restore is not None:  # replaying the data to its position may draw random numbers
@@ -317,9 +326,11 @@ class Trainer:
         losses, eval_losses = [], []
         self.preemption.install()
         status = "FAILED"  # how the MLflow run ends
+        in_progress = self.step + 1  # the step an exception let through came from: Note [Restarts] (dtcore.launch)
         try:
             self.model.train()
             while self.step < c.training.num_iterations:
+                in_progress = self.step + 1
                 t0, waited = time.perf_counter(), _C.wait_seconds()
                 lr = self.scheduler.get_last_lr()[0]  # the rate this step uses
                 loss, tokens = self._train_step(batches)
@@ -340,6 +351,8 @@ class Trainer:
                     job_tokens=job_tokens,
                 )
                 losses.append(job_loss)
+                if restart and main and self.step == resumed_from + 1:
+                    self._record_restart(record, run, info_path, restart, resumed_from, reached)
                 if self.step % c.logging.straggler_window == 0:
                     self._stragglers(record.own_times, hosts)
                 last = self.step == c.training.num_iterations
@@ -358,6 +371,10 @@ class Trainer:
                 if (c.checkpoint.every and self.step % c.checkpoint.every == 0) or (last and c.checkpoint.at_end):
                     self._save(run_dir, complete=last)
             status = "FINISHED"
+        except Exception as e:
+            e.dtcore_step = in_progress  # type: ignore[attr-defined]  (the launcher's test for a bug)
+            abandon(f"the run failed in step {in_progress}")  # its peers may be gone: exit without waiting
+            raise
         finally:
             self.preemption.uninstall()
             record.close(status)
@@ -526,11 +543,40 @@ class Trainer:
         if complete:
             wait()
 
-    def _resume(self, checkpoints: str) -> None:
+    def _record_restart(
+        self,
+        record: metrics.MetricsProcessor,
+        run: dict,
+        info_path: str,
+        restart: int,
+        resumed: int,
+        reached: int | None,
+    ) -> None:
+        """Rank 0, after the first step of a restarted job: the failure in the metrics and in run.json."""
+        line = restarts.restart_line(restart, resumed, reached, self.step, self.rank)
+        record.file.write(line)
+        run["restarts"].append({k: v for k, v in line.items() if k not in ("kind", "rank")})
+        write_json(info_path, run)
+        cause = f"rank {line['failed_rank']} on {line['failed_host']}: {line['cause']}" if line["cause"] else "?"
+        lost = "?" if line["steps_lost"] is None else line["steps_lost"]
+        back = "" if line["recover_s"] is None else f", training again {line['recover_s']:.1f} s after the failure"
+        log.warning(
+            "restart %d after a failure (%s): resumed at step %d, %s step(s) lost%s",
+            restart,
+            cause,
+            resumed,
+            lost,
+            back,
+        )
+
+    def _resume(self, checkpoints: str, restart: int = 0) -> None:
         resume = self.config.checkpoint.resume
-        if resume == "none":
+        if restart:  # the newest state of this run, whatever the first start resumed from (restarts.py)
+            path = latest(checkpoints) or (None if resume in ("none", "auto") else resume)
+        elif resume == "none":
             return
-        path = latest(checkpoints) if resume == "auto" else resume
+        else:
+            path = latest(checkpoints) if resume == "auto" else resume
         if self.world > 1:  # every rank resumes from the same one, or none does (a file system's caches may lag)
             seen = agree.gather(path)
             if any(p != seen[0] for p in seen):
@@ -540,7 +586,8 @@ class Trainer:
                     "checkpoints on a file system every node sees alike, at the same path."
                 )
         if path is None:
-            log.info("--resume auto: no complete checkpoint in %s, starting fresh", checkpoints)
+            why = f"restart {restart}" if restart else "--resume auto"
+            log.info("%s: no complete checkpoint in %s, starting fresh", why, checkpoints)
             return
         loaded = load_checkpoint(path, model=self.model, optimizer=self.optimizer)
         self.step = int(loaded["step"])
@@ -595,6 +642,14 @@ def _plot(run_dir: str) -> None:
 
     written, _ = plot.plot(run.load(run_dir))
     log.info("plots of this run: %s", ", ".join(written))
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
 
 
 def _set_aside_earlier_run(run_dir: str) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from dtcore.launch.__main__ import main as launch_main
 
-from launch_helpers import WORKERS, clean_env, free_port, leftover_processes
+from launch_helpers import WORKERS, clean_env, free_port, leftover_processes, run_in_session
 
 pytestmark = pytest.mark.multirank
 WORKER = str(WORKERS / "launch_worker.py")
@@ -27,23 +27,7 @@ def launch(tmp_path: Path, *args: str, timeout: float = 60, env: dict | None = N
     """Runs the launcher in tmp_path (logs under tmp_path/logs), in a session of its own, and checks that no
     process of it (a rank included) outlives it."""
     cmd = [sys.executable, "-m", "dtcore.launch", "--log-dir", str(tmp_path / "logs"), *args]
-    p = subprocess.Popen(
-        cmd,
-        cwd=tmp_path,
-        env=env or clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = p.communicate(timeout=timeout)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-    assert leftover_processes([p.pid]) == []
-    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+    return run_in_session(cmd, tmp_path, env or clean_env(), timeout)
 
 
 def node_log(tmp_path: Path, node: int = 0) -> str:
@@ -191,6 +175,8 @@ def test_a_preflight_failure_stops_the_launch_with_the_fix(tmp_path):
         (["--nnodes", "2", "--node-rank", "2", "--master-addr", "h"], "--node-rank 2: need 0 .. 1"),
         (["--nproc-per-node", "0"], "--nproc-per-node 0: need at least 1"),
         (["--from-slurm"], "--from-slurm reads a SLURM job step"),
+        (["--max-restarts", "-1"], "--max-restarts -1: need 0 (no restart) or more"),
+        (["--max-restarts", "2", "--nnodes", "2"], "restarts the ranks of one node only"),
     ],
 )
 def test_bad_usage_exits_2_with_the_fix(tmp_path, monkeypatch, capsys, args, message):

@@ -43,8 +43,29 @@ def test_the_script_is_valid_bash_and_asks_for_the_nodes_and_gpus(tmp_path):
     subprocess.run(["bash", "-n", str(path)], check=True, timeout=10)
     for line in ("--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=8", "--partition=gpu", "--job-name=m.x"):
         assert f"#SBATCH {line}\n" in text
-    assert "--from-slurm --nproc-per-node 8" in text and text.rstrip().endswith("-m m.x")
+    assert "--from-slurm --nproc-per-node 8" in text and "-m m.x || status=$?" in text
     assert (tmp_path / "slurm-logs").is_dir()  # SLURM opens --output=slurm-logs/... before the script runs
+    # Preemption before the time limit: SIGUSR1 120 s ahead, and the job may be requeued.
+    assert "#SBATCH --signal=USR1@120\n" in text and "#SBATCH --requeue\n" in text
+
+
+def test_a_step_that_saved_after_the_signal_requeues_the_job_and_any_other_end_does_not(tmp_path):
+    write_script(tmp_path, "--nnodes", "1", "--sbatch", "signal=B:USR1@300", "-m", "m.x")
+    text = (tmp_path / "m.x.sbatch").read_text()
+    assert "--signal=B:USR1@300" in text and "--signal=USR1@120" not in text  # the user's own choice stands
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text('#!/bin/bash\necho "$@" >> "$(dirname "$0")/scontrol.calls"\n')
+    for status, requeued in ((75, True), (1, False), (0, False)):
+        (bin_dir / "srun").write_text(f"#!/bin/bash\nexit {status}\n")
+        for tool in ("srun", "scontrol"):
+            (bin_dir / tool).chmod(0o755)
+        (bin_dir / "scontrol.calls").unlink(missing_ok=True)
+        env = dict(clean_env(), PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="4242")
+        r = subprocess.run(["bash", "m.x.sbatch"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+        assert r.returncode == status, r.stderr
+        calls = (bin_dir / "scontrol.calls").read_text() if (bin_dir / "scontrol.calls").exists() else ""
+        assert (calls == "requeue 4242\n") == requeued, (status, calls)
 
 
 def test_submit_without_sbatch_says_where_to_run_it(tmp_path, monkeypatch, capsys):
@@ -90,7 +111,7 @@ def test_submit_that_sbatch_refuses_or_does_not_answer_fails_with_the_fix(tmp_pa
 def srun_line(script: str) -> str:
     """The command srun runs on every node (the script's last command, without `srun OPTIONS`)."""
     command = script[script.index("\nsrun ") :].split("\\\n", 1)[1]
-    return command.replace("\\\n", " ")
+    return command.split(" || status=$?")[0].replace("\\\n", " ")
 
 
 def simulated_step(command: str, tmp_path: Path, nodes: int) -> list[tuple[int, str, str]]:

@@ -138,3 +138,19 @@ def test_a_resumed_run_counts_each_step_once_and_ranks_of_an_earlier_world_not_a
         steps = [x["step"] for x in loaded.train[rank]]
         assert steps == list(range(12)), steps
         assert [x["loss"] for x in loaded.train[rank][6:]] == [1.0] * 6  # the later line of each step
+
+
+def test_restarts_are_shown_by_the_monitor_and_marked_in_the_loss_plot(tmp_path, capsys):
+    run = tmp_path / "run"
+    write_run(run, steps=12, slow_rank=None)
+    path = run / "metrics" / "rank0.jsonl"
+    text = path.read_text().rsplit("\n", 1)[0] + "\n"
+    restart = {"kind": "restart", "step": 6, "time": 0, "rank": 0, "restart": 1, "failed_rank": 1}
+    restart |= {"failed_host": "nodeB", "cause": "killed by SIGKILL", "failed_at": 0, "resumed_from_step": 5}
+    restart |= {"last_step": 6, "steps_lost": 1, "recover_s": 4.25}
+    path.write_text(text + json.dumps(restart) + "\n")
+    out = call(capsys, "dtcore.monitor", "--once", str(run)).stdout
+    assert (
+        "restarts: 1\n  #1 at step 5 (rank 1 on nodeB: killed by SIGKILL): 1 step(s) lost, training again 4.2 s" in out
+    )
+    assert call(capsys, "dtcore.plot", str(run)).returncode == 0

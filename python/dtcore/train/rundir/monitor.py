@@ -62,6 +62,9 @@ def summary(run: Run) -> str:
     age = time.time() - max(float(x.get("time", 0)) for lines_ in run.train.values() for x in lines_[-1:])
     parts.append(f"last line {_duration(max(0.0, age))} ago")
     lines.append(", ".join(parts))
+    if run.restarts:
+        lines.append(f"restarts: {len(run.restarts)}")
+        lines += [f"  {restart_text(r)}" for r in run.restarts]
     if s:
         fastest = min(s.rank_median_s, key=s.rank_median_s.get)
         slowest = max(s.rank_median_s, key=s.rank_median_s.get)
@@ -76,6 +79,14 @@ def summary(run: Run) -> str:
         else:
             lines.append(f"no straggler (every rank within {STRAGGLER_FACTOR}x the job's median)")
     return "\n".join(lines)
+
+
+def restart_text(r: dict) -> str:
+    """One restart as the monitor shows it: when, what failed, what it cost."""
+    cause = f"rank {r['failed_rank']} on {r['failed_host']}: {r['cause']}" if r.get("cause") else "cause not recorded"
+    lost = "?" if r.get("steps_lost") is None else r["steps_lost"]
+    back = "" if r.get("recover_s") is None else f", training again {r['recover_s']:.1f} s after the failure"
+    return f"#{r['restart']} at step {r['resumed_from_step']} ({cause}): {lost} step(s) lost{back}"
 
 
 def finished(run: Run) -> bool:

@@ -74,6 +74,8 @@ def plot(run: Run) -> tuple[list[str], list[str]]:
             ax.plot(steps, loss, label=f"train (mean of {len(run.ranks)} rank(s))")
         if eval_loss:
             ax.plot(eval_steps, eval_loss, "o-", label="eval")
+        for i, r in enumerate(run.restarts):  # where each restarted job resumed
+            ax.axvline(r["resumed_from_step"], color="tab:red", linestyle=":", label="restart" if i == 0 else None)
         ax.legend()
         written.append(_save(fig, out_dir, "loss.png"))
     else:

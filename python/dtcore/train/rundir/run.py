@@ -27,6 +27,7 @@ class Run:
     info: dict
     train: dict[int, list[dict]]  # rank -> its "train" lines, in step order
     evals: list[dict]  # every rank's "eval" lines
+    restarts: list[dict] = dataclasses.field(default_factory=list)  # rank 0's "restart" lines, in order
 
     @property
     def ranks(self) -> list[int]:
@@ -77,6 +78,7 @@ def load(path: str) -> Run:
             info = json.load(f)
     train: dict[int, list[dict]] = {}
     evals: list[dict] = []
+    restarts: list[dict] = []
     world = info.get("world_size")
     for file in files:
         match = re.search(r"rank(\d+)\.jsonl$", file)
@@ -92,7 +94,9 @@ def load(path: str) -> Run:
         train[rank] = [latest[step] for step in sorted(latest)]
         latest_eval = {x["step"]: x for x in lines if x.get("kind") == "eval"}
         evals += latest_eval.values()
-    return Run(path, info, train, sorted(evals, key=lambda x: (x["step"], x.get("rank", 0))))
+        restarts += [x for x in lines if x.get("kind") == "restart"]
+    restarts.sort(key=lambda x: x["restart"])
+    return Run(path, info, train, sorted(evals, key=lambda x: (x["step"], x.get("rank", 0))), restarts)
 
 
 def values(lines: list[dict], key: str) -> tuple[list[int], list[float]]:

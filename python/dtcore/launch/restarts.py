@@ -1,0 +1,149 @@
+"""Restarts of a failed job (`--max-restarts N`): torch's elastic agent, told what each failure was.
+
+Note [Restarts]: torch's agent already restarts the worker group: when a rank fails and restarts
+are left, it stops the others (SIGTERM, then SIGKILL) and starts every rank again, with
+TORCHELASTIC_RESTART_COUNT one higher; dtcore.init() keys its rendezvous by that count, so a new
+attempt never reads the last one's keys. What the agent does not do, dtcore adds here, in a
+subclass of the agent that launch_agent builds (RestartingAgent, put in place for the duration of
+one launch):
+  - each failure's root cause is printed as the final one would be, then "restart k of N";
+  - each is appended to failures.jsonl in the agent's log directory for this run (beside the
+    attempt_<k> directories), where the restarted ranks read it (dtcore.train records it in its
+    run directory with the steps it lost and the seconds it took to recover);
+  - a failure that is a bug, not a fault, ends the job at once: the same exception, raised at the
+    same place (the innermost frame of its traceback) in the same training step, twice in a row. A
+    fault (a killed rank, a lost peer, a flaky link) rarely repeats exactly; a bug always does, and
+    restarting it N times only delays its traceback. The step comes from dtcore.train (and
+    dtcore.Trainer), which marks the exceptions it lets through (entry.py records it); a failure
+    without a step is never judged a bug, so other scripts restart N times.
+A rank that hangs is a failure too: dtcore's health monitor names it on the other ranks within the
+timeout (their collective fails with CommError), and those ranks' exit starts the restart; the agent
+stops the hung rank with SIGKILL if SIGTERM does not end it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .failure import RankFailure, report
+
+FAILURES = "failures.jsonl"  # in the agent's log directory of the run: one JSON object per failure
+
+
+@dataclasses.dataclass
+class Restarts:
+    """What the launcher knows of the restarts: `max_restarts` allowed, each failure so far."""
+
+    max_restarts: int
+    log_file: str
+    world_size: int
+    say: Callable[[str], None]
+    to_failures: Callable[[dict], list[RankFailure]]  # the agent's {rank: ProcessFailure} as RankFailures
+    run_log_dir: Callable[[], str]  # the agent's directory of this run, which holds attempt_<k>/
+    failures: list[dict] = dataclasses.field(default_factory=list)
+    bug: str | None = None  # why the job was not restarted after its last failure, when it was a bug
+
+    def failed(self, failures: dict, remaining: int, polled: float) -> bool:
+        """The agent found `failures` (polling at time `polled`) with `remaining` restarts left: reports it;
+        False when the job must not be restarted (the same failure as the last one: a bug)."""
+        ranks = self.to_failures(failures)
+        root = ranks[0]
+        entry = _entry(root, failures[root.rank], polled) | {"restart": self.max_restarts - remaining + 1}
+        bug = bool(self.failures) and _same_bug(self.failures[-1], entry)
+        self.failures.append(entry | {"restarted": not bug})
+        _append(os.path.join(self.run_log_dir(), FAILURES), self.failures[-1])
+        if bug:
+            self.bug = (
+                f"not restarting: rank {root.rank} raised the same exception ({entry['cause']}) at the same place "
+                f"({entry['place']}) in the same step ({entry['step']}) as before the last restart: a bug in the "
+                "program, not a fault of the machine, and another restart would only repeat it."
+            )
+            return False
+        what = f"rank {root.rank} failed (failure {len(self.failures)})"
+        print(report(root, ranks[1:], self.log_file, self.world_size, what=what), file=sys.stderr, flush=True)
+        self.say(f"restart {entry['restart']} of {self.max_restarts}: starting every rank again")
+        return True
+
+
+def _entry(root: RankFailure, process: Any, polled: float) -> dict:
+    """One line of failures.jsonl: the root cause, as the restarted ranks and dtcore.monitor read it."""
+    ours = process.error_file_data.get("dtcore", {}) if isinstance(process.error_file_data, dict) else {}
+    return {
+        # A recorded exception's exact time; otherwise the poll that found the rank ended (the agent's own
+        # timestamp has whole seconds only, and is taken after it has stopped the other ranks).
+        "time": ours.get("time", polled),
+        "rank": root.rank,
+        "local_rank": root.local_rank,
+        "host": root.host,
+        "node": root.node,
+        "cause": root.summary.splitlines()[0] if root.summary else "",
+        "exitcode": root.exitcode,
+        "place": ours.get("place"),
+        "step": ours.get("step"),
+    }
+
+
+def _same_bug(a: dict, b: dict) -> bool:
+    """Note [Restarts]: the same exception from the same place in the same step."""
+    return b["step"] is not None and all(a[k] == b[k] for k in ("cause", "place", "step"))
+
+
+def _append(path: str, entry: dict) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter in /proc (R, S, D, T stopped, Z exited and not yet reaped), None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _kill_stopped_once_one_ended(pids: list[int]) -> None:
+    """A rank stopped by SIGSTOP (or a debugger) cannot act on the agent's SIGTERM, which would then wait
+    its whole shutdown timeout (30 s) before SIGKILL: once another rank has ended, the job is failing, and
+    a stopped rank is killed at once."""
+    states = {pid: _state(pid) for pid in pids}
+    if not any(s in ("Z", "X", None) for s in states.values()):
+        return
+    for pid, s in states.items():
+        if s in ("T", "t"):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def restarting_agent(restarts: Restarts) -> Iterator[None]:
+    """While it lasts, torch's launch_agent builds a RestartingAgent reporting to `restarts`."""
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.launcher import api
+
+    base = api.LocalElasticAgent
+
+    class RestartingAgent(base):  # type: ignore[misc, valid-type]
+        def _monitor_workers(self, worker_group):
+            _kill_stopped_once_one_ended([w.id for w in worker_group.workers])
+            polled = time.time()  # within the agent's monitor interval (0.1 s) of any failure found now
+            result = super()._monitor_workers(worker_group)
+            failed = result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and result.failures
+            remaining = self._remaining_restarts
+            if failed and remaining > 0 and not restarts.failed(result.failures, remaining, polled):
+                self._remaining_restarts = 0  # the agent stops the ranks and raises ChildFailedError
+            return result
+
+    api.LocalElasticAgent = RestartingAgent
+    try:
+        yield
+    finally:
+        api.LocalElasticAgent = base

@@ -1,0 +1,75 @@
+"""dtcore.Trainer on the tiny GPT, with a failure injected when a rank draws the batch of a given step.
+
+    restart_worker.py RUN_DIR MODE RANK STEP [ATTEMPTS]
+
+MODE is what rank RANK does when it draws the batch of step STEP, in the launcher's attempts listed
+by ATTEMPTS (restart counts, comma-separated; default 0, the first start only):
+    none     nothing (the reference run)
+    kill     SIGKILL itself (a fault: the kernel's OOM killer, a lost node)
+    stop     SIGSTOP itself (a hang: the others' collective times out)
+    raise    raise ValueError (a bug when it repeats at the same step)
+Checkpoints every step (synchronously, so that a kill never races a save). The losses are in RUN_DIR's
+metrics files.
+"""
+
+import os
+import signal
+import sys
+
+import dtcore
+from dtcore.train import TrainConfig
+from dtcore.train.demo import data
+from dtcore.train.demo.gpt import GPT, GPTConfig
+
+STEPS = 8
+
+
+class Failing:
+    """The trainer's data (a TokenData), failing as the command line says when the batch of `step` is drawn."""
+
+    def __init__(self, batches: data.TokenData, mode: str, step: int) -> None:
+        self.batches, self.mode, self.step = batches, mode, step
+
+    def __iter__(self):
+        for batch in self.batches:
+            drawn = self.batches.epoch * self.batches.batches_per_epoch + self.batches.taken  # one batch a step
+            if drawn == self.step:
+                if self.mode == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                elif self.mode == "stop":
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                elif self.mode == "raise":
+                    raise ValueError(f"injected at step {self.step}")
+            yield batch
+
+    def state_dict(self) -> dict:
+        return self.batches.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batches.load_state_dict(state)
+
+
+def main() -> None:
+    run_dir, mode, rank, step = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    attempts = [int(a) for a in (sys.argv[5] if len(sys.argv) > 5 else "0").split(",")]
+    ctx = dtcore.init(seed=0)
+    config = TrainConfig()
+    config.training.num_iterations = STEPS
+    config.training.device_batch_size = 4
+    config.training.eval_every = 0
+    config.checkpoint.every = 1
+    config.checkpoint.async_save = False
+    config.logging.run_dir = run_dir
+    config.logging.progress = False
+    config.logging.plot = False
+    _, train, _ = data.build(config.data, 32, 4, ctx.rank, ctx.world_size, seed=0)
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if ctx.rank == rank and restart in attempts and mode != "none":
+        train = Failing(train, mode, step)
+    model = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=32))
+    dtcore.Trainer(model, None, train, config).fit()
+    dtcore.shutdown()
+
+
+if __name__ == "__main__":
+    main()
