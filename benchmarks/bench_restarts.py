@@ -52,15 +52,15 @@ def losses(run: Path) -> dict[int, float]:
     return {x["step"]: x["loss"] for x in lines(run, 0) if x["kind"] == "train"}
 
 
-def rank_pid(session: int, rank: int) -> int | None:
-    """The pid of `rank` of the first attempt among the launcher's processes (its session)."""
+def rank_pid(launcher: int, rank: int) -> int | None:
+    """The pid of `rank` of the first attempt among the launcher's children (torch's agent runs in it)."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
             env = (stat.parent / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if int(fields[3]) == session and f"RANK={rank}".encode() in env and b"TORCHELASTIC_RESTART_COUNT=0" in env:
+        if int(fields[1]) == launcher and f"RANK={rank}".encode() in env and b"TORCHELASTIC_RESTART_COUNT=0" in env:
             return int(stat.parent.name)
     return None
 
@@ -76,6 +76,8 @@ def trial(run: Path, args: argparse.Namespace, rank: int, step: int, reference: 
     while p.poll() is None and killed_at is None:
         if any(x.get("step") == step for x in lines(run, rank)):
             pid = rank_pid(p.pid, rank)
+            if pid is None:
+                sys.exit(f"trial: rank {rank} of launcher {p.pid} not found among its children")
             if pid is not None:
                 last = max(x["step"] for x in lines(run, 0) + lines(run, 1) if x["kind"] == "train")
                 os.kill(pid, signal.SIGKILL)

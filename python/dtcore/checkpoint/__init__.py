@@ -4,6 +4,7 @@
     dtcore.load_checkpoint(path, model=, optimizer=) -> {"step", "extra", "rank_extra", "path"}
     dtcore.checkpoint.latest(path)   the newest complete checkpoint under path, or None
     dtcore.checkpoint.wait()         the asynchronous save in flight, done (or its error raised)
+    dtcore.checkpoint.abandon(why)   the same, given up after a short grace: the run failed
     dtcore.checkpoint.export(path, out.safetensors)   the model's weights for use without dtcore
     dtcore.checkpoint.write_json(path, value)          a JSON file that appears whole or not at all
 
@@ -13,6 +14,6 @@ plain torch optimizer. See Note [Checkpoint layout] in manifest.py and docs/chec
 
 from .load import export, load_checkpoint
 from .manifest import latest, write_json
-from .save import save_checkpoint, wait
+from .save import abandon, save_checkpoint, wait
 
-__all__ = ["save_checkpoint", "load_checkpoint", "latest", "wait", "export", "write_json"]
+__all__ = ["save_checkpoint", "load_checkpoint", "latest", "wait", "abandon", "export", "write_json"]

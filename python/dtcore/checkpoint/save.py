@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -35,6 +36,9 @@ log = logging.getLogger("dtcore")
 
 _lock = threading.Lock()
 _pending: _Write | None = None  # the asynchronous save in flight, if any
+# Seconds an abandoned save still waits for the other ranks' reports: a living rank's file of the last step
+# is usually written by then; a dead rank's never is.
+ABANDON_GRACE_S = 5.0
 _POLL_S = 0.05  # the longest pause between two looks at the store for the other ranks' reports
 _KEPT = "Checkpoints in other directories are untouched (a directory of steps gives the newest complete one)."
 
@@ -142,20 +146,20 @@ def wait() -> None:
 
 
 def abandon(why: str) -> None:
-    """The asynchronous save in flight, if any, is given up, because the run failed (`why`): a save whose
-    peers may be dead could otherwise keep this process for the whole timeout, waiting for their files.
-    Its writer thread goes on in the background without holding up the exit; its checkpoint has a
-    manifest only if every rank's file was written, and is otherwise never loaded."""
+    """The asynchronous save in flight, if any, is given up because the run failed (`why`): its waits for
+    the other ranks end ABANDON_GRACE_S after this call (a rank that is alive and writing still gets
+    that long to report), not at the timeout, since a dead peer would otherwise keep this process for
+    all of it. Returns once the writer thread has ended. The checkpoint has a manifest only if every
+    rank's file was written; otherwise it is never loaded."""
     global _pending
     with _lock:
         job, _pending = _pending, None
     if job is None or job.thread is None or not job.thread.is_alive():
         return
-    job.abandoned.set()  # its waits for the other ranks end within _POLL_S; its own file is still written
-    job.thread.join()
-    if job.error is None:
-        return  # it completed meanwhile
-    log.warning("checkpoint %s: given up, since %s (without a manifest it is never loaded)", job.directory, why)
+    job.abandoned_at = time.monotonic()
+    job.thread.join(ABANDON_GRACE_S + 2 * _POLL_S + 1.0)  # its own file's write, if still going, is not waited for
+    if job.thread.is_alive() or job.error is not None:
+        log.warning("checkpoint %s: given up, since %s (without a manifest it is never loaded)", job.directory, why)
 
 
 context.before_shutdown.append(wait)
@@ -195,7 +199,7 @@ class _Write:
         self.directory, self.rank, self.world, self.token = directory, rank, world, token
         self.entries, self.report, self.store, self.timeout = entries, report, store, timeout
         self.prefix = f"dtcore/checkpoint/{token}"
-        self.abandoned = threading.Event()  # abandon(): the run failed, its peers may never report
+        self.abandoned_at: float | None = None  # abandon(): the run failed, its peers may never report
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
 
@@ -216,7 +220,7 @@ class _Write:
             )
         except BaseException as e:  # kept for wait(); an asynchronous save reports it there
             self.error = e
-            if self.thread is not None and not self.abandoned.is_set():
+            if self.thread is not None and self.abandoned_at is None:
                 log.error("checkpoint %s failed on rank %d: %s", self.directory, self.rank, e)
         finally:
             self.entries = []  # the host copies go as soon as they are written
@@ -276,17 +280,21 @@ class _Write:
         the store the others read it from. Then the save's last keys are deleted."""
         deadline = time.monotonic() + limit
         acks = f"{self.prefix}/acks"
-        while self.store.add(acks, 0) < self.world - 1 and time.monotonic() < deadline:
+        while self.store.add(acks, 0) < self.world - 1 and time.monotonic() < min(deadline, self._grace_end()):
             time.sleep(0.005)
         self.store.delete_key(f"{self.prefix}/done")
         self.store.delete_key(acks)
+
+    def _grace_end(self) -> float:
+        """When the waits of an abandoned save end (never, for one that is not)."""
+        return math.inf if self.abandoned_at is None else self.abandoned_at + ABANDON_GRACE_S
 
     def _poll(self, keys: list[str], limit: float) -> bool:
         """Whether every key is set within `limit` seconds; checked every _POLL_S at most, so that abandon()
         ends the wait (a CheckpointError) without waiting out the timeout."""
         deadline, pause = time.monotonic() + limit, 0.001
         while not self.store.check(keys):
-            if self.abandoned.is_set():
+            if time.monotonic() >= self._grace_end():
                 raise _C.CheckpointError(f"checkpoint {self.directory}: given up, the run failed")
             if time.monotonic() >= deadline:
                 return False

@@ -51,6 +51,19 @@ def _place(e: BaseException) -> str | None:
     return f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else None
 
 
+def _step(e: BaseException) -> int | None:
+    """The training step dtcore.train marked `e` with, or an exception it was raised from (a program that
+    wraps fit() and raises its own), else None."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        step = getattr(e, "dtcore_step", None)
+        if step is not None:
+            return int(step)
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def record(e: BaseException, path: str | None = None) -> None:
     """Writes `e` into this worker's error file (TORCHELASTIC_ERROR_FILE), in torch's layout plus "dtcore"."""
     path = path or os.environ.get("TORCHELASTIC_ERROR_FILE")
@@ -74,7 +87,7 @@ def record(e: BaseException, path: str | None = None) -> None:
             # What tells a bug from a fault (Note [Restarts] in restarts.py): where it was raised, and the
             # training step dtcore.train marked it with (None elsewhere).
             "place": _place(e),
-            "step": getattr(e, "dtcore_step", None),
+            "step": _step(e),
         },
     }
     tmp = f"{path}.tmp{os.getpid()}"

@@ -33,9 +33,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..train.restarts import FAILURES
 from .failure import RankFailure, report
-
-FAILURES = "failures.jsonl"  # in the agent's log directory of the run: one JSON object per failure
 
 
 @dataclasses.dataclass
@@ -63,8 +62,10 @@ class Restarts:
         if bug:
             self.bug = (
                 f"not restarting: rank {root.rank} raised the same exception ({entry['cause']}) at the same place "
-                f"({entry['place']}) in the same step ({entry['step']}) as before the last restart: a bug in the "
-                "program, not a fault of the machine, and another restart would only repeat it."
+                f"({entry['place']}) in the same step ({entry['step']}) as before the last restart: most likely a "
+                "bug in the program, which another restart would only repeat (a faulty device can repeat too: see "
+                "its host's log). Fix: the traceback above; then start the job again, and dtcore.train resumes with "
+                "--checkpoint.resume=auto."
             )
             return False
         what = f"rank {root.rank} failed (failure {len(self.failures)})"
@@ -101,24 +102,41 @@ def _append(path: str, entry: dict) -> None:
         f.write(json.dumps(entry) + "\n")
 
 
-def _state(pid: int) -> str | None:
-    """The process's state letter in /proc (R, S, D, T stopped, Z exited and not yet reaped), None when gone."""
+def _report(restarts: Restarts, failures: dict, remaining: int, polled: float) -> bool:
+    """Restarts.failed, which must not take the agent down: a failure to report is said, and the job restarted."""
+    try:
+        return restarts.failed(failures, remaining, polled)
+    except Exception as e:
+        restarts.say(f"could not report the failure ({type(e).__name__}: {e}); restarting the ranks anyway")
+        return True
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command's name (state first), None when the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
+            return f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
 
 
+def _failed_exit(fields: list[str] | None) -> bool:
+    """Whether the process has exited (a zombie not yet reaped) with a status other than 0, or is gone."""
+    if fields is None:
+        return True
+    # exit_code is stat's 52nd field (Linux >= 3.5), 49th after the name: a wait() status, signal or code << 8.
+    return fields[0] in ("Z", "X") and (len(fields) < 50 or int(fields[49]) != 0)
+
+
 def _kill_stopped_once_one_ended(pids: list[int]) -> None:
-    """A rank stopped by SIGSTOP (or a debugger) cannot act on the agent's SIGTERM, which would then wait
-    its whole shutdown timeout (30 s) before SIGKILL: once another rank has ended, the job is failing, and
-    a stopped rank is killed at once."""
-    states = {pid: _state(pid) for pid in pids}
-    if not any(s in ("Z", "X", None) for s in states.values()):
+    """A rank stopped by SIGSTOP (or Ctrl-Z) cannot act on the agent's SIGTERM, which would then wait its
+    whole shutdown timeout (30 s) before SIGKILL: once another rank has failed, a stopped rank is killed at
+    once. Only state T: a rank stopped by a debugger or a profiler that traces it (t) is left alone."""
+    stats = {pid: _stat(pid) for pid in pids}
+    if not any(_failed_exit(f) for f in stats.values()):
         return
-    for pid, s in states.items():
-        if s in ("T", "t"):
+    for pid, fields in stats.items():
+        if fields is not None and fields[0] == "T":
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
 
@@ -138,7 +156,7 @@ def restarting_agent(restarts: Restarts) -> Iterator[None]:
             result = super()._monitor_workers(worker_group)
             failed = result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and result.failures
             remaining = self._remaining_restarts
-            if failed and remaining > 0 and not restarts.failed(result.failures, remaining, polled):
+            if failed and remaining > 0 and not _report(restarts, result.failures, remaining, polled):
                 self._remaining_restarts = 0  # the agent stops the ranks and raises ChildFailedError
             return result
 

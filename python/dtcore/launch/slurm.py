@@ -75,6 +75,8 @@ def script(a: argparse.Namespace, program: list[str], name: str, python: str) ->
         options.append(("signal", f"USR1@{PREEMPT_NOTICE_S}"))
     if "requeue" not in given and "no-requeue" not in given:
         options.append(("requeue", ""))
+        if "open-mode" not in given:  # a requeued job appends to its output, where the first run's failure is
+            options.append(("open-mode", "append"))
     launch = [python, "-m", "dtcore.launch", "--from-slurm"]
     if gpus:
         launch += ["--nproc-per-node", str(gpus)]

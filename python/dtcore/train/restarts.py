@@ -19,7 +19,8 @@ import time
 from typing import Any
 
 _COUNTS = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
-_FAILURES = "failures.jsonl"  # dtcore.launch's record, in the agent's log directory of the run
+# dtcore.launch's record of each failure, in the agent's log directory of the run (launch/restarts.py writes it).
+FAILURES = "failures.jsonl"
 
 
 def restart_count() -> int:
@@ -31,13 +32,30 @@ def restart_count() -> int:
     return 0
 
 
+def launch_id() -> str | None:
+    """What every start of one job shares and no other job has: the SLURM job (a requeued one keeps its
+    id), else the agent's log directory of this launch (<log dir>/<run id>_<random>, above attempt_<k>:
+    dtcore.launch's and torchrun's alike); None outside both. run.json records it, so that a restart
+    resumes only the run its own first start wrote (not an earlier run in the same directory, when the
+    first start failed before it began its own)."""
+    if os.environ.get("SLURM_JOB_ID"):
+        return f"slurm:{os.environ['SLURM_JOB_ID']}"
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    return f"agent:{_run_log_dir(error_file)}" if error_file else None
+
+
+def _run_log_dir(error_file: str) -> str:
+    """<run log dir>/attempt_<k>/<local rank>/error.json -> <run log dir> (torch's DefaultLogsSpecs layout)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(error_file)))
+
+
 def launcher_record(restart: int) -> dict[str, Any] | None:
     """The failure dtcore.launch restarted this job after (restart number `restart`), from the failures.jsonl
     above this worker's error file (<run log dir>/attempt_<k>/<local rank>/error.json), or None."""
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not error_file:
         return None
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(error_file))), _FAILURES)
+    path = os.path.join(_run_log_dir(error_file), FAILURES)
     try:
         with open(path, encoding="utf-8") as f:
             entries = [json.loads(line) for line in f if line.strip()]
@@ -47,7 +65,8 @@ def launcher_record(restart: int) -> dict[str, Any] | None:
 
 
 def last_step(metrics_file: str) -> int | None:
-    """The last step this rank's metrics file recorded (the attempt before the restart got that far)."""
+    """The step of the last train line of this rank's metrics file: how far the attempt before the restart
+    got (the last in the file, not the highest: an earlier attempt may have got further)."""
     try:
         with open(metrics_file, encoding="utf-8") as f:
             lines = f.read().split("\n")[:-1]  # a line cut by the failure has no newline: not a step done
@@ -61,7 +80,7 @@ def last_step(metrics_file: str) -> int | None:
             continue
         if entry.get("kind") == "train":
             steps.append(int(entry["step"]))
-    return max(steps) if steps else None
+    return steps[-1] if steps else None
 
 
 def restart_line(restart: int, resumed_from: int, last: int | None, first_step: int, rank: int) -> dict[str, Any]:

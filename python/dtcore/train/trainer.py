@@ -28,8 +28,7 @@ from .. import _C
 from ..activation import checkpoint_activations
 from ..bootstrap import get_context, init, is_initialized
 from ..bootstrap.join import _seed_everything
-from ..checkpoint import latest, load_checkpoint, save_checkpoint, wait, write_json
-from ..checkpoint.save import abandon
+from ..checkpoint import abandon, latest, load_checkpoint, save_checkpoint, wait, write_json
 from ..comm import agree, all_reduce, barrier
 from ..reducer import DistributedModel
 from ..zero import ShardedOptimizer, clip_grad_norm_, wrap
@@ -285,7 +284,12 @@ class Trainer:
         c = self.config
         run_dir = c.logging.run_dir
         main = self.rank == 0
-        restart = restarts.restart_count()  # a restarted job resumes and keeps its run directory
+        info_path = os.path.join(run_dir, "run.json")
+        launch = restarts.launch_id()
+        # A restarted job resumes and keeps its run directory: the one its first start wrote (run.json says)
+        restart = restarts.restart_count() if launch and _read_json(info_path).get("launch") == launch else 0
+        if self.world > 1:  # every rank decides alike (a file system's caches may lag)
+            restart = agree.gather(restart)[0]
         reached = restarts.last_step(metrics.MetricsFile.path_of(run_dir, self.rank)) if restart and main else None
         self._resume(os.path.join(run_dir, "checkpoints"), restart)
         resumed_from = self.step
@@ -296,12 +300,11 @@ class Trainer:
                 barrier()  # no rank opens its metrics file before an earlier run's is moved away
         hosts = self._hosts()
         peak = metrics.peak_flops(self.device, c.logging.peak_tflops)
-        info_path = os.path.join(run_dir, "run.json")
         if main:
             os.makedirs(run_dir, exist_ok=True)
             run = {"config": c.to_dict(), "world_size": self.world, "num_iterations": c.training.num_iterations}
             run |= {"started": time.time(), "hosts": hosts, "model_flops_per_token": self.flops_per_token}
-            run |= {"peak_flops_per_device": peak, "restarts": []}
+            run |= {"peak_flops_per_device": peak, "launch": launch, "restarts": []}
             if restart:  # the same run: its start and the restarts before this one stay
                 run |= {k: v for k, v in _read_json(info_path).items() if k in ("started", "restarts")}
             write_json(info_path, run)

@@ -47,6 +47,7 @@ def test_the_script_is_valid_bash_and_asks_for_the_nodes_and_gpus(tmp_path):
     assert (tmp_path / "slurm-logs").is_dir()  # SLURM opens --output=slurm-logs/... before the script runs
     # Preemption before the time limit: SIGUSR1 120 s ahead, and the job may be requeued.
     assert "#SBATCH --signal=USR1@120\n" in text and "#SBATCH --requeue\n" in text
+    assert "#SBATCH --open-mode=append\n" in text  # a requeued job keeps the first run's output
 
 
 def test_a_step_that_saved_after_the_signal_requeues_the_job_and_any_other_end_does_not(tmp_path):

@@ -1,9 +1,10 @@
 """dtcore.Trainer on the tiny GPT, with a failure injected when a rank draws the batch of a given step.
 
-    restart_worker.py RUN_DIR MODE RANK STEP [ATTEMPTS]
+    restart_worker.py RUN_DIR MODE RANK STEPS [ATTEMPTS]
 
-MODE is what rank RANK does when it draws the batch of step STEP, in the launcher's attempts listed
-by ATTEMPTS (restart counts, comma-separated; default 0, the first start only):
+MODE is what rank RANK does when it draws the batch of a step of STEPS, in the launcher's attempts
+listed by ATTEMPTS (restart counts, comma-separated; default 0, the first start only): STEPS is one
+step for all of them, or one per attempt (comma-separated, in the order of ATTEMPTS):
     none     nothing (the reference run)
     kill     SIGKILL itself (a fault: the kernel's OOM killer, a lost node)
     stop     SIGSTOP itself (a hang: the others' collective times out)
@@ -50,8 +51,10 @@ class Failing:
 
 
 def main() -> None:
-    run_dir, mode, rank, step = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    run_dir, mode, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
     attempts = [int(a) for a in (sys.argv[5] if len(sys.argv) > 5 else "0").split(",")]
+    steps = [int(s) for s in sys.argv[4].split(",")]
+    steps = steps * len(attempts) if len(steps) == 1 else steps
     ctx = dtcore.init(seed=0)
     config = TrainConfig()
     config.training.num_iterations = STEPS
@@ -65,7 +68,7 @@ def main() -> None:
     _, train, _ = data.build(config.data, 32, 4, ctx.rank, ctx.world_size, seed=0)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if ctx.rank == rank and restart in attempts and mode != "none":
-        train = Failing(train, mode, step)
+        train = Failing(train, mode, steps[attempts.index(restart)])
     model = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=2, n_embd=32))
     dtcore.Trainer(model, None, train, config).fit()
     dtcore.shutdown()
