@@ -36,9 +36,10 @@ log = logging.getLogger("dtcore")
 
 _lock = threading.Lock()
 _pending: _Write | None = None  # the asynchronous save in flight, if any
-# Seconds an abandoned save still waits for the other ranks' reports: a living rank's file of the last step
-# is usually written by then; a dead rank's never is.
-ABANDON_GRACE_S = 5.0
+# Seconds an abandoned save still waits for the other ranks' reports: a living rank's file is usually written
+# by then (a slower one's checkpoint is lost: at most one checkpoint interval, and only in a run that failed);
+# a dead rank's never is, and each second here is one more before a restarted job trains again.
+ABANDON_GRACE_S = 2.0
 _POLL_S = 0.05  # the longest pause between two looks at the store for the other ranks' reports
 _KEPT = "Checkpoints in other directories are untouched (a directory of steps gives the newest complete one)."
 
