@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..train.restarts import FAILURES
+from ..exit_codes import FAILURES
 from .failure import RankFailure, report
 
 

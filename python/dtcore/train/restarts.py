@@ -18,9 +18,9 @@ import os
 import time
 from typing import Any
 
+from ..exit_codes import FAILURES
+
 _COUNTS = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
-# dtcore.launch's record of each failure, in the agent's log directory of the run (launch/restarts.py writes it).
-FAILURES = "failures.jsonl"
 
 
 def restart_count() -> int:
