@@ -38,6 +38,12 @@ class RankFailure:
     """The last lines of the rank's stderr (from the agent's per-rank log), for ranks without a traceback."""
     node: int = 0
     """The node (--node-rank) it ran on."""
+    recorded: bool = False
+    """Whether the rank recorded its exception (dtcore.launch.entry): `time` is then exact."""
+    place: str | None = None
+    """file:line in function of the innermost frame that raised, when recorded."""
+    step: int | None = None
+    """The training step dtcore.train marked the exception with, when recorded (Note [Restarts])."""
 
     @property
     def stopped(self) -> bool:
@@ -92,6 +98,9 @@ def rank_failures(failures: dict, stderr_file: Callable[[int], str], node: int =
                 traceback=ours.get("traceback", ""),
                 stderr_tail="" if ours else _tail(stderr_file(f.local_rank)),
                 node=node,
+                recorded=bool(ours),
+                place=ours.get("place"),
+                step=ours.get("step"),
             )
         )
     return first_first(out)

@@ -31,7 +31,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from ..exit_codes import FAILURES
 from .failure import RankFailure, report
@@ -55,7 +54,7 @@ class Restarts:
         False when the job must not be restarted (the same failure as the last one: a bug)."""
         ranks = self.to_failures(failures)
         root = ranks[0]
-        entry = _entry(root, failures[root.rank], polled) | {"restart": self.max_restarts - remaining + 1}
+        entry = _entry(root, polled) | {"restart": self.max_restarts - remaining + 1}
         bug = bool(self.failures) and _same_bug(self.failures[-1], entry)
         self.failures.append(entry | {"restarted": not bug})
         _append(os.path.join(self.run_log_dir(), FAILURES), self.failures[-1])
@@ -74,21 +73,20 @@ class Restarts:
         return True
 
 
-def _entry(root: RankFailure, process: Any, polled: float) -> dict:
+def _entry(root: RankFailure, polled: float) -> dict:
     """One line of failures.jsonl: the root cause, as the restarted ranks and dtcore.monitor read it."""
-    ours = process.error_file_data.get("dtcore", {}) if isinstance(process.error_file_data, dict) else {}
     return {
         # A recorded exception's exact time; otherwise the poll that found the rank ended (the agent's own
         # timestamp has whole seconds only, and is taken after it has stopped the other ranks).
-        "time": ours.get("time", polled),
+        "time": root.time if root.recorded else polled,
         "rank": root.rank,
         "local_rank": root.local_rank,
         "host": root.host,
         "node": root.node,
         "cause": root.summary.splitlines()[0] if root.summary else "",
         "exitcode": root.exitcode,
-        "place": ours.get("place"),
-        "step": ours.get("step"),
+        "place": root.place,
+        "step": root.step,
     }
 
 
