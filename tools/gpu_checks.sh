@@ -26,9 +26,21 @@ if ! (cd / && "$py" -c "import dtcore._build_info as b; import dtcore; assert b.
   CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$py" -m pip install -q --no-build-isolation --no-deps \
     -Cbuild-dir=build/gpu -Ccmake.define.DTCORE_WITH_NCCL=ON . 2>&1 | tail -30 | tee -a "$out/gpu.txt"
 fi
-(cd / && "$py" -c "import torch, dtcore
+if ! (cd / && "$py" -X faulthandler -c "import torch, dtcore
 print('torch', torch.__version__, '| NCCL', dtcore._C.nccl_version(), '| dtcore', dtcore.__version__, dtcore.__file__)") \
-  2>&1 | tee -a "$out/gpu.txt" || exit 1
+  2>&1 | tee -a "$out/gpu.txt"; then
+  # The build does not run: the facts the next look needs, then stop (every later step would fail alike).
+  # Seen once (H200, torch 2.11.0+cu130): a segfault in ostream << int inside _C at the first formatted number.
+  so=$(cd / && "$py" -c "import importlib.util as u; print(u.find_spec('dtcore').submodule_search_locations[0])")/_C*.so
+  { g++ --version | head -1; cmake --version | head -1
+    grep -E "CMAKE_CXX_COMPILER:|CMAKE_CXX_FLAGS:|NCCL_LIBRARY:|CMAKE_(SHARED|MODULE)_LINKER_FLAGS:" build/gpu/CMakeCache.txt
+    echo "libstdc++ code defined in _C: $(nm -C --defined-only $so | grep -c -E ' std::(locale|basic_ostream|codecvt)')"
+    readelf -d $so | grep NEEDED
+    cuda-gdb -q -batch -ex run -ex bt --args "$py" -c "import torch, dtcore; dtcore._C.nccl_version()" 2>&1 |
+      grep -v -E "^\[(New )?Thread" | tail -25
+  } 2>&1 | tee -a "$out/gpu.txt"
+  exit 1
+fi
 
 rc=0
 "$py" -m dtcore.check 2>&1 | tee "$out/check.txt"
