@@ -1,9 +1,10 @@
 """Restarts after a killed rank: `python -m dtcore.launch --max-restarts 3 -m dtcore.train`, trial after trial.
 
-    python benchmarks/bench_restarts.py [--trials 20] [--preset tiny] [--steps 30] [--seed 0] [ARGS...]
+    python benchmarks/bench_restarts.py [--trials 20] [--preset tiny] [--steps 30] [--seed 0] [-- ARGS...]
 
 Each trial launches 2 ranks of `python -m dtcore.train --preset P` with a checkpoint every step
-(ARGS are passed to dtcore.train after that, e.g. --parallel.zero=2), waits until a random rank has
+(ARGS are passed to dtcore.train after that, e.g. --parallel.zero=2, or --checkpoint.every=0
+--checkpoint.memory_every=1 for in-memory checkpoints instead), waits until a random rank has
 logged a random step, SIGKILLs that rank, and lets the launcher restart the job. Reported per
 trial: the launcher's exit status, the restarts, the seconds from the kill to the first step
 completed after it (the "restart" line rank 0 writes then), the steps lost (the last step logged
@@ -91,6 +92,9 @@ def trial(run: Path, args: argparse.Namespace, rank: int, step: int, reference: 
         out["recover_s"] = first["time"] - killed_at
         out["steps_lost"] = max(0, last - first["resumed_from_step"])
     out["bitwise"] = losses(run) == reference
+    deadline = time.monotonic() + 5  # in-memory checkpoints go once the launcher has exited: allow the reaper that
+    while shm() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
     out["left_in_dev_shm"] = sorted(shm() - before)
     return out
 
@@ -104,6 +108,7 @@ def main() -> None:
     p.add_argument("--json", help="also write the trials here")
     p.add_argument("extra", nargs=argparse.REMAINDER, help="more arguments for dtcore.train")
     args = p.parse_args()
+    args.extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra  # ... -- --checkpoint.every=0
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="bench-restarts-") as tmp:
         ref_run = Path(tmp) / "reference"

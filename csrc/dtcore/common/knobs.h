@@ -48,6 +48,7 @@ inline constexpr Knob kFlightRecorder{"DTCORE_FLIGHT_RECORDER", "2000", "Collect
 inline constexpr Knob kShm{"DTCORE_SHM", "auto", "Gloo's collectives between ranks on one host through shared memory: auto (when every rank maps rank 0's segment in /dev/shm, else through Gloo, saying why in the log), 1 (required: init fails naming the ranks that could not) or 0 (never). With it, the reducer keeps its gradient buckets (zero=0 and 1) in a buffer every rank maps, where their all-reduce runs in place."};
 inline constexpr Knob kJobSecret{"DTCORE_JOB_SECRET", "", "Secret every rank proves to the rendezvous store; the same value on every node (needed for a multi-node job to be authenticated). Never logged."};
 inline constexpr Knob kJobSecretFile{"DTCORE_JOB_SECRET_FILE", "", "File (mode 0600) holding the job secret, e.g. on a shared filesystem; rank 0 writes a random one there when it is missing."};
+inline constexpr Knob kMemoryDir{"DTCORE_MEMORY_DIR", "/dev/shm", "Where each node keeps the trainer's in-memory checkpoints (checkpoint.memory_every): a tmpfs with room for two copies of its ranks' state; removed when the node's launcher exits."};
 inline constexpr Knob kLogLevel{"DTCORE_LOG_LEVEL", "info", "Console level: debug, info, warn or error."};
 inline constexpr Knob kLogRanks{"DTCORE_LOG_RANKS", "0", "Ranks whose info lines reach the console: a list such as 0,3 or 'all'; others print warnings and errors only."};
 inline constexpr Knob kLogDir{"DTCORE_LOG_DIR", "", "Directory for per-rank log files (dtcore-<time>-rank<r>.log); init(log_dir=) beats it."};
@@ -72,6 +73,7 @@ inline constexpr auto kAll = std::to_array<const Knob*>({
     &kShm,
     &kJobSecret,
     &kJobSecretFile,
+    &kMemoryDir,
     &kLogLevel,
     &kLogRanks,
     &kLogDir,

@@ -220,6 +220,38 @@ def collect(
     return out
 
 
+def optimizer_meta(optimizer: torch.optim.Optimizer, model: torch.nn.Module, scalar_tensors: list) -> dict[str, Any]:
+    """Rank 0's part of a manifest for `optimizer` (class, hyperparameters, scalar state; its tensors
+    appended to `scalar_tensors`), as collect() gives it: what an in-memory checkpoint records each step."""
+    meta, _, _ = _optimizer_state(optimizer, 0, scalar_tensors, shape_getter(fully_sharded(model, optimizer)))
+    return meta
+
+
+def param_groups(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """The optimizer's param_groups as torch's state_dict packs them (parameters as indices, numbered group
+    after group), without packing its state."""
+    if isinstance(optimizer, ShardedOptimizer):
+        return zero_state.param_groups_packed(optimizer)
+    packed, index = [], 0
+    for group in optimizer.param_groups:
+        entry = {key: value for key, value in group.items() if key != "params"}
+        entry["params"] = list(range(index, index + len(group["params"])))
+        index += len(group["params"])
+        packed.append(entry)
+    return packed
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    """The tensors of an optimizer's state that this rank holds (a sharded optimizer's pieces and their
+    state), without copying any."""
+    if optimizer is None:
+        return []
+    if isinstance(optimizer, ShardedOptimizer):
+        per_element, _, _ = zero_state.local_state(optimizer)
+        return [data for *_, data in per_element]
+    return [v for entry in optimizer.state.values() for v in entry.values() if isinstance(v, torch.Tensor)]
+
+
 def _optimizer_state(
     optimizer: torch.optim.Optimizer, rank: int, scalar_tensors: list, shape_of: Callable[[torch.Tensor], Shape]
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor], list[Piece]]:
@@ -233,7 +265,7 @@ def _optimizer_state(
     else:
         state_dict = optimizer.state_dict()
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        groups = state_dict["param_groups"]
+        groups = param_groups(optimizer)
         per_element, scalars, is_replicated = [], {}, True
         for i, entry in state_dict["state"].items():
             for key, value in entry.items():

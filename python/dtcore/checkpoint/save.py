@@ -322,33 +322,40 @@ class _Write:
         return self.store.get(key)
 
     def _write_manifest(self, reports: list[dict[str, Any]]) -> None:
-        head = reports[0]
-        files, tensors = [], {}
-        for index, rep in enumerate(reports):
-            files.append({"name": rep["file"], "rank": rep["rank"], "bytes": rep["bytes"], "sha256": rep["sha256"]})
-            for name, info in rep["tensors"].items():
-                tensors.setdefault(name, {**info, "chunks": []})
-            for name, lo, hi in rep["chunks"]:
-                tensors[name]["chunks"].append([index, lo, hi])
-        for name, info in tensors.items():
-            _check_tiled(name, info)
-        document = {
-            "format": manifest.FORMAT,
-            "version": manifest.VERSION,
-            "step": head["step"],
-            "world_size": self.world,
-            "dtcore_version": _C.__version__,
-            "torch_version": torch.__version__,
-            "created": time.time(),
-            "files": files,
-            "tensors": tensors,
-            "aliases": head["aliases"],
-            "optimizer": head["optimizer"],
-            "extra": head["extra"],
-            "rank_extra": [rep["rank_extra"] for rep in reports],
-            "bucket_plan": head["bucket_plan"],
-        }
-        manifest.write_json(os.path.join(self.directory, manifest.MANIFEST), document)
+        write_manifest(self.directory, self.world, reports)
+
+
+def write_manifest(directory: str, world: int, reports: list[dict[str, Any]]) -> None:
+    """The manifest of a checkpoint whose files every rank reported written (rank order): written last,
+    it makes the checkpoint complete. A report holds the rank's file, bytes, sha256, tensors, chunks and
+    rank_extra; rank 0's also step, aliases, optimizer, extra and bucket_plan (save_checkpoint)."""
+    head = reports[0]
+    files, tensors = [], {}
+    for index, rep in enumerate(reports):
+        files.append({"name": rep["file"], "rank": rep["rank"], "bytes": rep["bytes"], "sha256": rep["sha256"]})
+        for name, info in rep["tensors"].items():
+            tensors.setdefault(name, {**info, "chunks": []})
+        for name, lo, hi in rep["chunks"]:
+            tensors[name]["chunks"].append([index, lo, hi])
+    for name, info in tensors.items():
+        _check_tiled(name, info)
+    document = {
+        "format": manifest.FORMAT,
+        "version": manifest.VERSION,
+        "step": head["step"],
+        "world_size": world,
+        "dtcore_version": _C.__version__,
+        "torch_version": torch.__version__,
+        "created": time.time(),
+        "files": files,
+        "tensors": tensors,
+        "aliases": head["aliases"],
+        "optimizer": head["optimizer"],
+        "extra": head["extra"],
+        "rank_extra": [rep["rank_extra"] for rep in reports],
+        "bucket_plan": head["bucket_plan"],
+    }
+    manifest.write_json(os.path.join(directory, manifest.MANIFEST), document)
 
 
 def _check_tiled(name: str, info: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ import torch
 from .. import _C
 
 _TAGS = ("__tuple__", "__items__", "__tensor__", "__ndarray__", "__dtype__")
+_PLAIN = (int, float, str, bool, type(None))  # exactly these types (not subclasses, not NumPy scalars)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -50,6 +51,8 @@ def encode(value: Any, tensors: list[tuple[str, torch.Tensor]], where: str) -> A
     if isinstance(value, torch.dtype):
         return {"__dtype__": dtype_name(value)}
     if isinstance(value, (list, tuple)):
+        if all(type(v) in _PLAIN for v in value):  # a long list of numbers (Python's RNG state): as it is
+            return list(value) if isinstance(value, list) else {"__tuple__": list(value)}
         items = [encode(v, tensors, f"{where}[{i}]") for i, v in enumerate(value)]
         return {"__tuple__": items} if isinstance(value, tuple) else items
     if isinstance(value, dict):

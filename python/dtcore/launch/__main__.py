@@ -38,7 +38,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="ranks on each node (default: the GPUs visible here, or 1 without GPUs)",
     )
-    p.add_argument("--nnodes", type=int, default=1, metavar="N", help="number of nodes (default: 1)")
+    p.add_argument(
+        "--nnodes",
+        type=_nodes,
+        default=1,
+        metavar="N",
+        help="number of nodes (default: 1); torchrun's elastic MIN:MAX is refused: a job runs on exactly N nodes",
+    )
     p.add_argument("--node-rank", type=int, default=0, metavar="K", help="this node's index, 0 .. N-1 (default: 0)")
     p.add_argument(
         "--master-addr",
@@ -124,6 +130,22 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def _nodes(text: str) -> int:
+    """--nnodes: N, or torchrun's MIN:MAX when MIN == MAX; an elastic range is refused, saying why."""
+    low, sep, high = text.partition(":")
+    try:
+        low_n, high_n = int(low), int(high if sep else low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of nodes (N, e.g. 2)") from None
+    if low_n != high_n:
+        raise argparse.ArgumentTypeError(
+            f"'{text}': an elastic range of nodes (torchrun's MIN:MAX) is not supported: dtcore.launch runs a job on "
+            f"exactly N nodes, and a restart starts the ranks of the same nodes (continuing on fewer would change the "
+            f"world size under every rank's feet). Fix: --nnodes {high_n}"
+        )
+    return low_n
 
 
 def _validate(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:

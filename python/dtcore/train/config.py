@@ -131,6 +131,11 @@ class CheckpointConfig:
     there is none); or the path of a checkpoint directory."""
     async_save: bool = True
     """Write checkpoint files in the background; training goes on once the state is in host memory."""
+    memory_every: int = 0
+    """Copy every rank's state into its node's shared memory every this many steps, where a restarted job
+    resumes from (within one step at memory_every=1); 0: never. Needs a launcher that restarts the job
+    (dtcore.launch or torchrun with --max-restarts N) and every rank on one node; the memory, two copies of
+    each rank's part of a checkpoint, is in DTCORE_MEMORY_DIR (/dev/shm) until the launcher exits."""
 
 
 @dataclasses.dataclass

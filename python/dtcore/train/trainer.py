@@ -29,6 +29,8 @@ from ..activation import checkpoint_activations
 from ..bootstrap import get_context, init, is_initialized
 from ..bootstrap.join import _seed_everything
 from ..checkpoint import abandon, latest, load_checkpoint, save_checkpoint, wait, write_json
+from ..checkpoint import memory as memory_checkpoints
+from ..checkpoint.manifest import read as read_manifest
 from ..comm import agree, all_reduce, barrier
 from ..reducer import DistributedModel
 from ..zero import ShardedOptimizer, clip_grad_norm_, wrap
@@ -86,7 +88,12 @@ def _check(config: TrainConfig) -> None:
     ):
         if value <= 0:
             raise _C.ConfigError(f"{key}={value} must be > 0. Fix: give a positive value.")
-    for key, value in (("training.warmup_steps", t.warmup_steps), ("training.eval_every", t.eval_every)):
+    for key, value in (
+        ("training.warmup_steps", t.warmup_steps),
+        ("training.eval_every", t.eval_every),
+        ("checkpoint.every", config.checkpoint.every),
+        ("checkpoint.memory_every", config.checkpoint.memory_every),
+    ):
         if value < 0:
             raise _C.ConfigError(f"{key}={value} must be >= 0. Fix: 0 turns it off.")
     if t.compile:
@@ -238,6 +245,7 @@ class Trainer:
         self.autocast_dtype, self.scaler = self._precision(config.training.precision)
         self.step = 0
         self.batches_taken = 0  # for data without state_dict(): skipped again on resume
+        self.in_memory: memory_checkpoints.MemoryCheckpoints | None = None  # checkpoint.memory_every's copies
         self._rng_to_restore: Any = None  # a resumed rank's RNG states, set once its data is in place
         self.preemption = Preemption()
 
@@ -291,6 +299,7 @@ class Trainer:
         if self.world > 1:  # every rank decides alike (a file system's caches may lag)
             restart = agree.gather(restart)[0]
         reached = restarts.last_step(metrics.MetricsFile.path_of(run_dir, self.rank)) if restart and main else None
+        self.in_memory = self._memory_checkpoints(launch)
         self._resume(os.path.join(run_dir, "checkpoints"), restart)
         resumed_from = self.step
         if self.step == 0 and not restart:
@@ -373,6 +382,8 @@ class Trainer:
                     self._preempted(main)
                 if (c.checkpoint.every and self.step % c.checkpoint.every == 0) or (last and c.checkpoint.at_end):
                     self._save(run_dir, complete=last)
+                if self.in_memory is not None and self.step % c.checkpoint.memory_every == 0 and not last:
+                    self.in_memory.save(self.step, model=self.model, optimizer=self.optimizer, **self._state_extras())
             status = "FINISHED"
         except Exception as e:
             e.dtcore_step = in_progress  # type: ignore[attr-defined]  (the launcher's test for a bug)
@@ -529,22 +540,48 @@ class Trainer:
     def _save(self, run_dir: str, complete: bool) -> None:
         """A checkpoint of this step; with `complete`, returns once its manifest is written."""
         path = os.path.join(run_dir, "checkpoints", f"step_{self.step:08d}")
-        data = self.train_data
-        extra = {"scheduler": self.scheduler.state_dict(), "world_size": self.world}
-        extra["scaler"] = self.scaler.state_dict() if self.scaler is not None else None
-        rank_extra = {"rng": rng_state(), "batches_taken": self.batches_taken}
-        rank_extra["data"] = data.state_dict() if hasattr(data, "state_dict") else None
         save_checkpoint(
             path,
             model=self.model,
             optimizer=self.optimizer,
             step=self.step,
-            extra=extra,
-            rank_extra=rank_extra,
             async_save=self.config.checkpoint.async_save and not complete,
+            **self._state_extras(),
         )
         if complete:
             wait()
+
+    def _state_extras(self) -> dict[str, Any]:
+        """A checkpoint's extra= (schedule, scaler: rank 0's is kept) and rank_extra= (RNG states, data position)
+        of this step."""
+        data = self.train_data
+        extra = None
+        if self.rank == 0:
+            extra = {"scheduler": self.scheduler.state_dict(), "world_size": self.world}
+            extra["scaler"] = self.scaler.state_dict() if self.scaler is not None else None
+        rank_extra = {"rng": rng_state(), "batches_taken": self.batches_taken}
+        rank_extra["data"] = data.state_dict() if hasattr(data, "state_dict") else None
+        return {"extra": extra, "rank_extra": rank_extra}
+
+    def _memory_checkpoints(self, launch: str | None) -> memory_checkpoints.MemoryCheckpoints | None:
+        """checkpoint.memory_every's copies (Note [In-memory checkpoints]), under a launcher that restarts."""
+        every = self.config.checkpoint.memory_every
+        if every <= 0:
+            return None
+        restarts_left = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "")
+        if launch is None or not restarts_left.isdigit() or int(restarts_left) == 0:
+            if self.rank == 0:
+                log.warning(
+                    "checkpoint.memory_every=%d is off: no launcher restarts this job, and the copies are only read "
+                    "by a restart. Fix: launch with python -m dtcore.launch --max-restarts N (or torchrun "
+                    "--max-restarts N), or drop checkpoint.memory_every",
+                    every,
+                )
+            return None
+        memory_checkpoints.refuse_nodes(self.world, get_context().local_world_size)
+        # The ranks are the children of the node's launcher (torch's agent): the copies live as long as it does.
+        directory = memory_checkpoints.open_node_directory(launch, os.getppid())
+        return memory_checkpoints.MemoryCheckpoints(directory, self.rank, self.world)
 
     def _record_restart(
         self,
@@ -576,6 +613,9 @@ class Trainer:
         resume = self.config.checkpoint.resume
         if restart:  # the newest state of this run, whatever the first start resumed from (restarts.py)
             path = latest(checkpoints) or (None if resume in ("none", "auto") else resume)
+            in_memory = self.in_memory.newest() if self.in_memory is not None else None
+            if in_memory is not None and (path is None or in_memory[0] > int(read_manifest(path)["step"])):
+                path = in_memory[1]
         elif resume == "none":
             return
         else:

@@ -55,6 +55,24 @@ def test_a_killed_rank_restarts_the_job_which_resumes_by_itself_bit_for_bit(tmp_
     assert [x["restart"] for x in lines if x["kind"] == "restart"] == [1]
 
 
+def test_with_memory_checkpoints_a_killed_rank_resumes_from_memory_and_the_memory_goes_with_the_launcher(
+    tmp_path, reference
+):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    r = launch(tmp_path, "kill", "1", "5", env=clean_env(WORKER_MEMORY_EVERY="1", DTCORE_MEMORY_DIR=str(shm)))
+    assert r.returncode == 0, r.stderr
+    assert losses(tmp_path / "run") == reference  # every step, bit for bit
+    (restart,) = json.loads((tmp_path / "run" / "run.json").read_text())["restarts"]
+    assert restart["resumed_from_step"] == 4 and restart["steps_lost"] == 0, restart
+    assert "resumed from " + str(shm) in r.stderr  # from memory: on disk there is no checkpoint before the end
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step_00000008"]
+    deadline = time.monotonic() + 10  # the reaper removes the node's directory once the launcher has exited
+    while any(shm.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(shm.iterdir())
+
+
 def test_the_same_exception_at_the_same_step_twice_is_a_bug_and_ends_the_job(tmp_path):
     r = launch(tmp_path, "raise", "1", "3", "0,1,2", restarts=3)
     assert r.returncode == 1

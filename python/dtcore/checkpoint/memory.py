@@ -1,0 +1,426 @@
+"""In-memory checkpoints: every rank's state copied into its node's shared memory every few steps, where a
+restarted job resumes from, losing at most the steps since the last copy.
+
+Note [In-memory checkpoints]
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A disk checkpoint costs seconds and is taken every few hundred steps; a restart after a failure then
+redoes every step since. Here each rank copies its state, every `memory_every` steps, into memory that
+outlives the rank's process: files in a tmpfs (DTCORE_MEMORY_DIR, /dev/shm by default) in a directory of
+the launch (`node_directory`), which a small reaper process removes once the node's launcher exits,
+however it exits (reaper.py). A killed rank's copy is still there when the launcher starts the ranks
+again.
+
+What is copied is what the rank writes of a disk checkpoint (collect.py: its chunks of the model and
+optimizer, a replicated tensor split across the ranks), its RNG states and data position (rank_extra),
+and on rank 0 the schedule and the optimizer's hyperparameters: the same checkpoint format
+(Note [Checkpoint layout]), so that loading it is load_checkpoint's job, unchanged.
+
+Cheap enough for every step:
+- Two slots per rank, each one safetensors file written once (when the state's layout is first seen,
+  or changes: an optimizer state created late, a buffer replaced) and mapped into memory. A save is one
+  copy of the state's bytes into the mapping (torch._foreach_copy_), then a small record in the same
+  file naming the step (the RNG states, the schedule, the hyperparameters), written through the
+  mapping: no collective, no thread, no system call. The record's marker is cleared before the copy
+  starts and set after the record is written, so that a rank killed in the middle of a save leaves
+  that slot without a step (its pages outlive the process: what it wrote is in the tmpfs), and its
+  other slot holds the step before.
+- Two slots suffice: a rank starts its save of step k + 1 only after step k + 1's collectives, which
+  every rank joins after its save of step k; so whenever a rank fails, every rank's slots hold step k
+  (and some maybe k + 1). The newest step that every rank recorded is complete. (A process's first
+  save writes both of its files anew, so a failure during the first step after a restart finds no
+  copy, and the restart after it resumes from disk.)
+
+On restart (`newest`, a collective) the ranks agree on that step, each reports its file's size and
+SHA-256 for it, and rank 0 writes the slot's manifest (save.write_manifest, as after a disk save); the
+caller compares it with the newest disk checkpoint and loads the newer. Ranks on one node only: a
+rank cannot read another node's memory, and a node that is lost takes its ranks' copies with it (a
+replica on another node is the next step), so a job of several nodes is refused (`refuse_nodes`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import mmap
+import os
+import struct
+import subprocess
+import sys
+import time
+from typing import Any
+
+import torch
+
+from .. import _C
+from ..comm import agree, barrier
+from ..zero.optimizer import ShardedOptimizer
+from . import collect as collecting
+from . import manifest, values
+from .save import write_manifest
+
+log = logging.getLogger("dtcore")
+
+SLOTS = 2
+RECORD = "__record__"  # the entry of each slot's file that holds its record (_Layout)
+_RECORD_HEAD = struct.Struct("<QQ")  # the step + 1 (0: none), the record's length; then the record's JSON
+_MIN_RECORD_ROOM = 1 << 16
+_LAUNCH = "launch"  # the file in a node directory naming the launch it belongs to
+
+
+def base_directory() -> str:
+    """DTCORE_MEMORY_DIR (docs/knobs.md): where the nodes' directories go."""
+    default = next(d for name, d, _ in _C.knobs() if name == "DTCORE_MEMORY_DIR")
+    return os.environ.get("DTCORE_MEMORY_DIR") or default
+
+
+def node_directory(launch: str) -> str:
+    """The directory of this launch's in-memory checkpoints on this node: one name on every node and
+    every restart of the launch, another for any other launch."""
+    return os.path.join(base_directory(), "dtcore-" + hashlib.sha256(launch.encode()).hexdigest()[:16])
+
+
+def open_node_directory(launch: str, owner_pid: int) -> str:
+    """node_directory(launch), created if it is not there yet; its creator starts the reaper that removes it
+    once process `owner_pid` (the node's launcher) has exited."""
+    directory = node_directory(launch)
+    base = os.path.dirname(directory)
+    if not os.path.isdir(base):
+        raise _C.ConfigError(
+            f"checkpoint.memory_every: DTCORE_MEMORY_DIR={base} is not a directory. Fix: point DTCORE_MEMORY_DIR at "
+            "a tmpfs every rank of the node can write (/dev/shm is the default), or set checkpoint.memory_every=0."
+        )
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        return directory
+    with open(os.path.join(directory, _LAUNCH), "w", encoding="utf-8") as f:
+        f.write(launch + "\n")
+    reaper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reaper.py")
+    started = subprocess.run(
+        [sys.executable, "-I", reaper, str(owner_pid), directory],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,  # a pipe would stay open in the reaper, and run() would wait for it
+        close_fds=True,
+        start_new_session=True,  # the launcher kills its ranks by process group: not this one
+        timeout=60,
+    )
+    if started.returncode != 0:
+        raise _C.ConfigError(
+            f"checkpoint.memory_every: the process that removes {directory} when the launcher exits did not start "
+            f"(exit status {started.returncode} of {sys.executable} -I {reaper}). Fix: set checkpoint.memory_every=0."
+        )
+    return directory
+
+
+class _Layout:
+    """One slot's file, mapped: the views each save copies the state into, and its record, an area at the end
+    of the file (the entry RECORD) holding a marker (the step + 1, or 0: no step), the record's length and
+    its JSON, written through a second mapping of the same pages (a Python mmap: no system call a save)."""
+
+    def __init__(self, path: str, rank: int, layout: str, entries: list[tuple[str, torch.Tensor]]) -> None:
+        self.path = path
+        _C.write_safetensors(path, entries, {"format": "pt", "dtcore_rank": str(rank), "dtcore_layout": layout})
+        size = os.path.getsize(path)
+        header, start = _header(path)
+        mapped = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+        offsets = [header[key]["data_offsets"] for key, _ in entries]
+        self.views = [mapped[start + lo : start + hi] for lo, hi in offsets]
+        lo, hi = header[RECORD]["data_offsets"]
+        self.record_at, self.record_room = start + lo, hi - lo - _RECORD_HEAD.size
+        with open(path, "r+b") as f:
+            self.mm = mmap.mmap(f.fileno(), size)
+
+    def clear(self) -> None:
+        self.mm[self.record_at : self.record_at + 8] = bytes(8)
+
+    def commit(self, step: int, payload: bytes) -> None:
+        """The record, then the marker that makes it one: a process killed in between leaves no step here."""
+        body = self.record_at + _RECORD_HEAD.size
+        self.mm[body : body + len(payload)] = payload
+        self.mm[self.record_at + 8 : self.record_at + 16] = len(payload).to_bytes(8, "little")
+        self.mm[self.record_at : self.record_at + 8] = (step + 1).to_bytes(8, "little")
+
+
+def _header(path: str) -> tuple[dict[str, Any], int]:
+    """A safetensors file's header and where its data starts."""
+    with open(path, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        return json.loads(f.read(length)), 8 + length
+
+
+def _read_record(path: str) -> tuple[str, dict[str, Any]] | None:
+    """(layout, record) of a slot's file when its marker names a step, else None."""
+    try:
+        header, start = _header(path)
+        lo, _ = header[RECORD]["data_offsets"]
+        with open(path, "rb") as f:
+            f.seek(start + lo)
+            marker, length = _RECORD_HEAD.unpack(f.read(_RECORD_HEAD.size))
+            if marker == 0:
+                return None
+            record = json.loads(f.read(length))
+        if record.get("step") != marker - 1:
+            return None
+        return header["__metadata__"]["dtcore_layout"], record
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+class MemoryCheckpoints:
+    """This rank's two slots in `directory` (a node directory): save() every few steps, newest() on
+    restart. See Note [In-memory checkpoints]."""
+
+    def __init__(self, directory: str, rank: int, world: int) -> None:
+        self.directory, self.rank, self.world = directory, rank, world
+        self._slots: list[_Layout] | None = None
+        self._watch: _Watch | None = None
+        self._meta: dict[str, Any] | None = None  # rank 0: the optimizer's part that a step does not change
+        self._scalars: list[tuple[str, torch.Tensor]] = []  # rank 0: its live scalar tensors, copied each save
+        self._static: dict[str, Any] = {}  # the report's parts that change only with the layout
+        self._sources: list[torch.Tensor] = []  # the live tensors (chunks of), in the files' order
+        self._extra_keys: list[tuple[str, tuple, torch.dtype]] = []
+        self._next = 0
+        self._manifests: set[int] = set()  # rank 0: the slots newest() wrote a manifest into
+
+    def slot_directory(self, slot: int) -> str:
+        return os.path.join(self.directory, f"slot{slot}")
+
+    # Saving ---------------------------------------------------------------------------------------
+
+    def save(
+        self,
+        step: int,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        extra: Any = None,
+        rank_extra: Any = None,
+    ) -> None:
+        """Copies this rank's state of `step` into its next slot; returns once it is recorded there."""
+        fresh = self._slots is None or not self._watch.same(optimizer)
+        per_step: list[tuple[str, torch.Tensor]] = []
+        record: dict[str, Any] = {"step": step, "rank_extra": values.encode(rank_extra, per_step, "rank_extra")}
+        if self.rank == 0:
+            record["extra"] = values.encode(extra, per_step, "extra")
+            record["optimizer"] = self._optimizer_meta(model, optimizer, per_step, fresh)
+        payload = json.dumps(record).encode()
+        extra_keys = [(k, tuple(t.shape), t.dtype) for k, t in per_step]
+        if fresh or extra_keys != self._extra_keys or len(payload) > self._slots[0].record_room:
+            self._lay_out(model, optimizer, per_step, record_room=4 * len(payload))
+            self._watch, self._extra_keys = _Watch(model, optimizer), extra_keys
+        target = self._slots[self._next]
+        if self._next in self._manifests:  # newest() made this slot a checkpoint: it is about to change
+            _remove(os.path.join(self.slot_directory(self._next), manifest.MANIFEST))
+            self._manifests.discard(self._next)
+        self._next = (self._next + 1) % SLOTS
+        target.clear()  # from here until the record is written, this slot holds no step
+        sources = self._sources + [_bytes(t) for _, t in per_step]
+        torch._foreach_copy_(target.views[: len(sources)], sources)
+        if any(t.is_cuda for t in sources):
+            torch.cuda.synchronize()  # the copies into the mapping are done before the record says so
+        target.commit(step, payload)
+
+    def _optimizer_meta(self, model: torch.nn.Module, optimizer: Any, per_step: list, fresh: bool) -> Any:
+        """Rank 0's optimizer part of the manifest (collect.optimizer_meta), its tensors appended to `per_step`.
+        A torch optimizer whose scalar state is all tensors on the CPU (Adam's step counts) has them copied
+        from the live tensors, as the rest of the state, and only its hyperparameters recorded each step;
+        otherwise the whole part is made again at each save."""
+        if optimizer is None:
+            return None
+        if fresh:
+            found: list[tuple[str, torch.Tensor]] = []
+            meta = collecting.optimizer_meta(optimizer, model, found)
+            live = {t.data_ptr() for t in collecting.optimizer_tensors(optimizer)}
+            static = not isinstance(optimizer, ShardedOptimizer) and _tensors_only(meta["scalars"])
+            static = static and all(t.device.type == "cpu" and t.data_ptr() in live for _, t in found)
+            self._meta = {k: v for k, v in meta.items() if k != "param_groups"} if static else None
+            self._scalars = found if static else []
+        if self._meta is None:
+            return collecting.optimizer_meta(optimizer, model, per_step)
+        groups = values.encode(collecting.param_groups(optimizer), per_step, "optimizer.param_groups")
+        return {**self._meta, "param_groups": groups}
+
+    def _lay_out(self, model: torch.nn.Module, optimizer: Any, per_step: list, record_room: int) -> None:
+        """Collects the state (collect.py), writes both slots' files whole (with room for a record of at least
+        `record_room` bytes) and maps them."""
+        # The optimizer's scalars that collect() lists (rank 0's) are self._scalars or in `per_step`: _optimizer_meta.
+        collected = collecting.collect(model, optimizer, self.rank, self.world, [])
+        chunks = [(manifest.chunk_key(c.name, c.lo), c.data.detach()) for c in collected.chunks] + self._scalars
+        room = torch.zeros(_RECORD_HEAD.size + max(record_room, _MIN_RECORD_ROOM), dtype=torch.uint8)
+        entries = chunks + [(k, t) for k, t in per_step] + [(RECORD, room)]
+        host = [(k, _host(t)) for k, t in entries]
+        self._sources = [_bytes(t) for _, t in chunks]
+        self._layout_id = f"{os.getpid()}-{time.monotonic_ns()}"
+        self._static = {
+            "layout": self._layout_id,
+            "rank": self.rank,
+            "world_size": self.world,
+            "tensors": collected.tensors,
+            "chunks": [[c.name, c.lo, c.hi] for c in collected.chunks],
+        }
+        if self.rank == 0:
+            self._static.update(aliases=collected.aliases, bucket_plan=_bucket_plan(model))
+        slots = []
+        try:
+            for slot in range(SLOTS):
+                os.makedirs(self.slot_directory(slot), exist_ok=True)
+                if self.rank == 0:  # a manifest newest() wrote (maybe in an earlier process): the files change
+                    _remove(os.path.join(self.slot_directory(slot), manifest.MANIFEST))
+                    self._manifests.discard(slot)
+                path = os.path.join(self.slot_directory(slot), manifest.file_name(self.rank))
+                slots.append(_Layout(path, self.rank, self._layout_id, host))
+                _C.write_file_atomic(self._layout_path(slot), json.dumps(self._static))
+        except _C.CheckpointError as e:
+            free = _free_bytes(self.directory)
+            raise _C.ConfigError(
+                f"checkpoint.memory_every: rank {self.rank}'s in-memory checkpoints in {self.directory} need "
+                f"{_C.format_bytes(SLOTS * sum(t.numel() * t.element_size() for _, t in host))} (2 copies of its "
+                f"state; every rank of the node needs its own), and it has {_C.format_bytes(free)} free: {e}. Fix: "
+                "give the node's shared memory more room (a container's --shm-size), point DTCORE_MEMORY_DIR at a "
+                "larger tmpfs, or set checkpoint.memory_every=0 (disk checkpoints only)."
+            ) from None
+        self._slots = slots
+        self._next = 0
+        log.info(
+            "in-memory checkpoints: %s per copy on rank %d, 2 copies in %s",
+            _C.format_bytes(sum(t.numel() * t.element_size() for _, t in host)),
+            self.rank,
+            self.directory,
+        )
+
+    def _layout_path(self, slot: int) -> str:
+        return os.path.join(self.slot_directory(slot), f"rank{self.rank:05d}.layout.json")
+
+    # Restarting -----------------------------------------------------------------------------------
+
+    def recorded(self) -> dict[int, int]:
+        """{step: slot} of this rank's recorded copies (a file whose marker names a step, laid out as the
+        slot's layout file says)."""
+        found = {}
+        for slot in range(SLOTS):
+            layout = _read(self._layout_path(slot))
+            read = _read_record(self._file_path(slot))
+            if read is None or layout is None or layout.get("world_size") != self.world:
+                continue  # no step, or the copy of a job of another size (its shares were cut for that size)
+            if read[0] == layout.get("layout"):
+                found[int(read[1]["step"])] = slot
+        return found
+
+    def _file_path(self, slot: int) -> str:
+        return os.path.join(self.slot_directory(slot), manifest.file_name(self.rank))
+
+    def newest(self) -> tuple[int, str] | None:
+        """A collective: the newest step every rank holds a copy of, as (step, checkpoint directory) with its
+        manifest written, or None when there is none."""
+        mine = self.recorded()
+        every = agree.gather(sorted(mine)) if self.world > 1 else [sorted(mine)]
+        common = set(every[0]).intersection(*every[1:])
+        if not common:
+            if any(every):
+                log.info("in-memory checkpoints: no step that every rank holds (%s)", every)
+            return None
+        step = max(common)
+        slot = mine[step]
+        directory = self.slot_directory(slot)
+        _, record = _read_record(self._file_path(slot))
+        report = {**_read(self._layout_path(slot)), **record}
+        name = manifest.file_name(self.rank)
+        digest = _C.digest_file(os.path.join(directory, name))
+        report.update(file=name, bytes=digest.bytes, sha256=digest.sha256)
+        reports = agree.gather(report) if self.world > 1 else [report]
+        if self.rank == 0:
+            write_manifest(directory, self.world, reports)
+            self._manifests.add(slot)
+        if self.world > 1:
+            barrier()  # every rank reads the manifest after it is written
+        return step, directory
+
+
+def refuse_nodes(world: int, local_world: int) -> None:
+    """In-memory checkpoints need every rank on one node (Note [In-memory checkpoints])."""
+    if world != local_world:
+        raise _C.ConfigError(
+            f"checkpoint.memory_every with {world} ranks of which {local_world} on this node: in-memory checkpoints "
+            "are kept on each node, and a rank cannot read another node's memory. Fix: set checkpoint.memory_every=0 "
+            "for a job of several nodes (disk checkpoints: checkpoint.every)."
+        )
+
+
+class _Watch:
+    """Whether the state's layout is still the one the slots were laid out for: every parameter and buffer the
+    same tensor in the same place, and the optimizer's state the same tensors in the same place (a tensor
+    replaced, a state created or loaded since: another layout). Checked each save, so it must be cheap:
+    a parameter is looked up in its module's own table (not a walk of the module tree)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: Any) -> None:
+        self.slots = [
+            (table, name, t, t.data_ptr())
+            for module in model.modules()
+            for table in (module._parameters, module._buffers)
+            for name, t in table.items()
+            if t is not None
+        ]
+        self.optimizer = self._optimizer(optimizer)
+
+    @staticmethod
+    def _optimizer(optimizer: Any) -> tuple:
+        if optimizer is None:
+            return ()
+        tensors = collecting.optimizer_tensors(optimizer)
+        lengths = tuple(len(entry) for entry in optimizer.state.values())
+        return tuple(t.data_ptr() for t in tensors) + lengths
+
+    def same(self, optimizer: Any) -> bool:
+        for table, name, t, where in self.slots:
+            if table.get(name) is not t or t.data_ptr() != where:
+                return False
+        return self._optimizer(optimizer) == self.optimizer
+
+
+def _tensors_only(value: Any) -> bool:
+    """Whether every leaf of an encoded value is a tensor (values.encode's {"__tensor__": key})."""
+    if isinstance(value, dict):
+        return "__tensor__" in value or all(_tensors_only(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_tensors_only(v) for v in value)
+    return False
+
+
+def _bucket_plan(model: torch.nn.Module) -> dict[str, Any] | None:
+    wrapper = collecting.distributed_model(model)
+    return wrapper.bucket_plan_state() if wrapper is not None else None
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """The flat bytes of a contiguous tensor (a view)."""
+    return t.detach().reshape(-1).view(torch.uint8) if t.dim() else t.detach().reshape(1).view(torch.uint8)
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    return (t.to("cpu") if t.device.type != "cpu" else t).contiguous()
+
+
+def _read(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def _free_bytes(path: str) -> int:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize

@@ -1,0 +1,162 @@
+"""In-memory checkpoints (Note [In-memory checkpoints] in dtcore/checkpoint/memory.py): each save is a
+copy into two mapped slots, the newest step every rank recorded loads through load_checkpoint bit for
+bit, a copy cut short is never loaded, and the node directory goes with the launcher that owns it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import dtcore
+from dtcore.checkpoint import load_checkpoint
+from dtcore.checkpoint import memory as mem
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 4))
+    m[2].weight.requires_grad_(False)  # frozen until unfrozen: its optimizer state appears late
+    return m
+
+
+def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(32, 8, generator=g)
+    model(x).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def _state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    out = {f"model/{k}": v.clone() for k, v in model.state_dict().items()}
+    for i, s in enumerate(opt.state.values()):
+        out |= {f"optim/{i}/{k}": v.clone() for k, v in s.items()}
+    return out
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def _load(directory: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model[2].weight.requires_grad_(True)
+    loaded = load_checkpoint(directory, model=model, optimizer=opt)
+    return loaded, _state(model, opt)
+
+
+def test_the_newest_recorded_step_loads_bit_for_bit_and_a_copy_cut_short_is_not_loaded(tmp_path):
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    copies = mem.MemoryCheckpoints(str(tmp_path / "node"), rank=0, world=1)
+    states = {}
+    for step in range(1, 6):
+        if step == 3:
+            model[2].weight.requires_grad_(True)  # a new optimizer state: the slots are laid out again
+        _step(model, opt, step)
+        rng = torch.get_rng_state()
+        copies.save(step, model=model, optimizer=opt, extra={"step": step}, rank_extra={"rng": rng})
+        states[step] = _state(model, opt) | {"rng": rng}
+    assert copies.recorded().keys() == {4, 5}
+
+    step, directory = copies.newest()
+    loaded, state = _load(directory)
+    assert step == 5 and loaded["step"] == 5 and loaded["extra"] == {"step": 5}
+    _same(state | {"rng": loaded["rank_extra"]["rng"]}, states[5])
+
+    # A rank killed while copying step 6 leaves that slot without a record: step 5 is the newest then.
+    _step(model, opt, 6)
+    copies._slots[copies._next].clear()  # the slot step 6 goes to (step 4's): cleared as a save begins
+    assert copies.recorded().keys() == {5}
+    step, directory = copies.newest()
+    loaded, state = _load(directory)
+    assert step == 5
+    _same(state | {"rng": loaded["rank_extra"]["rng"]}, states[5])
+
+
+def test_a_slot_overwritten_after_its_record_was_removed_is_never_loaded(tmp_path):
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    copies = mem.MemoryCheckpoints(str(tmp_path / "node"), rank=0, world=1)
+    for step in (1, 2):
+        _step(model, opt, step)
+        copies.save(step, model=model, optimizer=opt)
+    expected = _state(model, opt)
+    step, directory = copies.newest()
+    assert step == 2
+    # The manifest newest() wrote must not make the slot look complete once the next save reuses it.
+    _step(model, opt, 3)
+    copies.save(3, model=model, optimizer=opt)
+    _step(model, opt, 4)
+    copies.save(4, model=model, optimizer=opt)  # into step 2's slot
+    assert copies.recorded().keys() == {3, 4}
+    assert not os.path.exists(os.path.join(directory, "manifest.json"))
+    step, directory = copies.newest()
+    assert step == 4
+    _, state = _load(directory)
+    assert not all(torch.equal(state[k], expected[k]) for k in expected)
+
+
+def test_a_tmpfs_too_small_is_refused_naming_sizes_and_the_fix(tmp_path, monkeypatch):
+    model = torch.nn.Linear(256, 256)
+    opt = torch.optim.AdamW(model.parameters())
+    copies = mem.MemoryCheckpoints(str(tmp_path / "node"), rank=0, world=1)
+
+    def no_room(*args, **kwargs):
+        raise dtcore.CheckpointError("cannot write: No space left on device")
+
+    monkeypatch.setattr(mem._C, "write_safetensors", no_room)
+    with pytest.raises(
+        dtcore.ConfigError, match=r"need 642.0 KiB \(2 copies.*has .* free: cannot write.*--shm-size.*DTCORE_MEMORY_DIR"
+    ):
+        copies.save(1, model=model, optimizer=opt)
+
+
+def test_several_nodes_are_refused():
+    mem.refuse_nodes(4, 4)
+    with pytest.raises(dtcore.ConfigError, match="8 ranks of which 4 on this node.*memory_every=0"):
+        mem.refuse_nodes(8, 4)
+
+
+def test_the_node_directory_goes_when_its_launcher_exits_however_it_exits(tmp_path, monkeypatch):
+    monkeypatch.setenv("DTCORE_MEMORY_DIR", str(tmp_path))
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        directory = mem.open_node_directory("agent:/logs/run-1", launcher.pid)
+        assert directory == mem.node_directory("agent:/logs/run-1") and os.path.isdir(directory)
+        assert mem.open_node_directory("agent:/logs/run-1", launcher.pid) == directory  # a restart finds it
+        assert mem.node_directory("agent:/logs/run-2") != directory
+        time.sleep(0.5)
+        assert os.path.isdir(directory)  # the reaper waits while the launcher lives
+    finally:
+        launcher.kill()
+        launcher.wait()
+    deadline = time.monotonic() + 10
+    while os.path.exists(directory) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(directory)
+
+
+def test_a_missing_memory_dir_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("DTCORE_MEMORY_DIR", str(tmp_path / "nope"))
+    with pytest.raises(dtcore.ConfigError, match=r"DTCORE_MEMORY_DIR=.*nope is not a directory"):
+        mem.open_node_directory("agent:x", os.getpid())
+
+
+def test_copies_of_a_job_of_another_size_are_not_taken(tmp_path):
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    copies = mem.MemoryCheckpoints(str(tmp_path / "node"), rank=0, world=1)
+    _step(model, opt, 1)
+    copies.save(1, model=model, optimizer=opt)
+    assert copies.recorded() == {1: 0}
+    # The same directory seen by rank 0 of 2: its share of the replicated state was cut for 1 rank.
+    assert mem.MemoryCheckpoints(str(tmp_path / "node"), rank=0, world=2).recorded() == {}
