@@ -34,6 +34,7 @@ class Chunk:
     lo: int  # elements [lo, hi) of the flattened tensor
     hi: int
     data: torch.Tensor  # (hi - lo,) on the tensor's device, possibly a view of the live tensor
+    source: torch.Tensor | None = None  # the tensor it is a range of, flattened (None: `data` is that tensor's own)
 
 
 @dataclasses.dataclass
@@ -206,12 +207,12 @@ def collect(
         out.tensors[name] = {"shape": list(t.shape), "dtype": values.dtype_name(t.dtype)}
         lo, hi = max(begin, offset) - offset, min(end, offset + t.numel()) - offset
         if lo < hi:
-            out.chunks.append(Chunk(name, lo, hi, t.detach().reshape(-1)[lo:hi]))
+            out.chunks.append(Chunk(name, lo, hi, t.detach().reshape(-1)[lo:hi], t))
         offset += t.numel()
     for name, t in buffers.items():  # whole, from rank 0: see model_state
         out.tensors[name] = {"shape": list(t.shape), "dtype": values.dtype_name(t.dtype)}
         if rank == 0 and t.numel():
-            out.chunks.append(Chunk(name, 0, t.numel(), t.detach().reshape(-1)))
+            out.chunks.append(Chunk(name, 0, t.numel(), t.detach().reshape(-1), t))
     for piece in sharded:
         dtype = dtypes.get(piece.name, piece.data.dtype)
         out.tensors[piece.name] = {"shape": list(piece.shape), "dtype": values.dtype_name(dtype)}
@@ -274,7 +275,7 @@ def _optimizer_state(
                     and value.dim() > 0
                     and tuple(value.shape) == shape_of(params[int(i)])
                 ):
-                    per_element.append((int(i), key, 0, value.reshape(-1)))
+                    per_element.append((int(i), key, 0, value))  # itself, not flattened: a copy if non-contiguous
                 else:
                     scalars.setdefault(int(i), {})[key] = value
         kind = {"class": type(optimizer).__name__, "zero": 0}

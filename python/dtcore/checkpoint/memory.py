@@ -26,13 +26,19 @@ Cheap enough for every step:
   other slot holds the step before.
 - Two slots suffice: a rank starts its save of step k + 1 only after step k + 1's collectives, which
   every rank joins after its save of step k; so whenever a rank fails, every rank's slots hold step k
-  (and some maybe k + 1). The newest step that every rank recorded is complete. (A process's first
+  (and some maybe k + 1). The newest step that every rank recorded is complete. A step's slot is
+  (step // every) % 2 on every rank, so that the ranks' copies of a step are in one directory.
+- What is copied is what the layout found: views of the live tensors, taken again at every save where
+  flattening a tensor copies it (a channels_last weight); a tensor replaced, registered or created
+  since (an optimizer's state, a buffer set after warmup) makes a new layout (_Watch). (A process's first
   save writes both of its files anew, so a failure during the first step after a restart finds no
   copy, and the restart after it resumes from disk.)
 
 On restart (`newest`, a collective) the ranks agree on that step, each reports its file's size and
 SHA-256 for it, and rank 0 writes the slot's manifest (save.write_manifest, as after a disk save); the
-caller compares it with the newest disk checkpoint and loads the newer. Ranks on one node only: a
+caller compares it with the newest disk checkpoint and loads the newer. Copies of later steps than the
+one agreed on (a rank that got further) are cleared, so that a later restart never joins them with
+copies of the new run's. Ranks on one node only: a
 rank cannot read another node's memory, and a node that is lost takes its ranks' copies with it (a
 replica on another node is the next step), so a job of several nodes is refused (`refuse_nodes`).
 """
@@ -93,6 +99,13 @@ def open_node_directory(launch: str, owner_pid: int) -> str:
     try:
         os.mkdir(directory, 0o700)
     except FileExistsError:
+        owner = _read_text(os.path.join(directory, _LAUNCH))
+        if owner is not None and owner.strip() != launch:  # (None: its creator is about to write it)
+            raise _C.ConfigError(
+                f"checkpoint.memory_every: {directory} belongs to another launch ({owner.strip()}), not this one "
+                f"({launch}). Fix: remove it if no job of that launch runs any more, or set DTCORE_MEMORY_DIR to "
+                "another directory."
+            ) from None
         return directory
     with open(os.path.join(directory, _LAUNCH), "w", encoding="utf-8") as f:
         f.write(launch + "\n")
@@ -168,12 +181,24 @@ def _read_record(path: str) -> tuple[str, dict[str, Any]] | None:
         return None
 
 
+def _clear_record(path: str) -> None:
+    """A slot's file no longer holds a step (its marker cleared, through the file)."""
+    try:
+        header, start = _header(path)
+        with open(path, "r+b") as f:
+            f.seek(start + header[RECORD]["data_offsets"][0])
+            f.write(bytes(8))
+    except (OSError, ValueError, KeyError):
+        pass
+
+
 class MemoryCheckpoints:
     """This rank's two slots in `directory` (a node directory): save() every few steps, newest() on
     restart. See Note [In-memory checkpoints]."""
 
-    def __init__(self, directory: str, rank: int, world: int) -> None:
-        self.directory, self.rank, self.world = directory, rank, world
+    def __init__(self, directory: str, rank: int, world: int, every: int = 1) -> None:
+        """every: the steps between two saves (a step's slot is (step // every) % 2, alike on every rank)."""
+        self.directory, self.rank, self.world, self.every = directory, rank, world, every
         self._slots: list[_Layout] | None = None
         self._watch: _Watch | None = None
         self._meta: dict[str, Any] | None = None  # rank 0: the optimizer's part that a step does not change
@@ -181,7 +206,8 @@ class MemoryCheckpoints:
         self._static: dict[str, Any] = {}  # the report's parts that change only with the layout
         self._sources: list[torch.Tensor] = []  # the live tensors (chunks of), in the files' order
         self._extra_keys: list[tuple[str, tuple, torch.dtype]] = []
-        self._next = 0
+        self._refresh: list[tuple[int, torch.Tensor, int, int]] = []
+        self._layouts = 0
         self._manifests: set[int] = set()  # rank 0: the slots newest() wrote a manifest into
 
     def slot_directory(self, slot: int) -> str:
@@ -210,13 +236,15 @@ class MemoryCheckpoints:
         if fresh or extra_keys != self._extra_keys or len(payload) > self._slots[0].record_room:
             self._lay_out(model, optimizer, per_step, record_room=4 * len(payload))
             self._watch, self._extra_keys = _Watch(model, optimizer), extra_keys
-        target = self._slots[self._next]
-        if self._next in self._manifests:  # newest() made this slot a checkpoint: it is about to change
-            _remove(os.path.join(self.slot_directory(self._next), manifest.MANIFEST))
-            self._manifests.discard(self._next)
-        self._next = (self._next + 1) % SLOTS
+        slot = (step // self.every) % SLOTS  # the same on every rank: they agree on a step's slot at restart
+        target = self._slots[slot]
+        if slot in self._manifests:  # newest() made this slot a checkpoint: it is about to change
+            _remove(os.path.join(self.slot_directory(slot), manifest.MANIFEST))
+            self._manifests.discard(slot)
         target.clear()  # from here until the record is written, this slot holds no step
         sources = self._sources + [_bytes(t) for _, t in per_step]
+        for i, source, lo, hi in self._refresh:
+            sources[i] = _bytes(source.detach().reshape(-1)[lo:hi])
         torch._foreach_copy_(target.views[: len(sources)], sources)
         if any(t.is_cuda for t in sources):
             torch.cuda.synchronize()  # the copies into the mapping are done before the record says so
@@ -248,6 +276,13 @@ class MemoryCheckpoints:
         # The optimizer's scalars that collect() lists (rank 0's) are self._scalars or in `per_step`: _optimizer_meta.
         collected = collecting.collect(model, optimizer, self.rank, self.world, [])
         chunks = [(manifest.chunk_key(c.name, c.lo), c.data.detach()) for c in collected.chunks] + self._scalars
+        # A chunk that is not a view of its live tensor (a non-contiguous one, flattened: a copy) is taken again
+        # at every save; a view is copied from directly.
+        self._refresh = [
+            (i, c.source, c.lo, c.hi)
+            for i, c in enumerate(collected.chunks)
+            if c.source is not None and c.data.untyped_storage().data_ptr() != c.source.untyped_storage().data_ptr()
+        ]
         room = torch.zeros(_RECORD_HEAD.size + max(record_room, _MIN_RECORD_ROOM), dtype=torch.uint8)
         entries = chunks + [(k, t) for k, t in per_step] + [(RECORD, room)]
         host = [(k, _host(t)) for k, t in entries]
@@ -262,17 +297,30 @@ class MemoryCheckpoints:
         }
         if self.rank == 0:
             self._static.update(aliases=collected.aliases, bucket_plan=_bucket_plan(model))
+        self._layouts += 1
+        if self._layouts == 3:
+            log.warning(
+                "in-memory checkpoints: rank %d's state changed its layout again (3 times): each time both copies are "
+                "written anew, and until then a restart finds none (a tensor replaced at every step, or an extra= "
+                "value of another shape each time?)",
+                self.rank,
+            )
+        self._slots = None  # the old mappings go before the new files are written: never more than 2 copies
         slots = []
         try:
             for slot in range(SLOTS):
-                os.makedirs(self.slot_directory(slot), exist_ok=True)
+                directory = self.slot_directory(slot)
+                os.makedirs(directory, exist_ok=True)
                 if self.rank == 0:  # a manifest newest() wrote (maybe in an earlier process): the files change
-                    _remove(os.path.join(self.slot_directory(slot), manifest.MANIFEST))
+                    _remove(os.path.join(directory, manifest.MANIFEST))
                     self._manifests.discard(slot)
-                path = os.path.join(self.slot_directory(slot), manifest.file_name(self.rank))
+                path = self._file_path(slot)
+                for entry in os.scandir(directory):  # the old file, and one a killed process was writing
+                    if entry.name == os.path.basename(path) or entry.name.startswith(os.path.basename(path) + ".tmp-"):
+                        _remove(entry.path)
                 slots.append(_Layout(path, self.rank, self._layout_id, host))
                 _C.write_file_atomic(self._layout_path(slot), json.dumps(self._static))
-        except _C.CheckpointError as e:
+        except (_C.CheckpointError, OSError, RuntimeError) as e:
             free = _free_bytes(self.directory)
             raise _C.ConfigError(
                 f"checkpoint.memory_every: rank {self.rank}'s in-memory checkpoints in {self.directory} need "
@@ -282,7 +330,6 @@ class MemoryCheckpoints:
                 "larger tmpfs, or set checkpoint.memory_every=0 (disk checkpoints only)."
             ) from None
         self._slots = slots
-        self._next = 0
         log.info(
             "in-memory checkpoints: %s per copy on rank %d, 2 copies in %s",
             _C.format_bytes(sum(t.numel() * t.element_size() for _, t in host)),
@@ -315,14 +362,17 @@ class MemoryCheckpoints:
         """A collective: the newest step every rank holds a copy of, as (step, checkpoint directory) with its
         manifest written, or None when there is none."""
         mine = self.recorded()
-        every = agree.gather(sorted(mine)) if self.world > 1 else [sorted(mine)]
-        common = set(every[0]).intersection(*every[1:])
-        if not common:
+        every = agree.gather(sorted(mine.items())) if self.world > 1 else [sorted(mine.items())]
+        common = set(map(tuple, every[0])).intersection(*(map(tuple, e) for e in every[1:]))  # (step, slot) pairs
+        newest = max(common, default=None)
+        for step, slot in mine.items():  # a newer copy than the one resumed from is never taken later
+            if newest is None or step > newest[0]:
+                _clear_record(self._file_path(slot))
+        if newest is None:
             if any(every):
                 log.info("in-memory checkpoints: no step that every rank holds (%s)", every)
             return None
-        step = max(common)
-        slot = mine[step]
+        step, slot = newest
         directory = self.slot_directory(slot)
         _, record = _read_record(self._file_path(slot))
         report = {**_read(self._layout_path(slot)), **record}
@@ -355,13 +405,10 @@ class _Watch:
     a parameter is looked up in its module's own table (not a walk of the module tree)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: Any) -> None:
-        self.slots = [
-            (table, name, t, t.data_ptr())
-            for module in model.modules()
-            for table in (module._parameters, module._buffers)
-            for name, t in table.items()
-            if t is not None
-        ]
+        tables = [table for module in model.modules() for table in (module._parameters, module._buffers)]
+        self.slots = [(table, name, t, t.data_ptr()) for table in tables for name, t in table.items() if t is not None]
+        self.tables = [(table, len(table)) for table in tables]  # a tensor registered since
+        self.empty = [(table, name) for table in tables for name, t in table.items() if t is None]  # set since?
         self.optimizer = self._optimizer(optimizer)
 
     @staticmethod
@@ -373,6 +420,12 @@ class _Watch:
         return tuple(t.data_ptr() for t in tensors) + lengths
 
     def same(self, optimizer: Any) -> bool:
+        for table, size in self.tables:
+            if len(table) != size:
+                return False
+        for table, name in self.empty:
+            if table.get(name) is not None:
+                return False
         for table, name, t, where in self.slots:
             if table.get(name) is not t or t.data_ptr() != where:
                 return False
@@ -401,6 +454,14 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 def _host(t: torch.Tensor) -> torch.Tensor:
     t = t.detach()
     return (t.to("cpu") if t.device.type != "cpu" else t).contiguous()
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def _read(path: str) -> dict[str, Any] | None:

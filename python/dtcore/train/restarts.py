@@ -44,6 +44,13 @@ def launch_id() -> str | None:
     return f"agent:{_run_log_dir(error_file)}" if error_file else None
 
 
+def agent_log_dir() -> str | None:
+    """The log directory of this launch of torch's agent (dtcore.launch's or torchrun's), shared by its restarts
+    and no other launch; None outside one."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    return _run_log_dir(error_file) if error_file else None
+
+
 def _run_log_dir(error_file: str) -> str:
     """<run log dir>/attempt_<k>/<local rank>/error.json -> <run log dir> (torch's DefaultLogsSpecs layout)."""
     return os.path.dirname(os.path.dirname(os.path.dirname(error_file)))

@@ -299,7 +299,7 @@ class Trainer:
         if self.world > 1:  # every rank decides alike (a file system's caches may lag)
             restart = agree.gather(restart)[0]
         reached = restarts.last_step(metrics.MetricsFile.path_of(run_dir, self.rank)) if restart and main else None
-        self.in_memory = self._memory_checkpoints(launch)
+        self.in_memory = self._memory_checkpoints(launch, run_dir)
         self._resume(os.path.join(run_dir, "checkpoints"), restart)
         resumed_from = self.step
         if self.step == 0 and not restart:
@@ -563,13 +563,13 @@ class Trainer:
         rank_extra["data"] = data.state_dict() if hasattr(data, "state_dict") else None
         return {"extra": extra, "rank_extra": rank_extra}
 
-    def _memory_checkpoints(self, launch: str | None) -> memory_checkpoints.MemoryCheckpoints | None:
+    def _memory_checkpoints(self, launch: str | None, run_dir: str) -> memory_checkpoints.MemoryCheckpoints | None:
         """checkpoint.memory_every's copies (Note [In-memory checkpoints]), under a launcher that restarts."""
         every = self.config.checkpoint.memory_every
         if every <= 0:
             return None
-        restarts_left = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "")
-        if launch is None or not restarts_left.isdigit() or int(restarts_left) == 0:
+        max_restarts = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "")
+        if launch is None or not max_restarts.isdigit() or int(max_restarts) == 0:
             if self.rank == 0:
                 log.warning(
                     "checkpoint.memory_every=%d is off: no launcher restarts this job, and the copies are only read "
@@ -579,9 +579,28 @@ class Trainer:
                 )
             return None
         memory_checkpoints.refuse_nodes(self.world, get_context().local_world_size)
-        # The ranks are the children of the node's launcher (torch's agent): the copies live as long as it does.
-        directory = memory_checkpoints.open_node_directory(launch, os.getppid())
-        return memory_checkpoints.MemoryCheckpoints(directory, self.rank, self.world)
+        # The copies live as long as the node's launcher (torch's agent), whose children the ranks are; one
+        # directory per launch of it (two launches in one SLURM allocation have their own) and run directory.
+        key = "|".join([launch, restarts.agent_log_dir() or "", os.path.abspath(run_dir)])
+        parent = os.getppid()
+        parents = agree.gather(parent) if self.world > 1 else [parent]  # one node: refuse_nodes
+        error, directory = None, ""
+        if len(set(parents)) > 1 or parent == 1:
+            error = (
+                f"checkpoint.memory_every: the ranks' parent processes are {sorted(set(parents))}, where the copies "
+                "need one launcher that is every rank's parent (it owns them). Fix: start the ranks with dtcore.launch "
+                "or torchrun themselves (not through a wrapper script), or set checkpoint.memory_every=0"
+            )
+        else:
+            try:
+                directory = memory_checkpoints.open_node_directory(key, parent)
+            except _C.ConfigError as e:
+                error = str(e)
+        errors = agree.gather(error) if self.world > 1 else [error]  # every rank fails alike, none waits
+        failed = next(((r, e) for r, e in enumerate(errors) if e), None)
+        if failed is not None:
+            raise _C.ConfigError(failed[1] if failed[0] == self.rank else f"rank {failed[0]}: {failed[1]}")
+        return memory_checkpoints.MemoryCheckpoints(directory, self.rank, self.world, every=every)
 
     def _record_restart(
         self,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -74,7 +75,7 @@ def test_the_newest_recorded_step_loads_bit_for_bit_and_a_copy_cut_short_is_not_
 
     # A rank killed while copying step 6 leaves that slot without a record: step 5 is the newest then.
     _step(model, opt, 6)
-    copies._slots[copies._next].clear()  # the slot step 6 goes to (step 4's): cleared as a save begins
+    copies._slots[6 % 2].clear()  # the slot step 6 goes to (step 4's): cleared as a save begins
     assert copies.recorded().keys() == {5}
     step, directory = copies.newest()
     loaded, state = _load(directory)
@@ -157,6 +158,117 @@ def test_copies_of_a_job_of_another_size_are_not_taken(tmp_path):
     copies = mem.MemoryCheckpoints(str(tmp_path / "node"), rank=0, world=1)
     _step(model, opt, 1)
     copies.save(1, model=model, optimizer=opt)
-    assert copies.recorded() == {1: 0}
+    assert copies.recorded() == {1: 1}  # step 1 in slot 1 % 2
     # The same directory seen by rank 0 of 2: its share of the replicated state was cut for 1 rank.
     assert mem.MemoryCheckpoints(str(tmp_path / "node"), rank=0, world=2).recorded() == {}
+
+
+class _Late(torch.nn.Module):
+    """A channels_last convolution (its weight is no view when flattened) and a buffer that starts as None."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+        self.register_buffer("ema", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        with torch.no_grad():
+            if self.ema is None:
+                self.ema = y.mean().reshape(1)
+            else:
+                self.ema.mul_(0.9).add_(0.1 * y.mean())
+        return y
+
+
+def test_tensors_that_are_no_views_and_tensors_set_after_the_layout_are_copied_as_they_are_now(tmp_path):
+    torch.manual_seed(0)
+    model = _Late()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    copies = mem.MemoryCheckpoints(str(tmp_path / "node"), rank=0, world=1)
+    copies.save(0, model=model, optimizer=opt)  # laid out before the buffer and the optimizer state exist
+    for step in (1, 2, 3):
+        model(torch.randn(2, 3, 8, 8)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        copies.save(step, model=model, optimizer=opt)
+    expected = _state(model, opt)
+    _, directory = copies.newest()
+    fresh = _Late()
+    fresh.ema = torch.zeros(1)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    load_checkpoint(directory, model=fresh, optimizer=fresh_opt)
+    _same(_state(fresh, fresh_opt), expected)
+
+
+def test_a_directory_of_another_launch_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("DTCORE_MEMORY_DIR", str(tmp_path))
+    directory = mem.node_directory("agent:a")
+    os.mkdir(directory)
+    with open(os.path.join(directory, "launch"), "w") as f:
+        f.write("agent:b\n")  # as if two keys had one hash
+    with pytest.raises(dtcore.ConfigError, match="belongs to another launch"):
+        mem.open_node_directory("agent:a", os.getpid())
+
+
+class _TwoRanks:
+    """agree.gather and barrier between two threads standing for ranks 0 and 1 of one node."""
+
+    def __init__(self) -> None:
+        self.meeting = threading.Barrier(2, timeout=30)
+        self.values: dict[int, object] = {}
+        self.rank = threading.local()
+
+    def gather(self, value):
+        self.values[self.rank.value] = value
+        self.meeting.wait()
+        out = [self.values[0], self.values[1]]
+        self.meeting.wait()
+        return out
+
+    def barrier(self) -> None:
+        self.meeting.wait()
+
+    def run(self, calls):
+        results, errors = {}, []
+
+        def one(rank, call):
+            self.rank.value = rank
+            try:
+                results[rank] = call()
+            except BaseException as e:
+                errors.append(e)
+                self.meeting.abort()
+
+        threads = [threading.Thread(target=one, args=(r, c)) for r, c in enumerate(calls)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        if errors:
+            raise errors[0]
+        return results
+
+
+def test_the_ranks_agree_on_the_newest_step_they_all_hold_and_a_newer_copy_is_cleared(tmp_path, monkeypatch):
+    group = _TwoRanks()
+    monkeypatch.setattr(mem.agree, "gather", group.gather)
+    monkeypatch.setattr(mem, "barrier", group.barrier)
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ranks = [mem.MemoryCheckpoints(str(tmp_path / "node"), rank=r, world=2) for r in (0, 1)]
+    for step in (1, 2):
+        _step(model, opt, step)
+        for r in ranks:
+            r.save(step, model=model, optimizer=opt, rank_extra={"rank": r.rank})
+    expected = _state(model, opt)
+    _step(model, opt, 3)
+    ranks[0].save(3, model=model, optimizer=opt, rank_extra={"rank": 0})  # rank 1 died before its save of step 3
+    assert ranks[0].recorded() == {2: 0, 3: 1} and ranks[1].recorded() == {1: 1, 2: 0}
+
+    found = group.run([r.newest for r in ranks])
+    assert found[0] == found[1] == (2, str(tmp_path / "node" / "slot0"))
+    assert ranks[0].recorded() == {2: 0}  # step 3 of rank 0 alone: cleared, never joined with a later run's
+    loaded, state = _load(found[0][1])  # both ranks' halves of the replicated state, at 1 rank
+    _same(state, expected)
+    assert loaded["step"] == 2

@@ -73,6 +73,19 @@ def test_with_memory_checkpoints_a_killed_rank_resumes_from_memory_and_the_memor
     assert not any(shm.iterdir())
 
 
+def test_at_zero3_the_copies_in_memory_hold_every_rank_s_shards_and_resume_bit_for_bit(tmp_path):
+    env = clean_env(WORKER_MEMORY_EVERY="1", WORKER_ZERO="3", DTCORE_MEMORY_DIR=str(tmp_path))
+    (tmp_path / "reference").mkdir()
+    (tmp_path / "killed").mkdir()
+    r = launch(tmp_path / "reference", "none", "1", "1", restarts=1, env=env)
+    assert r.returncode == 0, r.stderr
+    r = launch(tmp_path / "killed", "kill", "0", "6", env=env)  # rank 0 this time: it writes the manifest
+    assert r.returncode == 0, r.stderr
+    assert losses(tmp_path / "killed" / "run") == losses(tmp_path / "reference" / "run")
+    (restart,) = json.loads((tmp_path / "killed" / "run" / "run.json").read_text())["restarts"]
+    assert restart["resumed_from_step"] == 5 and restart["steps_lost"] == 0, restart
+
+
 def test_the_same_exception_at_the_same_step_twice_is_a_bug_and_ends_the_job(tmp_path):
     r = launch(tmp_path, "raise", "1", "3", "0,1,2", restarts=3)
     assert r.returncode == 1

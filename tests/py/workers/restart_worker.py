@@ -10,8 +10,8 @@ step for all of them, or one per attempt (comma-separated, in the order of ATTEM
     stop     SIGSTOP itself (a hang: the others' collective times out)
     raise    raise ValueError (a bug when it repeats at the same step)
 Checkpoints every step (synchronously, so that a kill never races a save); with WORKER_MEMORY_EVERY=N, in
-memory every N steps instead (checkpoint.memory_every) and on disk only at the end. The losses are in
-RUN_DIR's metrics files.
+memory every N steps instead (checkpoint.memory_every) and on disk only at the end; WORKER_ZERO=K trains
+at zero=K. The losses are in RUN_DIR's metrics files.
 """
 
 import os
@@ -62,6 +62,7 @@ def main() -> None:
     config.training.device_batch_size = 4
     config.training.eval_every = 0
     config.checkpoint.memory_every = int(os.environ.get("WORKER_MEMORY_EVERY", "0"))
+    config.parallel.zero = int(os.environ.get("WORKER_ZERO", "0"))
     config.checkpoint.every = 0 if config.checkpoint.memory_every else 1
     config.checkpoint.async_save = False
     config.logging.run_dir = run_dir
