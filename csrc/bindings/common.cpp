@@ -99,6 +99,7 @@ void bind_common(py::module_& m) {
       .def_property_readonly("check_collectives", [](const Settings& s) { return s.check_collectives.value; })
       .def_property_readonly("flight_records", [](const Settings& s) { return s.flight_records.value; })
       .def_property_readonly("shared_memory", [](const Settings& s) { return s.shared_memory.value; })
+      .def_property_readonly("memory_dir", [](const Settings& s) { return s.memory_dir.value; })
       .def_property_readonly("sources",
                              [](const Settings& s) {
                                return std::map<std::string, std::string>{
@@ -111,7 +112,8 @@ void bind_common(py::module_& m) {
                                    {"heartbeat_interval_s", s.heartbeat_interval_s.source},
                                    {"check_collectives", s.check_collectives.source},
                                    {"flight_records", s.flight_records.source},
-                                   {"shared_memory", s.shared_memory.source}};
+                                   {"shared_memory", s.shared_memory.source},
+                                   {"memory_dir", s.memory_dir.source}};
                              })
       .def(
           "console_level",

@@ -36,6 +36,7 @@ class Settings:
     check_collectives: str
     flight_records: int
     shared_memory: str
+    memory_dir: str
     sources: dict[str, str]
     def console_level(self, rank: int) -> str: ...
 

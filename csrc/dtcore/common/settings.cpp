@@ -235,6 +235,8 @@ Settings read_settings(const Env& env, const Arguments& args, std::vector<Proble
       r.get<std::string>("shared_memory", knobs::kShm, [](const std::string& t, const std::string& shown) {
         return parse_choice(t, shown, {"auto", "1", "0"}, "auto, 1 or 0");
       });
+  s.memory_dir =
+      r.get<std::string>("memory_dir", knobs::kMemoryDir, [](const std::string& t, const std::string&) { return t; });
   r.finish();
   return s;
 }

@@ -40,6 +40,7 @@ struct Settings {
   Sourced<std::string> check_collectives;  // "auto", "1" or "0"; See Note [Collective signature]
   Sourced<int64_t> flight_records;         // collectives each rank's flight recorder keeps
   Sourced<std::string> shared_memory;      // "auto", "1" or "0": Gloo's ranks on one host through shared memory
+  Sourced<std::string> memory_dir;         // where each node keeps the trainer's in-memory checkpoints
 
   // The console level of `rank`: the log level where DTCORE_LOG_RANKS selects it, else warnings
   // and errors only.

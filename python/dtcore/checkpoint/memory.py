@@ -76,8 +76,7 @@ _LAUNCH = "launch"  # the file in a node directory naming the launch it belongs 
 
 def base_directory() -> str:
     """DTCORE_MEMORY_DIR (docs/knobs.md): where the nodes' directories go."""
-    default = next(d for name, d, _ in _C.knobs() if name == "DTCORE_MEMORY_DIR")
-    return os.environ.get("DTCORE_MEMORY_DIR") or default
+    return _C.read_settings().memory_dir
 
 
 def node_directory(launch: str) -> str:

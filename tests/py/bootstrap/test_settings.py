@@ -25,6 +25,7 @@ def test_docs_table_matches_the_registry():
 def test_each_setting_knows_its_source():
     s = _C.read_settings({}, {})
     assert (s.timeout_s, s.backend, s.log_level, s.log_ranks, s.log_dir) == (300.0, "auto", "info", "0", "")
+    assert s.memory_dir == "/dev/shm" and _C.read_settings({}, {"DTCORE_MEMORY_DIR": "/mnt/t"}).memory_dir == "/mnt/t"
     assert set(s.sources.values()) == {"default"}
     s = _C.read_settings(
         {"timeout": 7, "backend": "auto", "log_dir": None},
