@@ -99,15 +99,14 @@ def open_node_directory(launch: str, owner_pid: int) -> str:
         os.mkdir(directory, 0o700)
     except FileExistsError:
         owner = _read_text(os.path.join(directory, _LAUNCH))
-        if owner is not None and owner.strip() != launch:  # (None: its creator is about to write it)
+        if owner is not None and owner.strip() != launch:  # (None: its creator is about to write it, atomically)
             raise _C.ConfigError(
                 f"checkpoint.memory_every: {directory} belongs to another launch ({owner.strip()}), not this one "
                 f"({launch}). Fix: remove it if no job of that launch runs any more, or set DTCORE_MEMORY_DIR to "
                 "another directory."
             ) from None
         return directory
-    with open(os.path.join(directory, _LAUNCH), "w", encoding="utf-8") as f:
-        f.write(launch + "\n")
+    _C.write_file_atomic(os.path.join(directory, _LAUNCH), launch + "\n")  # whole or not at all for the others
     reaper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reaper.py")
     started = subprocess.run(
         [sys.executable, "-I", reaper, str(owner_pid), directory],

@@ -581,7 +581,7 @@ class Trainer:
         memory_checkpoints.refuse_nodes(self.world, get_context().local_world_size)
         # The copies live as long as the node's launcher (torch's agent), whose children the ranks are; one
         # directory per launch of it (two launches in one SLURM allocation have their own) and run directory.
-        key = "|".join([launch, restarts.agent_log_dir() or "", os.path.abspath(run_dir)])
+        key = f"{restarts.agent_log_dir() or launch}|{os.path.abspath(run_dir)}"
         parent = os.getppid()
         parents = agree.gather(parent) if self.world > 1 else [parent]  # one node: refuse_nodes
         error, directory = None, ""
