@@ -63,7 +63,7 @@ from ..comm import agree, barrier
 from ..zero.optimizer import ShardedOptimizer
 from . import collect as collecting
 from . import manifest, values
-from .save import write_manifest
+from .save import bucket_plan, write_manifest
 
 log = logging.getLogger("dtcore")
 
@@ -294,7 +294,7 @@ class MemoryCheckpoints:
             "chunks": [[c.name, c.lo, c.hi] for c in collected.chunks],
         }
         if self.rank == 0:
-            self._static.update(aliases=collected.aliases, bucket_plan=_bucket_plan(model))
+            self._static.update(aliases=collected.aliases, bucket_plan=bucket_plan(model))
         self._layouts += 1
         if self._layouts == 3:
             log.warning(
@@ -437,11 +437,6 @@ def _tensors_only(value: Any) -> bool:
     if isinstance(value, list):
         return all(_tensors_only(v) for v in value)
     return False
-
-
-def _bucket_plan(model: torch.nn.Module) -> dict[str, Any] | None:
-    wrapper = collecting.distributed_model(model)
-    return wrapper.bucket_plan_state() if wrapper is not None else None
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

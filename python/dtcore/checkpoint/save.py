@@ -110,7 +110,7 @@ def save_checkpoint(
             aliases=collected.aliases,
             optimizer=collected.optimizer,
             extra=values.encode(extra, extras, "extra"),
-            bucket_plan=_bucket_plan(model),
+            bucket_plan=bucket_plan(model),
         )
     entries = [(manifest.chunk_key(c.name, c.lo), c.data) for c in collected.chunks] + scalar_tensors + extras
     entries = [(key, _to_host(t, copy=async_save)) for key, t in entries]
@@ -128,7 +128,7 @@ def save_checkpoint(
     job.thread.start()
 
 
-def _bucket_plan(model: torch.nn.Module) -> dict[str, Any] | None:
+def bucket_plan(model: torch.nn.Module) -> dict[str, Any] | None:
     """A bucket_mb="auto" model's chosen buckets, which a resumed job adopts instead of measuring again."""
     wrapper = collecting.distributed_model(model)
     return wrapper.bucket_plan_state() if wrapper is not None else None
