@@ -63,7 +63,7 @@ from ..comm import agree, barrier
 from ..zero.optimizer import ShardedOptimizer
 from . import collect as collecting
 from . import manifest, values
-from .save import bucket_plan, write_manifest
+from .save import bucket_plan, remove_file, to_host, write_manifest
 
 log = logging.getLogger("dtcore")
 
@@ -201,7 +201,6 @@ class MemoryCheckpoints:
         self._watch: _Watch | None = None
         self._meta: dict[str, Any] | None = None  # rank 0: the optimizer's part that a step does not change
         self._scalars: list[tuple[str, torch.Tensor]] = []  # rank 0: its live scalar tensors, copied each save
-        self._static: dict[str, Any] = {}  # the report's parts that change only with the layout
         self._sources: list[torch.Tensor] = []  # the live tensors (chunks of), in the files' order
         self._extra_keys: list[tuple[str, tuple, torch.dtype]] = []
         self._refresh: list[tuple[int, torch.Tensor, int, int]] = []
@@ -237,7 +236,7 @@ class MemoryCheckpoints:
         slot = (step // self.every) % SLOTS  # the same on every rank: they agree on a step's slot at restart
         target = self._slots[slot]
         if slot in self._manifests:  # newest() made this slot a checkpoint: it is about to change
-            _remove(os.path.join(self.slot_directory(slot), manifest.MANIFEST))
+            remove_file(os.path.join(self.slot_directory(slot), manifest.MANIFEST))
             self._manifests.discard(slot)
         target.clear()  # from here until the record is written, this slot holds no step
         sources = self._sources + [_bytes(t) for _, t in per_step]
@@ -283,10 +282,11 @@ class MemoryCheckpoints:
         ]
         room = torch.zeros(_RECORD_HEAD.size + max(record_room, _MIN_RECORD_ROOM), dtype=torch.uint8)
         entries = chunks + [(k, t) for k, t in per_step] + [(RECORD, room)]
-        host = [(k, _host(t)) for k, t in entries]
+        host = [(k, to_host(t, copy=False)) for k, t in entries]
+        nbytes = sum(t.numel() * t.element_size() for _, t in host)
         self._sources = [_bytes(t) for _, t in chunks]
         self._layout_id = f"{os.getpid()}-{time.monotonic_ns()}"
-        self._static = {
+        static = {  # the report's parts that change only with the layout
             "layout": self._layout_id,
             "rank": self.rank,
             "world_size": self.world,
@@ -294,7 +294,7 @@ class MemoryCheckpoints:
             "chunks": [[c.name, c.lo, c.hi] for c in collected.chunks],
         }
         if self.rank == 0:
-            self._static.update(aliases=collected.aliases, bucket_plan=bucket_plan(model))
+            static.update(aliases=collected.aliases, bucket_plan=bucket_plan(model))
         self._layouts += 1
         if self._layouts == 3:
             log.warning(
@@ -310,19 +310,19 @@ class MemoryCheckpoints:
                 directory = self.slot_directory(slot)
                 os.makedirs(directory, exist_ok=True)
                 if self.rank == 0:  # a manifest newest() wrote (maybe in an earlier process): the files change
-                    _remove(os.path.join(directory, manifest.MANIFEST))
+                    remove_file(os.path.join(directory, manifest.MANIFEST))
                     self._manifests.discard(slot)
                 path = self._file_path(slot)
                 for entry in os.scandir(directory):  # the old file, and one a killed process was writing
                     if entry.name == os.path.basename(path) or entry.name.startswith(os.path.basename(path) + ".tmp-"):
-                        _remove(entry.path)
+                        remove_file(entry.path)
                 slots.append(_Layout(path, self.rank, self._layout_id, host))
-                _C.write_file_atomic(self._layout_path(slot), json.dumps(self._static))
+                _C.write_file_atomic(self._layout_path(slot), json.dumps(static))
         except (_C.CheckpointError, OSError, RuntimeError) as e:
             free = _free_bytes(self.directory)
             raise _C.ConfigError(
                 f"checkpoint.memory_every: rank {self.rank}'s in-memory checkpoints in {self.directory} need "
-                f"{_C.format_bytes(SLOTS * sum(t.numel() * t.element_size() for _, t in host))} (2 copies of its "
+                f"{_C.format_bytes(SLOTS * nbytes)} (2 copies of its "
                 f"state; every rank of the node needs its own), and it has {_C.format_bytes(free)} free: {e}. Fix: "
                 "give the node's shared memory more room (a container's --shm-size), point DTCORE_MEMORY_DIR at a "
                 "larger tmpfs, or set checkpoint.memory_every=0 (disk checkpoints only)."
@@ -330,7 +330,7 @@ class MemoryCheckpoints:
         self._slots = slots
         log.info(
             "in-memory checkpoints: %s per copy on rank %d, 2 copies in %s",
-            _C.format_bytes(sum(t.numel() * t.element_size() for _, t in host)),
+            _C.format_bytes(nbytes),
             self.rank,
             self.directory,
         )
@@ -444,11 +444,6 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.detach().reshape(-1).view(torch.uint8) if t.dim() else t.detach().reshape(1).view(torch.uint8)
 
 
-def _host(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach()
-    return (t.to("cpu") if t.device.type != "cpu" else t).contiguous()
-
-
 def _read_text(path: str) -> str | None:
     try:
         with open(path, encoding="utf-8") as f:
@@ -463,13 +458,6 @@ def _read(path: str) -> dict[str, Any] | None:
             return json.load(f)
     except (OSError, ValueError):
         return None
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
 
 
 def _free_bytes(path: str) -> int:

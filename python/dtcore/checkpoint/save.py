@@ -90,7 +90,7 @@ def save_checkpoint(
         token = seen[0][2]
     if rank == 0:  # the arguments agree: an existing checkpoint here is incomplete from now on, never mixed
         os.makedirs(directory, exist_ok=True)
-        _remove(os.path.join(directory, manifest.MANIFEST))
+        remove_file(os.path.join(directory, manifest.MANIFEST))
     if world > 1:
         barrier()  # no rank writes into the directory before it exists and its old manifest is gone
         os.makedirs(directory, exist_ok=True)
@@ -113,7 +113,7 @@ def save_checkpoint(
             bucket_plan=bucket_plan(model),
         )
     entries = [(manifest.chunk_key(c.name, c.lo), c.data) for c in collected.chunks] + scalar_tensors + extras
-    entries = [(key, _to_host(t, copy=async_save)) for key, t in entries]
+    entries = [(key, to_host(t, copy=async_save)) for key, t in entries]
 
     store = ctx.rendezvous.store.clone() if world > 1 else None
     job = _Write(directory, rank, world, token, entries, report, store, timeout)
@@ -166,7 +166,7 @@ def abandon(why: str) -> None:
 context.before_shutdown.append(wait)
 
 
-def _to_host(t: torch.Tensor, *, copy: bool) -> torch.Tensor:
+def to_host(t: torch.Tensor, *, copy: bool) -> torch.Tensor:
     """A contiguous CPU tensor with `t`'s values; a copy when asked (async: training goes on)."""
     t = t.detach()
     if t.device.type != "cpu":
@@ -176,7 +176,7 @@ def _to_host(t: torch.Tensor, *, copy: bool) -> torch.Tensor:
     return t.contiguous()
 
 
-def _remove(path: str) -> None:
+def remove_file(path: str) -> None:
     try:
         os.remove(path)
     except FileNotFoundError:
