@@ -73,9 +73,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="restart every rank up to N times after a failure (torchrun's flag); dtcore.train and dtcore.Trainer "
         "then resume from their newest checkpoint by themselves, and a failure that repeats exactly (the same "
-        "exception at the same place in the same step: a bug) ends the job at once. Default 0, as torchrun: a "
-        "failure ends the job with its root cause, since a program that does not save checkpoints would start "
-        "over on each restart (docs/launch.md)",
+        "exception at the same place in the same step: a bug) ends the job at once. On several nodes every node "
+        "restarts its ranks together, and the N restarts are the job's, not each node's; a node lost with its "
+        "ranks comes back by running its command again (within --timeout: the other nodes wait for it, naming "
+        "it); node 0, which serves the rendezvous store, cannot be lost. Default 0, as torchrun: a failure ends "
+        "the job with its root cause, since a program that does not save checkpoints would start over on each "
+        "restart (docs/launch.md)",
     )
     p.add_argument("--log-dir", default=DEFAULT_LOG_DIR, metavar="DIR", help="where the node logs go (default: ./logs)")
     p.add_argument("--name", help="the job's name in log and script names (default: the module or script name)")
@@ -161,12 +164,6 @@ def _validate(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error(f"--timeout {a.timeout}: need a positive number of seconds")
     if a.max_restarts < 0:
         p.error(f"--max-restarts {a.max_restarts}: need 0 (no restart) or more")
-    if a.max_restarts and a.nnodes > 1:
-        p.error(
-            f"--max-restarts {a.max_restarts} with --nnodes {a.nnodes}: dtcore.launch restarts the ranks of one node "
-            "only (the nodes' agents would each restart on their own, out of step). Fix: --max-restarts 0, and "
-            "start the job again after a failure (dtcore.train resumes with --checkpoint.resume=auto)"
-        )
     if a.node_rank > 0 and not a.master_addr and not a.slurm:
         p.error(f"--node-rank {a.node_rank} needs --master-addr: node 0's host, as node 0 printed it")
     if a.slurm and a.from_slurm:

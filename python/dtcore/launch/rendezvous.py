@@ -16,8 +16,22 @@ failure posted (gather_failures). Node 0, which serves the store, waits a little
 read it before it exits.
 
 After the roll call it hands the agent what StaticTCPRendezvous would: the store (prefixed by the
-run id), this node's rank, the number of nodes, and the store's address for the workers
-(TORCHELASTIC_USE_AGENT_STORE, which dtcore.init() reads).
+run id and the round, below), this node's rank, the number of nodes, and the store's address for the
+workers (TORCHELASTIC_USE_AGENT_STORE, which dtcore.init() reads).
+
+Note [Rounds]: with --max-restarts, the nodes restart together. Each completed roll call is a round
+of the job: the first is round 0, and round k is the job's k-th restart, on every node. The job's
+round is one key in node 0's store. A node whose agent restarts its ranks (they failed) moves that
+key from its round k to k+1 with compare_set (nodes failing at once all land in k+1), posts its cause
+under round k+1, and signs in there; the other nodes' agents see the job's round newer than theirs
+(num_nodes_waiting(), torch's path for a change of membership, which does not count a restart), stop
+their ranks and sign in too. A node started again after its launcher was lost with its ranks finds
+its node rank signed in to the job's round: it moves the job to the next round (or, when that round
+still waits for it, joins it). RestartingAgent (restarts.py) then gives every node's ranks the
+round as their restart count (TORCHELASTIC_RESTART_COUNT, by which dtcore.init() keys its own
+rendezvous), so the count is the same on every node; a round past --max-restarts is refused. The
+agent's own keys live under a prefix per round, so that a round never reads a previous one's.
+Node 0 serves the store: a job cannot outlive it (every node must then be started again).
 """
 
 from __future__ import annotations
@@ -42,7 +56,10 @@ from torch.distributed.elastic.rendezvous import (
 from .. import _C
 
 BACKEND = "dtcore-static"
-_ROLL = "dtcore_roll_call/"  # store keys of the roll call: <run id>/node<k> -> {"host", "pid"}
+# Store keys of the roll call, under <_ROLL><run id>/: node<k> -> {"host", "pid"} (node k's claim of its node rank);
+# round -> the job's round (Note [Rounds]); round<r>/node<k> -> {"host", "pid"} (node k signed in to round r);
+# round<r>/cause/node<k> -> the failure for which node k moved the job to round r.
+_ROLL = "dtcore_roll_call/"
 _RELAY_TIMEOUT = 10.0  # seconds for one store operation of the failure relay, and node 0's wait for readers
 
 
@@ -60,6 +77,7 @@ class RollCallRendezvous(RendezvousHandler):
         interval: float,
         say: Callable[[str], None],
         start_command: Callable[[int], str],
+        max_restarts: int = 0,
     ):
         self.master_addr = master_addr
         self.master_port = master_port
@@ -70,6 +88,9 @@ class RollCallRendezvous(RendezvousHandler):
         self.interval = interval  # seconds between progress lines
         self.say = say
         self.start_command = start_command  # node rank -> the command that starts it (for messages)
+        self.max_restarts = max_restarts  # the job's, every node's: the last round is max_restarts
+        self.round: int | None = None  # this node's round of the job (Note [Rounds]); None before the first
+        self._cause: dict | None = None  # why the agent restarts this node's ranks, posted with the next round
         self._store: Store | None = None
         self._stop_watching = threading.Event()
 
@@ -80,28 +101,51 @@ class RollCallRendezvous(RendezvousHandler):
     def use_agent_store(self) -> bool:
         return True
 
+    @property
+    def joined(self) -> bool:
+        """Whether this node's first roll call is done (its ranks have been started)."""
+        return self._store is not None
+
+    def failed_with(self, cause: dict) -> None:
+        """The agent restarts this node's ranks after `cause` (restarts.py's failures.jsonl entry): posted for
+        the other nodes with the round this node moves the job to."""
+        self._cause = cause
+
     def next_rendezvous(self) -> RendezvousInfo:
-        if self._store is None:
-            deadline = time.monotonic() + self.timeout
-            store = self._serve() if self.node_rank == 0 else self._connect(deadline)
-            try:
-                self._roll_call(store, deadline)
-            except RuntimeError as e:  # torch's store errors (DistNetworkError, DistStoreError) derive from it
-                if isinstance(e, _C.DtcoreError):
-                    raise
-                raise _C.RendezvousError(
-                    f"node {self.node_rank} ({socket.gethostname()}) lost node 0's rendezvous store at "
-                    f"{self.master_addr}:{self.master_port} during the roll call ({e}): node 0 gave up or was stopped. "
-                    f"Fix: see node 0's output; start node 0 again ({self.start_command(0)}), then this node."
-                ) from e
+        deadline = time.monotonic() + self.timeout
+        first = self._store is None
+        try:
+            if first:
+                store = self._serve() if self.node_rank == 0 else self._connect(deadline)
+                self.round = self._first_round(store)
+            else:
+                store = self._store
+                self.round = self._move(store, self.round + 1, self._cause)
+            self._cause = None
+            self.round = self._roll_call(store, self.round, deadline)
+        except RuntimeError as e:  # torch's store errors (DistNetworkError, DistStoreError) derive from it
+            if isinstance(e, _C.DtcoreError):
+                raise
+            raise self._lost_store(e, "during the roll call" if first else "while the nodes restart") from e
+        if first:
             self._store = store
             if self.num_nodes > 1:
                 threading.Thread(target=self._watch, daemon=True, name="dtcore-failure-watch").start()
         return RendezvousInfo(
-            PrefixStore(self.run_id, self._store),
+            PrefixStore(f"{self.run_id}/round{self.round}", self._store),  # the agent's keys, per round
             self.node_rank,
             self.num_nodes,
             RendezvousStoreInfo(self.master_addr, self.master_port),
+        )
+
+    def _lost_store(self, error: RuntimeError, when: str) -> _C.RendezvousError:
+        """Node 0's store is gone: the job cannot go on (Note [Rounds])."""
+        return _C.RendezvousError(
+            f"node {self.node_rank} ({socket.gethostname()}) lost node 0's rendezvous store at "
+            f"{self.master_addr}:{self.master_port} {when} ({error}): node 0 serves the store, and the job cannot go "
+            "on without it (node 0 failed, gave up or was stopped; a restart brings back any node but node 0). "
+            f"Fix: see node 0's output; start every node again, node 0 first ({self.start_command(0)}); "
+            "dtcore.train resumes from its newest checkpoint."
         )
 
     def _store_at(self, is_master: bool, timeout: float) -> TCPStore:
@@ -161,41 +205,96 @@ class RollCallRendezvous(RendezvousHandler):
         store.set_timeout(datetime.timedelta(seconds=self.timeout))
         return store
 
-    def _roll_call(self, store: Store, deadline: float) -> None:
+    def _key(self, name: str) -> str:
+        return f"{_ROLL}{self.run_id}/{name}"
+
+    def _first_round(self, store: Store) -> int:
+        """Claims this node's rank; the round it joins: the job's, or the next one for a node started again."""
         me = json.dumps({"host": socket.gethostname(), "pid": os.getpid()})
-        key = f"{_ROLL}{self.run_id}/node"
-        seen = store.compare_set(f"{key}{self.node_rank}", "", me).decode()
+        seen = store.compare_set(self._key(f"node{self.node_rank}"), "", me).decode()
         other = json.loads(seen)
         if seen != me and other["host"] == socket.gethostname():
-            store.set(f"{key}{self.node_rank}", me)  # this node started again (e.g. after Ctrl-C): its claim stands
+            # This node started again (after Ctrl-C, or its launcher was lost with its ranks): its claim stands.
+            store.set(self._key(f"node{self.node_rank}"), me)
         elif seen != me:
             raise _C.RendezvousError(
                 f"node rank {self.node_rank} is claimed twice: by host {other['host']} (pid {other['pid']}) and by "
                 f"this node, {socket.gethostname()} (pid {os.getpid()}). Fix: give every node its own "
                 f"--node-rank, 0 .. {self.num_nodes - 1}."
             )
-        keys = [f"{key}{k}" for k in range(self.num_nodes)]
+        job = int(store.compare_set(self._key("round"), "", "0").decode())  # "0" for a new job
+        signed = [store.check([self._key(f"round{job}/node{k}")]) for k in range(self.num_nodes)]
+        if seen == me or not all(signed):
+            return job  # a new node, or one started again before its round was complete: the round waits for it
+        # Its round was complete: its launcher was lost with its ranks, and the other nodes run on without it.
+        left = {"time": time.time(), "node": self.node_rank, "host": socket.gethostname(), "left": True}
+        return self._move(store, job + 1, left)
+
+    def _move(self, store: Store, target: int, cause: dict | None) -> int:
+        """Moves the job from round target - 1 to `target` (or finds another node did); posts `cause` under it."""
+        if target > self.max_restarts:
+            raise _C.RendezvousError(
+                f"node {self.node_rank} ({socket.gethostname()}) was started again while the job runs, but the job "
+                f"has no restart left to take it back (--max-restarts {self.max_restarts}, {target - 1} used). "
+                f"Fix: stop every node, then start every node again, node 0 first ({self.start_command(0)}); "
+                "dtcore.train resumes from its newest checkpoint."
+            )
+        post = f"round{{}}/cause/node{self.node_rank}"
+        if cause is not None:  # before the job moves, so that the nodes it moves can read it
+            store.set(self._key(post.format(target)), json.dumps(cause))
+        moved = int(store.compare_set(self._key("round"), str(target - 1), str(target)).decode())
+        if cause is not None and moved != target:  # another node moved it further first
+            store.set(self._key(post.format(moved)), json.dumps(cause))
+        return moved
+
+    def causes(self, round_: int) -> list[dict]:
+        """The causes the other nodes posted for `round_` (Note [Rounds]), each with its "node"."""
+        try:
+            keys = {k: self._key(f"round{round_}/cause/node{k}") for k in range(self.num_nodes) if k != self.node_rank}
+            return [
+                dict(json.loads(self._store.get(key)), node=k) for k, key in keys.items() if self._store.check([key])
+            ]
+        except RuntimeError as e:
+            raise self._lost_store(e, "while the nodes restart") from e
+
+    def _roll_call(self, store: Store, round_: int, deadline: float) -> int:
+        """Signs in to `round_` and waits for every node (following the job when another node moves it further);
+        the round reached."""
+        me = json.dumps({"host": socket.gethostname(), "pid": os.getpid()})
+        store.set(self._key(f"round{round_}/node{self.node_rank}"), me)
         next_line = time.monotonic() + self.interval
         while True:
+            keys = [self._key(f"round{round_}/node{k}") for k in range(self.num_nodes)]
             joined = [k for k, name in enumerate(keys) if store.check([name])]
+            of = f" for restart {round_} of {self.max_restarts}" if round_ else ""
             if len(joined) == self.num_nodes:
                 if self.num_nodes > 1:
-                    self.say(f"all {self.num_nodes} nodes joined")
-                return
+                    self.say(f"all {self.num_nodes} nodes joined{of}")
+                return round_
+            job = int(store.get(self._key("round")))
+            if job > round_:  # a node started again moved the job on while this one waited: follow
+                round_ = job
+                store.set(self._key(f"round{round_}/node{self.node_rank}"), me)
+                continue
             missing = [k for k in range(self.num_nodes) if k not in joined]
             now = time.monotonic()
             if now >= deadline:
                 hosts = _hosts(store, keys, joined)
+                lost = (
+                    " (a node whose launcher was lost with its ranks rejoins when its command runs again)"
+                    if round_
+                    else ""
+                )
                 raise _C.RendezvousError(
-                    f"rendezvous timed out after {self.timeout:g} s: {len(missing)} of {self.num_nodes} nodes "
+                    f"rendezvous{of} timed out after {self.timeout:g} s: {len(missing)} of {self.num_nodes} nodes "
                     f"never joined: node {', '.join(map(str, missing))} (joined: {hosts}). Fix: start each "
-                    "missing node with:\n"
+                    f"missing node{lost} with:\n"
                     + "\n".join(f"  node {k}: {self.start_command(k)}" for k in missing)
                     + f"\nand check that they reach {self.master_addr}:{self.master_port}; or raise --timeout."
                 )
             if now >= next_line:
                 self.say(
-                    f"rendezvous: {len(joined)}/{self.num_nodes} nodes joined ({_hosts(store, keys, joined)}); "
+                    f"rendezvous{of}: {len(joined)}/{self.num_nodes} nodes joined ({_hosts(store, keys, joined)}); "
                     f"missing: node {', '.join(map(str, missing))} "
                     f"({deadline - now:.0f} s left of --timeout {self.timeout:g})"
                 )
@@ -263,7 +362,18 @@ class RollCallRendezvous(RendezvousHandler):
         pass
 
     def num_nodes_waiting(self) -> int:
-        return 0
+        """torch's agent asks every 0.1 s while its ranks are healthy: > 0 restarts them without counting a
+        restart. Here: 1 when another node moved the job to a newer round (Note [Rounds]); one store read."""
+        if self._store is None or self.num_nodes == 1:
+            return 0
+        return int(self.job_round() > self.round)
+
+    def job_round(self) -> int:
+        """The job's round (Note [Rounds]), as node 0's store holds it."""
+        try:
+            return int(self._store.get(self._key("round")))
+        except RuntimeError as e:
+            raise self._lost_store(e, "while its ranks ran") from e
 
     def get_run_id(self) -> str:
         return self.run_id
@@ -317,6 +427,7 @@ def _create(params: RendezvousParameters) -> RendezvousHandler:
         _launcher["interval"],
         _launcher["say"],
         _launcher["start_command"],
+        int(params.config.get("max_restarts", 0)),
     )
     return handler
 

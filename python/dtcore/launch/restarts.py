@@ -16,6 +16,13 @@ one launch):
     restarting it N times only delays its traceback. The step comes from dtcore.train (and
     dtcore.Trainer), which marks the exceptions it lets through (entry.py records it); a failure
     without a step is never judged a bug, so other scripts restart N times.
+On several nodes the nodes restart together, and the budget is the job's (Note [Rounds] in
+rendezvous.py): after every rendezvous the agent's restarts left are set from the job's round, so
+that every node gives its ranks the same restart count and "restart k of N" is the job's k-th
+restart on every node. A node whose ranks were healthy, restarted because another node's failed,
+says which node failed and why (the cause that node posted with the round), and records it in its
+failures.jsonl as its own. A restart never goes through the failure relay of rendezvous.py, which
+stops every node: only the final failure does (no restart left, or a bug).
 A rank that hangs is a failure too: dtcore's health monitor names it on the other ranks within the
 timeout (their collective fails with CommError), and those ranks' exit starts the restart; the agent
 stops the hung rank with SIGKILL if SIGTERM does not end it.
@@ -34,6 +41,7 @@ from collections.abc import Callable, Iterator
 
 from ..exit_codes import FAILURES
 from .failure import RankFailure, report
+from .rendezvous import RollCallRendezvous
 
 
 @dataclasses.dataclass
@@ -48,6 +56,7 @@ class Restarts:
     run_log_dir: Callable[[], str]  # the agent's directory of this run, which holds attempt_<k>/
     failures: list[dict] = dataclasses.field(default_factory=list)
     bug: str | None = None  # why the job was not restarted after its last failure, when it was a bug
+    said: set[int] = dataclasses.field(default_factory=set)  # restarts whose cause on another node was said here
 
     def failed(self, failures: dict, remaining: int, polled: float) -> bool:
         """The agent found `failures` (polling at time `polled`) with `remaining` restarts left: reports it;
@@ -71,6 +80,32 @@ class Restarts:
         print(report(root, ranks[1:], self.log_file, self.world_size, what=what), file=sys.stderr, flush=True)
         self.say(f"restart {entry['restart']} of {self.max_restarts}: starting every rank again")
         return True
+
+    def elsewhere(self, restart: int, causes: list[dict], healthy: bool) -> None:
+        """The other nodes' `causes` of the job's restart `restart` (posted with its round, Note [Rounds] in
+        rendezvous.py): the first is said, once, and recorded in failures.jsonl for the restarted ranks, unless
+        this node's own failure came first. `healthy`: this node's ranks are stopped for it."""
+        own = next((f for f in reversed(self.failures) if f["restart"] == restart), None)
+        first = min(causes, key=lambda c: c["time"], default=None)
+        if restart in self.said or (own is not None and (first is None or own["time"] <= first["time"])):
+            return
+        head = f"restart {restart} of {self.max_restarts}: "
+        if first is None:  # the cause is read again after the roll call
+            if healthy:
+                self.say(head + "another node's ranks failed; starting every rank again")
+            return
+        self.said.add(restart)
+        if first.get("left"):
+            what = f"node {first['node']} ({first['host']}) left (its launcher was lost with its ranks), started again"
+            first = first | {"cause": f"node {first['node']} left and was started again"}
+        else:
+            what = f"node {first['node']} ({first['host']}) failed: rank {first['rank']}: {first['cause']}"
+        self.say(head + what + ("; starting every rank again" if healthy else ""))
+        entry = {
+            k: first.get(k)
+            for k in ("time", "rank", "local_rank", "host", "node", "cause", "exitcode", "place", "step")
+        }
+        _append(os.path.join(self.run_log_dir(), FAILURES), entry | {"restart": restart, "restarted": True})
 
 
 def _entry(root: RankFailure, polled: float) -> dict:
@@ -154,9 +189,39 @@ def restarting_agent(restarts: Restarts) -> Iterator[None]:
             result = super()._monitor_workers(worker_group)
             failed = result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and result.failures
             remaining = self._remaining_restarts
-            if failed and remaining > 0 and not _report(restarts, result.failures, remaining, polled):
-                self._remaining_restarts = 0  # the agent stops the ranks and raises ChildFailedError
+            if failed and remaining > 0:
+                known = len(restarts.failures)
+                if not _report(restarts, result.failures, remaining, polled):
+                    self._remaining_restarts = 0  # the agent stops the ranks and raises ChildFailedError
+                elif len(restarts.failures) > known and isinstance(
+                    handler := worker_group.spec.rdzv_handler, RollCallRendezvous
+                ):
+                    handler.failed_with(restarts.failures[-1])  # posted with the round it moves the job to
             return result
+
+        def _restart_workers(self, worker_group):
+            handler = worker_group.spec.rdzv_handler
+            if worker_group.state == WorkerState.HEALTHY and isinstance(handler, RollCallRendezvous):
+                # torch's path for a change of membership: another node moved the job's round (Note [Rounds]).
+                restart = handler.job_round()
+                restarts.elsewhere(restart, handler.causes(restart), healthy=True)
+            super()._restart_workers(worker_group)
+
+        def _rendezvous(self, worker_group):
+            handler = worker_group.spec.rdzv_handler
+            first = isinstance(handler, RollCallRendezvous) and handler.round is None  # this launcher's first
+            super()._rendezvous(worker_group)
+            if not isinstance(handler, RollCallRendezvous):
+                return
+            # The job's budget, the same on every node: TORCHELASTIC_RESTART_COUNT = max_restarts - remaining.
+            self._remaining_restarts = worker_group.spec.max_restarts - handler.round
+            if handler.round:
+                if first:  # a launcher whose first round is a restart: its node was started again
+                    restarts.say(
+                        f"node {handler.node_rank} was started again: it rejoins the job at restart {handler.round} "
+                        f"of {restarts.max_restarts}"
+                    )
+                restarts.elsewhere(handler.round, handler.causes(handler.round), healthy=False)
 
     api.LocalElasticAgent = RestartingAgent
     try:

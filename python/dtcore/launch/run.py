@@ -95,8 +95,9 @@ class Job:
 
     def run_log_dir(self) -> str:
         """The agent's directory of this launch, <rank_dir>/<run id>_<random>, which holds attempt_<k>/ (the
-        restarted ranks find restarts.FAILURES there, three levels above their TORCHELASTIC_ERROR_FILE)."""
-        found = sorted(glob.glob(os.path.join(glob.escape(self.rank_dir), "*", "attempt_0")))
+        restarted ranks find restarts.FAILURES there, three levels above their TORCHELASTIC_ERROR_FILE). A node
+        started again into a running job begins at attempt_<k> with k > 0 (Note [Rounds] in rendezvous.py)."""
+        found = sorted(glob.glob(os.path.join(glob.escape(self.rank_dir), "*", "attempt_*")))
         return os.path.dirname(found[-1]) if found else self.rank_dir
 
     def worker_env(self) -> dict[str, str]:
@@ -164,7 +165,7 @@ class Job:
             role="worker",
             rdzv_endpoint=f"{self.master_addr}:{self.master_port}",
             rdzv_backend=BACKEND,
-            rdzv_configs={"rank": a.node_rank, "timeout": a.timeout},
+            rdzv_configs={"rank": a.node_rank, "timeout": a.timeout, "max_restarts": a.max_restarts},
             max_restarts=a.max_restarts,  # Note [Restarts] in restarts.py
             monitor_interval=0.1,
             # Each rank's stdout/stderr are also kept in its own file (read back for a rank that died without a
@@ -196,13 +197,13 @@ class Job:
             if restarts.bug:
                 say(restarts.bug)
             elif a.max_restarts:
-                say(
-                    f"no restart left: the job failed {len(restarts.failures) + 1} time(s), "
-                    f"--max-restarts {a.max_restarts}"
-                )
+                handler = rendezvous.handler
+                used = handler.round if handler is not None and handler.round is not None else len(restarts.failures)
+                say(f"no restart left: the job failed {used + 1} time(s), --max-restarts {a.max_restarts}")
             return 1
         except _C.DtcoreError as e:
-            say(f"the job did not start: {e}")
+            ran = rendezvous.handler is not None and rendezvous.handler.joined
+            say(str(e) if ran else f"the job did not start: {e}")
             return 1
         except SignalException as e:
             if self.remote_failure:
