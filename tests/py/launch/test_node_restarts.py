@@ -1,6 +1,7 @@
 """--max-restarts on several nodes: the nodes restart together, on the job's one budget (Note [Rounds] in
 dtcore/launch/rendezvous.py). Two real launchers on this host (node 0 and node 1, one rank each, over
-loopback), running a small worker that all-reduces a few times and prints its restart count."""
+loopback), running a small worker that all-reduces a few times and prints its restart count, or dtcore.Trainer
+(workers/restart_worker.py), whose rank 0 on node 0 records a failure on node 1."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from launch_helpers import clean_env, free_port, leftover_processes
+from launch_helpers import WORKERS, clean_env, free_port, leftover_processes
 
 pytestmark = pytest.mark.multirank
 
@@ -49,7 +50,7 @@ dtcore.shutdown()
 class Node:
     """One node's launcher, in a session of its own, its output in files (read while it runs)."""
 
-    def __init__(self, tmp_path: Path, node: int, port: int, *args: str, tag: str = "", restarts: int = 2):
+    def __init__(self, tmp_path: Path, node: int, port: int, program: list[str], tag: str, restarts: int):
         self.out = tmp_path / f"node{node}{tag}.out"
         self.err = tmp_path / f"node{node}{tag}.err"
         cmd = [sys.executable, "-m", "dtcore.launch", "--nnodes", "2", "--node-rank", str(node)]
@@ -66,7 +67,7 @@ class Node:
         self.ranks: list[int] = []  # its ranks' pids, once kill() has found them
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.p = subprocess.Popen(
-                [*cmd, str(tmp_path / "worker.py"), *args],
+                [*cmd, *program],
                 cwd=tmp_path,
                 env=clean_env(DTCORE_RDZV_LOG_INTERVAL="1"),
                 stdout=out,
@@ -120,8 +121,8 @@ def job(tmp_path):
     port = free_port()
     nodes: list[Node] = []
 
-    def start(node: int, *args: str, restarts: int = 2) -> Node:
-        nodes.append(Node(tmp_path, node, port, *args, tag=f"_{len(nodes)}", restarts=restarts))
+    def start(node: int, *args: str, restarts: int = 2, script: Path = tmp_path / "worker.py") -> Node:
+        nodes.append(Node(tmp_path, node, port, [str(script), *args], f"_{len(nodes)}", restarts))
         return nodes[-1]
 
     try:
@@ -144,6 +145,16 @@ def test_a_rank_that_fails_once_restarts_both_nodes_together_on_the_job_s_budget
     assert "rank 1 failed (failure 1)" in nodes[1].stderr() and "exited with status 3" in nodes[1].stderr()
     assert "node 1 (" in nodes[0].stderr() and "failed: rank 1: exited with status 3" in nodes[0].stderr()
     assert "another node's job failed" not in nodes[0].stderr()  # a restart is not the final failure's relay
+
+
+def test_the_trainer_on_node_0_records_the_restart_with_the_cause_on_node_1(job, tmp_path):
+    run = tmp_path / "run"
+    nodes = [job(k, str(run), "kill", "1", "5", script=WORKERS / "restart_worker.py") for k in (0, 1)]
+    assert [n.wait(60) for n in nodes] == [0, 0], [n.stderr() for n in nodes]
+    assert "restart 1 of 2: node 1 (" in nodes[0].stderr() and "failed: rank 1: killed by SIGKILL" in nodes[0].stderr()
+    (restart,) = json.loads((run / "run.json").read_text())["restarts"]  # rank 0's record, on node 0
+    assert (restart["restart"], restart["failed_rank"], restart["cause"]) == (1, 1, "killed by SIGKILL"), restart
+    assert restart["resumed_from_step"] == 4 and restart["steps_lost"] == 0, restart
 
 
 def test_a_node_lost_with_its_rank_is_started_again_and_the_job_finishes(job):
