@@ -13,6 +13,8 @@ naming it.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 from typing import Any
@@ -40,6 +42,11 @@ class Reader:
         self.directory = directory
         self.manifest = manifest.read(directory)
         self._open: dict[int, Any] = {}
+
+    def identity(self) -> str:
+        """What makes two copies of a checkpoint the same one: its step and its files' digests."""
+        files = [(f["name"], f["sha256"]) for f in self.manifest["files"]]
+        return hashlib.sha256(json.dumps([self.manifest["step"], files]).encode()).hexdigest()
 
     def file(self, index: int) -> Any:
         handle = self._open.get(index)
@@ -121,22 +128,26 @@ def load_checkpoint(
     rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
     if os.path.isfile(path) and path.endswith(".safetensors"):
         return _load_weights_file(path, model, strict, optimizer)
+    reader, problem = None, ""
     try:
-        directory, problem = manifest.resolve(path), ""
+        reader = Reader(manifest.resolve(path))
     except _C.CheckpointError as e:
-        directory, problem = "", str(e)
+        problem = str(e)
     if world > 1:
-        seen = agree.gather([directory, problem])
-        if any(p for _, p in seen) or len({d for d, _ in seen}) > 1:
-            odd = next(r for r, (d, p) in enumerate(seen) if p or d != seen[0][0])
-            what = seen[odd][1] or f"it found {seen[odd][0]}, rank 0 found {seen[0][0]}"
+        # The same checkpoint: the same step and files, wherever each rank finds them (in-memory checkpoints are
+        # in each node's own directory).
+        mine = [reader.directory, reader.identity()] if reader is not None else ["", ""]
+        seen = agree.gather([*mine, problem])
+        if any(p for _, _, p in seen) or len({i for _, i, _ in seen}) > 1:
+            odd = next(r for r, (_, i, p) in enumerate(seen) if p or i != seen[0][1])
+            what = seen[odd][2] or f"it found {seen[odd][0]}, rank 0 found {seen[0][0]}"
             raise _C.CheckpointError(
                 f"ranks do not see the same checkpoint at {path}: rank {odd}: {what} Fix: put checkpoints on a file "
                 "system every node shares, at the same path."
             )
     if problem:
         raise _C.CheckpointError(problem)
-    reader = Reader(directory)
+    directory = reader.directory
     saved = reader.manifest
     wrapper = distributed_model(model)
     if wrapper is not None and wrapper.adopt_bucket_plan(saved.get("bucket_plan")):  # before the optimizer's cut

@@ -16,11 +16,11 @@ and on rank 0 the schedule and the optimizer's hyperparameters: the same checkpo
 (Note [Checkpoint layout]), so that loading it is load_checkpoint's job, unchanged.
 
 Cheap enough for every step:
-- Two slots per rank, each one safetensors file written once (when the state's layout is first seen,
+- Two slots per rank, each one file (slots.py) written once (when the state's layout is first seen,
   or changes: an optimizer state created late, a buffer replaced) and mapped into memory. A save is one
   copy of the state's bytes into the mapping (torch._foreach_copy_), then a small record in the same
   file naming the step (the RNG states, the schedule, the hyperparameters), written through the
-  mapping: no collective, no thread, no system call. The record's marker is cleared before the copy
+  mapping: no collective and no system call. The record's marker is cleared before the copy
   starts and set after the record is written, so that a rank killed in the middle of a save leaves
   that slot without a step (its pages outlive the process: what it wrote is in the tmpfs), and its
   other slot holds the step before.
@@ -33,14 +33,16 @@ Cheap enough for every step:
   since (an optimizer's state, a buffer set after warmup) makes a new layout (_Watch). (A process's first
   save writes both of its files anew, so a failure during the first step after a restart finds no
   copy, and the restart after it resumes from disk.)
+- On several nodes, each file also goes to a rank of the next node once it is written, on a thread
+  while the next step runs (Note [Replicas] in replica.py): a node that is lost loses no copy.
 
-On restart (`newest`, a collective) the ranks agree on that step, each reports its file's size and
-SHA-256 for it, and rank 0 writes the slot's manifest (save.write_manifest, as after a disk save); the
-caller compares it with the newest disk checkpoint and loads the newer. Copies of later steps than the
-one agreed on (a rank that got further) are cleared, so that a later restart never joins them with
-copies of the new run's. Ranks on one node only: a
-rank cannot read another node's memory, and a node that is lost takes its ranks' copies with it (a
-replica on another node is the next step), so a job of several nodes is refused (`refuse_nodes`).
+On restart (`newest`, a collective) the ranks agree on the newest step of which every rank's copy is
+held somewhere (its own file, or its replica on another node); every node gets the files it lacks from
+a rank that holds them, one rank of each node writes the slot's manifest there (save.write_manifest, as
+after a disk save) from the reports of each file's holder (its size and SHA-256), and the caller compares
+it with the newest disk checkpoint and loads the newer. Copies of later steps than the one agreed on (a
+rank that got further) are cleared, so that a later restart never joins them with copies of the new
+run's.
 """
 
 from __future__ import annotations
@@ -48,12 +50,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import mmap
 import os
-import struct
 import subprocess
 import sys
-import time
 from typing import Any
 
 import torch
@@ -62,15 +61,13 @@ from .. import _C
 from ..comm import agree, barrier
 from ..zero.optimizer import ShardedOptimizer
 from . import collect as collecting
-from . import manifest, values
+from . import manifest, slots, values
+from .replica import Replicas, ring
 from .save import bucket_plan, remove_file, to_host, write_manifest
+from .slots import SLOTS, SlotFile
 
 log = logging.getLogger("dtcore")
 
-SLOTS = 2
-RECORD = "__record__"  # the entry of each slot's file that holds its record (_Layout)
-_RECORD_HEAD = struct.Struct("<QQ")  # the step + 1 (0: none), the record's length; then the record's JSON
-_MIN_RECORD_ROOM = 1 << 16
 _LAUNCH = "launch"  # the file in a node directory naming the launch it belongs to
 
 
@@ -125,90 +122,40 @@ def open_node_directory(launch: str, owner_pid: int) -> str:
     return directory
 
 
-class _Layout:
-    """One slot's file, mapped: the views each save copies the state into, and its record, an area at the end
-    of the file (the entry RECORD) holding a marker (the step + 1, or 0: no step), the record's length and
-    its JSON, written through a second mapping of the same pages (a Python mmap: no system call a save)."""
-
-    def __init__(self, path: str, rank: int, layout: str, entries: list[tuple[str, torch.Tensor]]) -> None:
-        self.path = path
-        _C.write_safetensors(path, entries, {"format": "pt", "dtcore_rank": str(rank), "dtcore_layout": layout})
-        size = os.path.getsize(path)
-        header, start = _header(path)
-        mapped = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
-        offsets = [header[key]["data_offsets"] for key, _ in entries]
-        self.views = [mapped[start + lo : start + hi] for lo, hi in offsets]
-        lo, hi = header[RECORD]["data_offsets"]
-        self.record_at, self.record_room = start + lo, hi - lo - _RECORD_HEAD.size
-        with open(path, "r+b") as f:
-            self.mm = mmap.mmap(f.fileno(), size)
-
-    def clear(self) -> None:
-        self.mm[self.record_at : self.record_at + 8] = bytes(8)
-
-    def commit(self, step: int, payload: bytes) -> None:
-        """The record, then the marker that makes it one: a process killed in between leaves no step here."""
-        body = self.record_at + _RECORD_HEAD.size
-        self.mm[body : body + len(payload)] = payload
-        self.mm[self.record_at + 8 : self.record_at + 16] = len(payload).to_bytes(8, "little")
-        self.mm[self.record_at : self.record_at + 8] = (step + 1).to_bytes(8, "little")
-
-
-def _header(path: str) -> tuple[dict[str, Any], int]:
-    """A safetensors file's header and where its data starts."""
-    with open(path, "rb") as f:
-        length = int.from_bytes(f.read(8), "little")
-        return json.loads(f.read(length)), 8 + length
-
-
-def _read_record(path: str) -> tuple[str, dict[str, Any]] | None:
-    """(layout, record) of a slot's file when its marker names a step, else None."""
-    try:
-        header, start = _header(path)
-        lo, _ = header[RECORD]["data_offsets"]
-        with open(path, "rb") as f:
-            f.seek(start + lo)
-            marker, length = _RECORD_HEAD.unpack(f.read(_RECORD_HEAD.size))
-            if marker == 0:
-                return None
-            record = json.loads(f.read(length))
-        if record.get("step") != marker - 1:
-            return None
-        return header["__metadata__"]["dtcore_layout"], record
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def _clear_record(path: str) -> None:
-    """A slot's file no longer holds a step (its marker cleared, through the file)."""
-    try:
-        header, start = _header(path)
-        with open(path, "r+b") as f:
-            f.seek(start + header[RECORD]["data_offsets"][0])
-            f.write(bytes(8))
-    except (OSError, ValueError, KeyError):
-        pass
-
-
 class MemoryCheckpoints:
     """This rank's two slots in `directory` (a node directory): save() every few steps, newest() on
     restart. See Note [In-memory checkpoints]."""
 
-    def __init__(self, directory: str, rank: int, world: int, every: int = 1) -> None:
-        """every: the steps between two saves (a step's slot is (step // every) % 2, alike on every rank)."""
+    def __init__(
+        self,
+        directory: str,
+        rank: int,
+        world: int,
+        every: int = 1,
+        nodes: list[int] | None = None,
+        timeout: float = 600.0,
+    ) -> None:
+        """every: the steps between two saves (a step's slot is (step // every) % 2, alike on every rank).
+        nodes: the node of each rank (None: all on one); on several, every node with as many ranks, the copies
+        also go to another node (Note [Replicas], replica.py; then a collective, waiting at most `timeout` s)."""
         self.directory, self.rank, self.world, self.every = directory, rank, world, every
-        self._slots: list[_Layout] | None = None
+        self.nodes = nodes if nodes is not None else [0] * world
+        mine = [r for r, node in enumerate(self.nodes) if node == self.nodes[rank]]
+        self.writes_manifest = rank == mine[0]  # one rank per node writes its directory's manifests
+        self.replicas = Replicas(directory, rank, self.nodes, timeout) if len(set(self.nodes)) > 1 else None
+        self._slots: list[SlotFile] | None = None
         self._watch: _Watch | None = None
-        self._meta: dict[str, Any] | None = None  # rank 0: the optimizer's part that a step does not change
+        self._meta: str | None = None  # rank 0: the optimizer's part a step does not change: JSON, open
+        self._cuda = False  # whether the state copied is on a GPU
         self._scalars: list[tuple[str, torch.Tensor]] = []  # rank 0: its live scalar tensors, copied each save
         self._sources: list[torch.Tensor] = []  # the live tensors (chunks of), in the files' order
         self._extra_keys: list[tuple[str, tuple, torch.dtype]] = []
         self._refresh: list[tuple[int, torch.Tensor, int, int]] = []
         self._layouts = 0
-        self._manifests: set[int] = set()  # rank 0: the slots newest() wrote a manifest into
+        self._manifests: set[int] = set()  # (writes_manifest) the slots newest() wrote a manifest into
 
     def slot_directory(self, slot: int) -> str:
-        return os.path.join(self.directory, f"slot{slot}")
+        return slots.slot_directory(self.directory, slot)
 
     # Saving ---------------------------------------------------------------------------------------
 
@@ -221,14 +168,19 @@ class MemoryCheckpoints:
         extra: Any = None,
         rank_extra: Any = None,
     ) -> None:
-        """Copies this rank's state of `step` into its next slot; returns once it is recorded there."""
+        """Copies this rank's state of `step` into its next slot; returns once it is recorded there (its replica
+        on another node is sent while the next step runs)."""
+        if self.replicas is not None:
+            self.replicas.wait()  # the last save's file is no longer being sent: it may be laid out again
         fresh = self._slots is None or not self._watch.same(optimizer)
         per_step: list[tuple[str, torch.Tensor]] = []
         record: dict[str, Any] = {"step": step, "rank_extra": values.encode(rank_extra, per_step, "rank_extra")}
         if self.rank == 0:
             record["extra"] = values.encode(extra, per_step, "extra")
-            record["optimizer"] = self._optimizer_meta(model, optimizer, per_step, fresh)
-        payload = json.dumps(record).encode()
+            text = json.dumps(record)  # the optimizer's part is JSON already (its static part is kept as such)
+            payload = f'{text[:-1]}, "optimizer": {self._optimizer_json(model, optimizer, per_step, fresh)}}}'.encode()
+        else:
+            payload = json.dumps(record).encode()
         extra_keys = [(k, tuple(t.shape), t.dtype) for k, t in per_step]
         if fresh or extra_keys != self._extra_keys or len(payload) > self._slots[0].record_room:
             self._lay_out(model, optimizer, per_step, record_room=4 * len(payload))
@@ -243,34 +195,45 @@ class MemoryCheckpoints:
         for i, source, lo, hi in self._refresh:
             sources[i] = _bytes(source.detach().reshape(-1)[lo:hi])
         torch._foreach_copy_(target.views[: len(sources)], sources)
-        if any(t.is_cuda for t in sources):
+        if self._cuda:
             torch.cuda.synchronize()  # the copies into the mapping are done before the record says so
         target.commit(step, payload)
+        if self.replicas is not None:
+            self.replicas.send(slot, step, target)
 
-    def _optimizer_meta(self, model: torch.nn.Module, optimizer: Any, per_step: list, fresh: bool) -> Any:
-        """Rank 0's optimizer part of the manifest (collect.optimizer_meta), its tensors appended to `per_step`.
-        A torch optimizer whose scalar state is all tensors on the CPU (Adam's step counts) has them copied
-        from the live tensors, as the rest of the state, and only its hyperparameters recorded each step;
-        otherwise the whole part is made again at each save."""
+    def confirm(self) -> None:
+        """Returns once the last save's copy is also on another node (Note [Replicas]): called by every rank
+        before a collective of the next step (dtcore.train: before the step's loss is all-reduced), so that no
+        rank completes that step before every rank's copy of the last one is on two nodes. Also to be called
+        before the job ends (the ranks that keep the copies wait for them)."""
+        if self.replicas is not None:
+            self.replicas.wait()
+
+    def _optimizer_json(self, model: torch.nn.Module, optimizer: Any, per_step: list, fresh: bool) -> str:
+        """Rank 0's optimizer part of the manifest (collect.optimizer_meta) as JSON, its tensors appended to
+        `per_step`. A torch optimizer whose scalar state is all tensors on the CPU (Adam's step counts) has them
+        copied from the live tensors, as the rest of the state, and only its hyperparameters recorded each step
+        (the rest's JSON is made once per layout); otherwise the whole part is made again at each save."""
         if optimizer is None:
-            return None
+            return "null"
         if fresh:
             found: list[tuple[str, torch.Tensor]] = []
             meta = collecting.optimizer_meta(optimizer, model, found)
             live = {t.data_ptr() for t in collecting.optimizer_tensors(optimizer)}
             static = not isinstance(optimizer, ShardedOptimizer) and _tensors_only(meta["scalars"])
             static = static and all(t.device.type == "cpu" and t.data_ptr() in live for _, t in found)
-            self._meta = {k: v for k, v in meta.items() if k != "param_groups"} if static else None
+            fixed = {k: v for k, v in meta.items() if k != "param_groups"}
+            self._meta = (json.dumps(fixed)[:-1] + ", " if fixed else "{") if static else None
             self._scalars = found if static else []
         if self._meta is None:
-            return collecting.optimizer_meta(optimizer, model, per_step)
+            return json.dumps(collecting.optimizer_meta(optimizer, model, per_step))
         groups = values.encode(collecting.param_groups(optimizer), per_step, "optimizer.param_groups")
-        return {**self._meta, "param_groups": groups}
+        return f'{self._meta}"param_groups": {json.dumps(groups)}}}'
 
     def _lay_out(self, model: torch.nn.Module, optimizer: Any, per_step: list, record_room: int) -> None:
         """Collects the state (collect.py), writes both slots' files whole (with room for a record of at least
         `record_room` bytes) and maps them."""
-        # The optimizer's scalars that collect() lists (rank 0's) are self._scalars or in `per_step`: _optimizer_meta.
+        # The optimizer's scalars that collect() lists (rank 0's) are self._scalars or in `per_step`: _optimizer_json.
         collected = collecting.collect(model, optimizer, self.rank, self.world, [])
         chunks = [(manifest.chunk_key(c.name, c.lo), c.data.detach()) for c in collected.chunks] + self._scalars
         # A chunk that is not a view of its live tensor (a non-contiguous one, flattened: a copy) is taken again
@@ -280,14 +243,13 @@ class MemoryCheckpoints:
             for i, c in enumerate(collected.chunks)
             if c.source is not None and c.data.untyped_storage().data_ptr() != c.source.untyped_storage().data_ptr()
         ]
-        room = torch.zeros(_RECORD_HEAD.size + max(record_room, _MIN_RECORD_ROOM), dtype=torch.uint8)
-        entries = chunks + [(k, t) for k, t in per_step] + [(RECORD, room)]
+        room = torch.zeros(slots.HEAD_BYTES + max(record_room, slots.MIN_RECORD_ROOM), dtype=torch.uint8)
+        entries = chunks + [(k, t) for k, t in per_step] + [(slots.RECORD, room)]
         host = [(k, to_host(t, copy=False)) for k, t in entries]
         nbytes = sum(t.numel() * t.element_size() for _, t in host)
         self._sources = [_bytes(t) for _, t in chunks]
-        self._layout_id = f"{os.getpid()}-{time.monotonic_ns()}"
+        self._cuda = any(t.is_cuda for _, t in chunks)
         static = {  # the report's parts that change only with the layout
-            "layout": self._layout_id,
             "rank": self.rank,
             "world_size": self.world,
             "tensors": collected.tensors,
@@ -304,20 +266,19 @@ class MemoryCheckpoints:
                 self.rank,
             )
         self._slots = None  # the old mappings go before the new files are written: never more than 2 copies
-        slots = []
+        files = []
         try:
             for slot in range(SLOTS):
                 directory = self.slot_directory(slot)
                 os.makedirs(directory, exist_ok=True)
-                if self.rank == 0:  # a manifest newest() wrote (maybe in an earlier process): the files change
+                if self.writes_manifest:  # a manifest newest() wrote (maybe in an earlier process): the files change
                     remove_file(os.path.join(directory, manifest.MANIFEST))
                     self._manifests.discard(slot)
                 path = self._file_path(slot)
                 for entry in os.scandir(directory):  # the old file, and one a killed process was writing
                     if entry.name == os.path.basename(path) or entry.name.startswith(os.path.basename(path) + ".tmp-"):
                         remove_file(entry.path)
-                slots.append(_Layout(path, self.rank, self._layout_id, host))
-                _C.write_file_atomic(self._layout_path(slot), json.dumps(static))
+                files.append(SlotFile.write(path, static, host))
         except (_C.CheckpointError, OSError, RuntimeError) as e:
             free = _free_bytes(self.directory)
             raise _C.ConfigError(
@@ -327,7 +288,7 @@ class MemoryCheckpoints:
                 "give the node's shared memory more room (a container's --shm-size), point DTCORE_MEMORY_DIR at a "
                 "larger tmpfs, or set checkpoint.memory_every=0 (disk checkpoints only)."
             ) from None
-        self._slots = slots
+        self._slots = files
         log.info(
             "in-memory checkpoints: %s per copy on rank %d, 2 copies in %s",
             _C.format_bytes(nbytes),
@@ -335,65 +296,62 @@ class MemoryCheckpoints:
             self.directory,
         )
 
-    def _layout_path(self, slot: int) -> str:
-        return os.path.join(self.slot_directory(slot), f"rank{self.rank:05d}.layout.json")
-
     # Restarting -----------------------------------------------------------------------------------
 
     def recorded(self) -> dict[int, int]:
-        """{step: slot} of this rank's recorded copies (a file whose marker names a step, laid out as the
-        slot's layout file says)."""
-        found = {}
-        for slot in range(SLOTS):
-            layout = _read(self._layout_path(slot))
-            read = _read_record(self._file_path(slot))
-            if read is None or layout is None or layout.get("world_size") != self.world:
-                continue  # no step, or the copy of a job of another size (its shares were cut for that size)
-            if read[0] == layout.get("layout"):
-                found[int(read[1]["step"])] = slot
-        return found
+        """{step: slot} of this rank's recorded copies (a file whose marker names a step)."""
+        return slots.recorded(self.directory, self.rank, self.world)
 
     def _file_path(self, slot: int) -> str:
-        return os.path.join(self.slot_directory(slot), manifest.file_name(self.rank))
+        return slots.slot_file(self.directory, slot, self.rank)
 
     def newest(self) -> tuple[int, str] | None:
-        """A collective: the newest step every rank holds a copy of, as (step, checkpoint directory) with its
-        manifest written, or None when there is none."""
-        mine = self.recorded()
-        every = agree.gather(sorted(mine.items())) if self.world > 1 else [sorted(mine.items())]
-        common = set(map(tuple, every[0])).intersection(*(map(tuple, e) for e in every[1:]))  # (step, slot) pairs
+        """A collective: the newest step of which every rank's copy is held somewhere (its own, or its replica
+        on another node), as (step, checkpoint directory) with every rank's file and the manifest in this
+        node's directory, or None when there is none."""
+        own = self.recorded()
+        held = self.replicas.recorded() if self.replicas is not None else {}
+        mine = {"own": sorted(own.items()), "held": sorted(held.items())}
+        every = agree.gather(mine) if self.world > 1 else [mine]
+        where: list[dict[tuple[int, int], list[int]]] = [{} for _ in range(self.world)]  # rank -> copy -> holders
+        keeps = [kept for _, kept in ring(self.nodes)] if self.replicas is not None else []
+        for r, found in enumerate(every):
+            for copy in found["own"]:
+                where[r].setdefault(tuple(copy), []).insert(0, r)  # its own copy first
+            for copy in found["held"]:
+                where[keeps[r]].setdefault(tuple(copy), []).append(r)
+        common = set(where[0]).intersection(*where[1:])  # (step, slot) pairs
         newest = max(common, default=None)
-        for step, slot in mine.items():  # a newer copy than the one resumed from is never taken later
+        for step, slot in own.items():  # a newer copy than the one resumed from is never taken later
             if newest is None or step > newest[0]:
-                _clear_record(self._file_path(slot))
+                slots.clear_record(self._file_path(slot))
+        if self.replicas is not None:
+            self.replicas.clear_newer(None if newest is None else newest[0])
         if newest is None:
-            if any(every):
-                log.info("in-memory checkpoints: no step that every rank holds (%s)", every)
+            if any(found["own"] or found["held"] for found in every):
+                log.info("in-memory checkpoints: no step that every rank's copies hold (%s)", every)
             return None
         step, slot = newest
         directory = self.slot_directory(slot)
-        _, record = _read_record(self._file_path(slot))
-        report = {**_read(self._layout_path(slot)), **record}
-        name = manifest.file_name(self.rank)
-        digest = _C.digest_file(os.path.join(directory, name))
-        report.update(file=name, bytes=digest.bytes, sha256=digest.sha256)
-        reports = agree.gather(report) if self.world > 1 else [report]
-        if self.rank == 0:
+        holders = [where[q][newest] for q in range(self.world)]
+        mine = [self._report(slot, q) for q in range(self.world) if holders[q][0] == self.rank]
+        reports = [report for found in (agree.gather(mine) if self.world > 1 else [mine]) for report in found]
+        reports.sort(key=lambda report: report["rank"])
+        if self.replicas is not None:
+            self.replicas.gather_files(slot, holders, [report["bytes"] for report in reports])
+        if self.writes_manifest:
             write_manifest(directory, self.world, reports)
             self._manifests.add(slot)
         if self.world > 1:
             barrier()  # every rank reads the manifest after it is written
         return step, directory
 
-
-def refuse_nodes(world: int, local_world: int) -> None:
-    """In-memory checkpoints need every rank on one node (Note [In-memory checkpoints])."""
-    if world != local_world:
-        raise _C.ConfigError(
-            f"checkpoint.memory_every with {world} ranks of which {local_world} on this node: in-memory checkpoints "
-            "are kept on each node, and a rank cannot read another node's memory. Fix: set checkpoint.memory_every=0 "
-            "for a job of several nodes (disk checkpoints: checkpoint.every)."
-        )
+    def _report(self, slot: int, rank: int) -> dict[str, Any]:
+        """Rank `rank`'s part of the manifest, from its file of `slot` in this node's directory."""
+        path = slots.slot_file(self.directory, slot, rank)
+        static, record = slots.read_record(path)
+        digest = _C.digest_file(path)
+        return {**static, **record, "file": os.path.basename(path), "bytes": digest.bytes, "sha256": digest.sha256}
 
 
 class _Watch:
@@ -449,14 +407,6 @@ def _read_text(path: str) -> str | None:
         with open(path, encoding="utf-8") as f:
             return f.read()
     except OSError:
-        return None
-
-
-def _read(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
         return None
 
 

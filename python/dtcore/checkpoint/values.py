@@ -53,11 +53,12 @@ def encode(value: Any, tensors: list[tuple[str, torch.Tensor]], where: str) -> A
     if isinstance(value, (list, tuple)):
         if all(type(v) in _PLAIN for v in value):  # a long list of numbers (Python's RNG state): as it is
             return list(value) if isinstance(value, list) else {"__tuple__": list(value)}
-        items = [encode(v, tensors, f"{where}[{i}]") for i, v in enumerate(value)]
+        items = [v if type(v) in _PLAIN else encode(v, tensors, f"{where}[{i}]") for i, v in enumerate(value)]
         return {"__tuple__": items} if isinstance(value, tuple) else items
     if isinstance(value, dict):
         if all(isinstance(k, str) for k in value) and not any(k in _TAGS for k in value):
-            return {k: encode(v, tensors, f"{where}[{k!r}]") for k, v in value.items()}
+            # (a plain value is itself: neither a call nor its `where` made for it, a save taken every step)
+            return {k: v if type(v) in _PLAIN else encode(v, tensors, f"{where}[{k!r}]") for k, v in value.items()}
         return {
             "__items__": [
                 [encode(k, tensors, f"{where}.key"), encode(v, tensors, f"{where}[{k!r}]")] for k, v in value.items()

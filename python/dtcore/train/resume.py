@@ -24,11 +24,18 @@ log = logging.getLogger("dtcore.train")
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
+_python_words: tuple[tuple[int, ...], torch.Tensor] | None = None  # rng_state's last: Python's words, as a tensor
+
+
 def rng_state() -> dict[str, Any]:
     """Python's, NumPy's (if installed) and torch's CPU and CUDA generators."""
+    global _python_words
     version, internal, gauss = random.getstate()
     # Python's 625 words as a tensor: a checkpoint's JSON stays small (an in-memory one is taken every step).
-    words = torch.frombuffer(array.array("q", internal), dtype=torch.int64)  # (torch.tensor(list) is 5x slower)
+    # The last one is taken again while the state is the same (no tensor is ever written to: they can be shared).
+    if _python_words is None or _python_words[0] != internal:
+        _python_words = (internal, torch.frombuffer(array.array("q", internal), dtype=torch.int64))
+    words = _python_words[1]
     state: dict[str, Any] = {"python": [version, words, gauss]}
     state["torch"] = torch.get_rng_state()
     if torch.cuda.is_available() and torch.cuda.is_initialized():

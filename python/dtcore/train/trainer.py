@@ -348,6 +348,8 @@ class Trainer:
                 loss, tokens = self._train_step(batches)
                 self.step += 1
                 step_time, waited = time.perf_counter() - t0, _C.wait_seconds() - waited
+                if self.in_memory is not None:
+                    self.in_memory.confirm()  # the last copy on two nodes before any rank completes this step
                 # One small all-reduce per step: the job's loss and tokens, and whether any rank was signalled.
                 flags = [loss, float(tokens), float(self.preemption.requested)]
                 summed, job_tokens, stop = all_reduce(torch.tensor(flags, device=self.device), op="sum").tolist()
@@ -393,6 +395,8 @@ class Trainer:
             self.preemption.uninstall()
             record.close(status)
         wait()  # the last asynchronous save, complete (or its error raised), before the run says it is done
+        if self.in_memory is not None:
+            self.in_memory.confirm()  # the last copy's replica, received by the ranks that keep it
         if c.logging.plot:
             if self.world > 1:
                 barrier()  # every rank's metrics file is complete before rank 0 reads them
@@ -578,18 +582,29 @@ class Trainer:
                     every,
                 )
             return None
-        memory_checkpoints.refuse_nodes(self.world, get_context().local_world_size)
         # The copies live as long as the node's launcher (torch's agent), whose children the ranks are; one
         # directory per launch of it (two launches in one SLURM allocation have their own) and run directory.
+        ctx = get_context()
         key = f"{restarts.agent_log_dir() or launch}|{os.path.abspath(run_dir)}"
         parent = os.getppid()
-        parents = agree.gather(parent) if self.world > 1 else [parent]  # one node: refuse_nodes
+        me = [ctx.node_rank, parent]
+        seen = agree.gather(me) if self.world > 1 else [me]
+        nodes = [node for node, _ in seen]
+        parents = sorted({p for node, p in seen if node == ctx.node_rank})
+        sizes = {node: nodes.count(node) for node in nodes}
         error, directory = None, ""
-        if len(set(parents)) > 1 or parent == 1:
+        if len(set(sizes.values())) > 1:
             error = (
-                f"checkpoint.memory_every: the ranks' parent processes are {sorted(set(parents))}, where the copies "
-                "need one launcher that is every rank's parent (it owns them). Fix: start the ranks with dtcore.launch "
-                "or torchrun themselves (not through a wrapper script), or set checkpoint.memory_every=0"
+                f"checkpoint.memory_every: the nodes run different numbers of ranks ({sizes}), where each rank's "
+                "copy goes to the rank of its local index on the next node. Fix: start as many ranks on every node "
+                "(--nproc-per-node), or set checkpoint.memory_every=0"
+            )
+        elif len(parents) > 1 or parent == 1:
+            error = (
+                f"checkpoint.memory_every: the parent processes of the ranks of node {ctx.node_rank} are {parents}, "
+                "where the copies need one launcher per node that is its ranks' parent (it owns them). Fix: start the "
+                "ranks with dtcore.launch or torchrun themselves (not through a wrapper script), or set "
+                "checkpoint.memory_every=0"
             )
         else:
             try:
@@ -600,7 +615,9 @@ class Trainer:
         failed = next(((r, e) for r, e in enumerate(errors) if e), None)
         if failed is not None:
             raise _C.ConfigError(failed[1] if failed[0] == self.rank else f"rank {failed[0]}: {failed[1]}")
-        return memory_checkpoints.MemoryCheckpoints(directory, self.rank, self.world, every=every)
+        return memory_checkpoints.MemoryCheckpoints(
+            directory, self.rank, self.world, every=every, nodes=nodes, timeout=ctx.timeout
+        )
 
     def _record_restart(
         self,
@@ -633,14 +650,16 @@ class Trainer:
         if restart:  # the newest state of this run, whatever the first start resumed from (restarts.py)
             path = latest(checkpoints) or (None if resume in ("none", "auto") else resume)
             in_memory = self.in_memory.newest() if self.in_memory is not None else None
+            source = path
             if in_memory is not None and (path is None or in_memory[0] > int(read_manifest(path)["step"])):
                 path = in_memory[1]
+                source = f"the in-memory checkpoint of step {in_memory[0]}"  # in each node's own directory
         elif resume == "none":
             return
         else:
-            path = latest(checkpoints) if resume == "auto" else resume
+            path = source = latest(checkpoints) if resume == "auto" else resume
         if self.world > 1:  # every rank resumes from the same one, or none does (a file system's caches may lag)
-            seen = agree.gather(path)
+            seen = agree.gather(source)
             if any(p != seen[0] for p in seen):
                 odd = next(r for r, p in enumerate(seen) if p != seen[0])
                 raise _C.CheckpointError(

@@ -121,12 +121,6 @@ def test_a_tmpfs_too_small_is_refused_naming_sizes_and_the_fix(tmp_path, monkeyp
         copies.save(1, model=model, optimizer=opt)
 
 
-def test_several_nodes_are_refused():
-    mem.refuse_nodes(4, 4)
-    with pytest.raises(dtcore.ConfigError, match="8 ranks of which 4 on this node.*memory_every=0"):
-        mem.refuse_nodes(8, 4)
-
-
 def test_the_node_directory_goes_when_its_launcher_exits_however_it_exits(tmp_path, monkeypatch):
     monkeypatch.setenv("DTCORE_MEMORY_DIR", str(tmp_path))
     launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

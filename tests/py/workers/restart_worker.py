@@ -7,6 +7,7 @@ listed by ATTEMPTS (restart counts, comma-separated; default 0, the first start 
 step for all of them, or one per attempt (comma-separated, in the order of ATTEMPTS):
     none     nothing (the reference run)
     kill     SIGKILL itself (a fault: the kernel's OOM killer, a lost node)
+    killnode SIGKILL its launcher, then every rank of its launcher, itself last (a whole node lost)
     stop     SIGSTOP itself (a hang: the others' collective times out)
     raise    raise ValueError (a bug when it repeats at the same step)
 Checkpoints every step (synchronously, so that a kill never races a save); with WORKER_MEMORY_EVERY=N, in
@@ -38,6 +39,8 @@ class Failing:
             if drawn == self.step:
                 if self.mode == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
+                elif self.mode == "killnode":
+                    kill_node()
                 elif self.mode == "stop":
                     os.kill(os.getpid(), signal.SIGSTOP)
                 elif self.mode == "raise":
@@ -49,6 +52,22 @@ class Failing:
 
     def load_state_dict(self, state: dict) -> None:
         self.batches.load_state_dict(state)
+
+
+def kill_node() -> None:
+    """The launcher first (else it would start its ranks again), then its ranks (each in a session of its own)."""
+    launcher = os.getppid()
+    ranks = []
+    for stat in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{stat}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == launcher:
+                    ranks.append(int(stat))
+        except (OSError, ValueError, IndexError):
+            continue
+    os.kill(launcher, signal.SIGKILL)
+    for pid in sorted(ranks, key=lambda pid: pid == os.getpid()):
+        os.kill(pid, signal.SIGKILL)
 
 
 def main() -> None:

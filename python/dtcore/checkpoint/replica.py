@@ -1,0 +1,222 @@
+"""Replicas of the in-memory checkpoints on another node, and the restart that brings every rank's copy to
+every node.
+
+Note [Replicas]
+~~~~~~~~~~~~~~~
+A node that is lost takes its node directory with it (its launcher's reaper removes it, or the machine is
+gone). So each rank's copy also lives on the next node: after each save, rank r sends its slot's file to
+the rank of the same local index on the next node (nodes in a ring), and receives the file of the rank of
+its local index on the previous node, which it keeps under that rank's own name in its node directory
+(slot<j>/rank<q>.safetensors, slots.py). A replica is a byte copy of the other rank's file, record
+included: it says what it holds by itself.
+
+Overlapped with the next step: the exchange runs on a thread of its own over a Gloo group of its own (CPU
+tensors; on GPU the training's collectives stay on NCCL). The file sent is the slot just written, which no
+save touches before the one after next, so it is stable while it travels. The receiver clears the
+replica's marker first, receives the file's bytes into its mapping and the record area aside, sets the
+marker last (a replica cut short holds no step, and the replica in the other slot holds the step before),
+then acknowledges it to its sender. A rank waits for its exchange (its replica received, and its own copy
+acknowledged: `wait`) before the next step's last collective (dtcore.train calls MemoryCheckpoints.confirm
+before the all-reduce of the step's loss): so once any rank has completed step k + 1, every rank's copy of
+step k is on two nodes, and losing a node then loses at most the step it interrupted.
+
+On restart (MemoryCheckpoints.newest) every rank reports the steps of its own files and of the replicas it
+holds; the newest step held somewhere for every rank is taken. Each node then needs every rank's file of
+that step in its own directory (a rank's share of a replicated tensor is read by every rank): a file a node
+lacks is sent to it by one rank that holds it (its owner first), one transfer at a time in one order on
+every rank (gather_files). With two nodes a restart that lost nothing ships nothing: each node holds its
+own ranks' files and the other node's replicas. A file a rank received that is neither its own nor the
+replica it keeps is removed at its next save.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import queue
+import threading
+
+import torch
+import torch.distributed as dist
+
+from .. import _C
+from . import slots
+from .save import remove_file
+
+_HEADER, _BODY, _TAIL, _ACK = 0, 1, 2, 3  # the tags of an exchange's messages
+
+
+def ring(nodes: list[int]) -> list[tuple[int, int]]:
+    """For each rank, (the rank it sends its copies to, the rank whose copies it keeps): the ranks of its local
+    index on the next and the previous node. `nodes[r]`: the node of rank r, every node with as many ranks."""
+    members = _members(nodes)
+    order = sorted(members)
+    where = {node: i for i, node in enumerate(order)}
+    out = []
+    for r, node in enumerate(nodes):
+        index, here = members[node].index(r), where[node]
+        out.append((members[order[(here + 1) % len(order)]][index], members[order[here - 1]][index]))
+    return out
+
+
+def _members(nodes: list[int]) -> dict[int, list[int]]:
+    members: dict[int, list[int]] = {}
+    for r, node in enumerate(nodes):
+        members.setdefault(node, []).append(r)
+    return members
+
+
+class Replicas:
+    """This rank's side of the ring of replicas (Note [Replicas]). A collective to build (a Gloo group)."""
+
+    def __init__(self, directory: str, rank: int, nodes: list[int], timeout: float) -> None:
+        if not dist.is_initialized():
+            raise _C.ConfigError(
+                "checkpoint.memory_every on several nodes sends each rank's copy to another node through "
+                "torch.distributed, which is not set up. Fix: dtcore.init() with torch_distributed=True (the "
+                "default), or set checkpoint.memory_every=0."
+            )
+        self.directory, self.rank, self.nodes, self.timeout = directory, rank, nodes, timeout
+        self.send_to, self.keeps = ring(nodes)[rank]
+        self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+        self._files: dict[int, slots.SlotFile] = {}  # slot -> the replica it receives into
+        self._shipped: list[str] = []  # files gather_files brought here that are neither this rank's nor its replica
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._error: BaseException | None = None
+        threading.Thread(target=self._serve, daemon=True, name="dtcore-replicas").start()
+
+    # Saving ---------------------------------------------------------------------------------------
+
+    def send(self, slot: int, step: int, own: slots.SlotFile) -> None:
+        """After this rank's save of `step` into `own`: the exchange of that slot with the ring, on the thread."""
+        self.wait()
+        for path in self._shipped:
+            remove_file(path)
+        self._shipped = []
+        self._idle.clear()
+        self._jobs.put((slot, step, own))
+
+    def wait(self) -> None:
+        """The exchange in flight is complete (the replica received, this rank's copy acknowledged by the rank
+        that keeps it); its error is raised here."""
+        if not self._idle.wait(self.timeout + 10):
+            raise _C.CommError(
+                f"in-memory checkpoints: rank {self.rank}'s exchange of copies with ranks {self.send_to} and "
+                f"{self.keeps} did not complete in {self.timeout + 10:g} s (--timeout). Fix: see those ranks' logs."
+            )
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _serve(self) -> None:
+        while True:
+            slot, step, own = self._jobs.get()
+            try:
+                self._exchange(slot, step, own)
+            except _C.DtcoreError as e:  # raised on the training thread by the next wait()
+                self._error = e
+            except BaseException as e:
+                self._error = _C.CommError(
+                    f"in-memory checkpoints: rank {self.rank}'s exchange of the copies of step {step} with rank "
+                    f"{self.send_to} (which keeps its copy) and rank {self.keeps} (whose copy it keeps) failed: "
+                    f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. A rank of another node "
+                    "failed or is gone: its failure is the cause (see its node's log)."
+                )
+            finally:
+                self._idle.set()
+
+    def _exchange(self, slot: int, step: int, own: slots.SlotFile) -> None:
+        mine = torch.tensor([own.size, own.record_at, step], dtype=torch.int64)
+        theirs = torch.empty(3, dtype=torch.int64)
+        self._wait(
+            [
+                dist.isend(mine, self.send_to, self.group, tag=_HEADER),
+                dist.irecv(theirs, self.keeps, self.group, tag=_HEADER),
+            ]
+        )
+        size, record_at, their_step = theirs.tolist()
+        target = self._file(slot, size, record_at)
+        tail = torch.empty(size - record_at, dtype=torch.uint8)
+        self._wait(
+            [
+                dist.isend(own.mapped[: own.record_at], self.send_to, self.group, tag=_BODY),
+                dist.isend(own.mapped[own.record_at :], self.send_to, self.group, tag=_TAIL),
+                dist.irecv(target.mapped[:record_at], self.keeps, self.group, tag=_BODY),
+                dist.irecv(tail, self.keeps, self.group, tag=_TAIL),
+            ]
+        )
+        tail_bytes = tail.numpy().tobytes()
+        if slots.marker_of(tail_bytes) == their_step:  # else the sender's slot changed under it: no step here
+            target.commit_bytes(tail_bytes)
+        ack = torch.tensor([their_step], dtype=torch.int64)
+        acked = torch.empty(1, dtype=torch.int64)
+        self._wait(
+            [
+                dist.isend(ack, self.keeps, self.group, tag=_ACK),
+                dist.irecv(acked, self.send_to, self.group, tag=_ACK),
+            ]
+        )
+
+    def _file(self, slot: int, size: int, record_at: int) -> slots.SlotFile:
+        """The replica file of `slot`, `size` bytes, its marker cleared (at the new record area and the old)."""
+        target = self._files.get(slot)
+        if target is not None and target.size == size:
+            target.clear()
+            target.record_at = record_at
+            target.clear()
+            return target
+        if target is not None:
+            target.close()
+            del self._files[slot]
+        path = slots.slot_file(self.directory, slot, self.keeps)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            target = slots.SlotFile.allocate(path, size, record_at)
+        except OSError as e:
+            raise _C.ConfigError(
+                f"checkpoint.memory_every: rank {self.rank} cannot keep rank {self.keeps}'s copy "
+                f"({_C.format_bytes(size)}) in {self.directory}: {e}. Every rank of a job of several nodes keeps 2 "
+                "copies of its own and 2 of another node's rank. Fix: give the node's shared memory more room (a "
+                "container's --shm-size), point DTCORE_MEMORY_DIR at a larger tmpfs, or set checkpoint.memory_every=0."
+            ) from None
+        self._files[slot] = target
+        return target
+
+    def _wait(self, works: list) -> None:
+        for work in works:
+            work.wait(datetime.timedelta(seconds=self.timeout))
+
+    # Restarting -----------------------------------------------------------------------------------
+
+    def recorded(self) -> dict[int, int]:
+        """{step: slot} of the replicas this rank keeps."""
+        return slots.recorded(self.directory, self.keeps, len(self.nodes))
+
+    def clear_newer(self, step: int | None) -> None:
+        for held, slot in self.recorded().items():
+            if step is None or held > step:
+                slots.clear_record(slots.slot_file(self.directory, slot, self.keeps))
+
+    def gather_files(self, slot: int, holders: list[list[int]], sizes: list[int]) -> None:
+        """A collective: every node's directory gets the file of slot `slot` of every rank q from one rank
+        that holds it (holders[q]: the ranks that do, the one to send it first; sizes[q]: its bytes)."""
+        members = _members(self.nodes)
+        for q in range(len(self.nodes)):
+            index = members[self.nodes[q]].index(q)
+            for node in sorted(members):
+                if any(self.nodes[h] == node for h in holders[q]):
+                    continue
+                src, dst = holders[q][0], members[node][index]
+                path = slots.slot_file(self.directory, slot, q)
+                if self.rank == src:
+                    data = torch.from_file(path, shared=False, size=sizes[q], dtype=torch.uint8)
+                    dist.send(data, dst, self.group, tag=_BODY)
+                elif self.rank == dst:
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    received = slots.SlotFile.allocate(path, sizes[q], 0)
+                    dist.recv(received.mapped, src, self.group, tag=_BODY)
+                    received.close()
+                    if q not in (self.rank, self.keeps):
+                        self._shipped.append(path)
