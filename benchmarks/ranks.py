@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parents[1] / "tests" / "py"))
-from launch_helpers import free_port, torchrun_style, without_launcher_vars
+from launch_helpers import free_port, routable_address, torchrun_style, without_launcher_vars
 
-__all__ = ["bytes_written", "clean_env", "free_port", "rank_env", "rank0_report"]
+__all__ = ["bytes_written", "clean_env", "free_port", "rank_env", "rank0_report", "routable_address"]
 
 
 def bytes_written() -> int:
