@@ -88,17 +88,15 @@ class Job:
 
     def stderr_file(self, local_rank: int) -> str:
         """Where the agent kept a rank's stderr: <rank_dir>/<run id>_<random>/attempt_<n>/<local rank>/stderr.log."""
-        found = sorted(
-            glob.glob(os.path.join(glob.escape(self.rank_dir), "*", "attempt_*", str(local_rank), "stderr.log"))
-        )
-        return found[-1] if found else ""
+        found = glob.glob(os.path.join(glob.escape(self.rank_dir), "*", "attempt_*", str(local_rank), "stderr.log"))
+        return max(found, key=_attempt) if found else ""
 
     def run_log_dir(self) -> str:
         """The agent's directory of this launch, <rank_dir>/<run id>_<random>, which holds attempt_<k>/ (the
         restarted ranks find restarts.FAILURES there, three levels above their TORCHELASTIC_ERROR_FILE). A node
         started again into a running job begins at attempt_<k> with k > 0 (Note [Rounds] in rendezvous.py)."""
-        found = sorted(glob.glob(os.path.join(glob.escape(self.rank_dir), "*", "attempt_*")))
-        return os.path.dirname(found[-1]) if found else self.rank_dir
+        found = glob.glob(os.path.join(glob.escape(self.rank_dir), "*", "attempt_*"))
+        return os.path.dirname(max(found, key=_attempt)) if found else self.rank_dir
 
     def worker_env(self) -> dict[str, str]:
         """What local rank 0 of this node will see, as the preflight judges it."""
@@ -244,3 +242,11 @@ class Job:
             return
         others = [r for r in local if r != root]
         print(report(root, others, self.log_path, self.world, self.a.nnodes), file=sys.stderr, flush=True)
+
+
+def _attempt(path: str) -> tuple[int, str]:
+    """The attempt number k of a path with an attempt_<k> directory in it (attempt_10 after attempt_9)."""
+    for part in reversed(path.split(os.sep)):
+        if part.startswith("attempt_") and part[8:].isdigit():
+            return int(part[8:]), path
+    return -1, path

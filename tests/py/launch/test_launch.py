@@ -217,3 +217,17 @@ def test_a_preempted_training_run_ends_the_launcher_with_the_preempted_status(tm
     assert p.returncode == EXIT_PREEMPTED, err[-3000:]
     assert dtcore.checkpoint.latest(run_dir / "checkpoints") is not None
     assert leftover_processes([p.pid]) == []
+
+
+def test_the_newest_attempt_s_files_are_read_past_nine_restarts(tmp_path):
+    """attempt_10 is newer than attempt_9 (not by text order): the failed rank's stderr and the run's log dir."""
+    import argparse
+
+    from dtcore.launch.run import Job
+
+    job = Job(argparse.Namespace(nnodes=1), [], 1, "127.0.0.1", 1, str(tmp_path / "node0.log"), sys.executable)
+    for k in (1, 9, 10, 2):
+        (tmp_path / "node0" / "dtcore_x" / f"attempt_{k}" / "0").mkdir(parents=True)
+        (tmp_path / "node0" / "dtcore_x" / f"attempt_{k}" / "0" / "stderr.log").write_text(str(k))
+    assert Path(job.stderr_file(0)).read_text() == "10"
+    assert job.run_log_dir() == str(tmp_path / "node0" / "dtcore_x")
