@@ -136,11 +136,14 @@ def load_checkpoint(
     if world > 1:
         # The same checkpoint: the same step and files, wherever each rank finds them (in-memory checkpoints are
         # in each node's own directory).
-        mine = [reader.directory, reader.identity()] if reader is not None else ["", ""]
+        mine = [reader.directory, reader.identity(), reader.manifest["step"]] if reader is not None else ["", "", -1]
         seen = agree.gather([*mine, problem])
-        if any(p for _, _, p in seen) or len({i for _, i, _ in seen}) > 1:
-            odd = next(r for r, (_, i, p) in enumerate(seen) if p or i != seen[0][1])
-            what = seen[odd][2] or f"it found {seen[odd][0]}, rank 0 found {seen[0][0]}"
+        if any(p for *_, p in seen) or len({i for _, i, _, _ in seen}) > 1:
+            odd = next(r for r, (_, i, _, p) in enumerate(seen) if p or i != seen[0][1])
+            what = seen[odd][3] or (
+                f"it found {seen[odd][0]} (step {seen[odd][2]}), rank 0 found {seen[0][0]} (step {seen[0][2]}), and "
+                "their files differ"
+            )
             raise _C.CheckpointError(
                 f"ranks do not see the same checkpoint at {path}: rank {odd}: {what} Fix: put checkpoints on a file "
                 "system every node shares, at the same path."

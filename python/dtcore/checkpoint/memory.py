@@ -122,6 +122,28 @@ def open_node_directory(launch: str, owner_pid: int) -> str:
     return directory
 
 
+def refuse_ranks(ranks: list[list[int]], node: int) -> str | None:
+    """Why the ranks cannot keep in-memory checkpoints (None: they can), from every rank's [node, parent pid]:
+    on several nodes every node must run as many ranks (a rank's copy goes to its local index on the next
+    node), and the ranks of node `node` must be children of one launcher (which owns the copies)."""
+    nodes = [n for n, _ in ranks]
+    sizes = {n: nodes.count(n) for n in sorted(set(nodes))}
+    parents = sorted({p for n, p in ranks if n == node})
+    if len(set(sizes.values())) > 1:
+        return (
+            f"checkpoint.memory_every: the nodes run different numbers of ranks ({sizes}), where each rank's copy goes "
+            "to the rank of its local index on the next node. Fix: start as many ranks on every node "
+            "(--nproc-per-node), or set checkpoint.memory_every=0"
+        )
+    if len(parents) > 1 or parents == [1]:
+        return (
+            f"checkpoint.memory_every: the parent processes of the ranks of node {node} are {parents}, where the "
+            "copies need one launcher per node that is its ranks' parent (it owns them). Fix: start the ranks with "
+            "dtcore.launch or torchrun themselves (not through a wrapper script), or set checkpoint.memory_every=0"
+        )
+    return None
+
+
 class MemoryCheckpoints:
     """This rank's two slots in `directory` (a node directory): save() every few steps, newest() on
     restart. See Note [In-memory checkpoints]."""
@@ -329,7 +351,12 @@ class MemoryCheckpoints:
             self.replicas.clear_newer(None if newest is None else newest[0])
         if newest is None:
             if any(found["own"] or found["held"] for found in every):
-                log.info("in-memory checkpoints: no step that every rank's copies hold (%s)", every)
+                steps = [sorted({step for step, _ in held}) for held in where]
+                log.warning(
+                    "in-memory checkpoints: no step of which every rank's copy is held (the steps held of each rank's: "
+                    "%s); resuming from disk",
+                    steps,
+                )
             return None
         step, slot = newest
         directory = self.slot_directory(slot)
@@ -338,7 +365,19 @@ class MemoryCheckpoints:
         reports = [report for found in (agree.gather(mine) if self.world > 1 else [mine]) for report in found]
         reports.sort(key=lambda report: report["rank"])
         if self.replicas is not None:
-            self.replicas.gather_files(slot, holders, [report["bytes"] for report in reports])
+            # Every other holder checks its copy against the digest of the one the manifest names: a copy that
+            # differs is as good as none, and is sent again.
+            bad = [
+                q
+                for q in range(self.world)
+                if self.rank in holders[q][1:]
+                and _C.digest_file(slots.slot_file(self.directory, slot, q)).sha256 != reports[q]["sha256"]
+            ]
+            for r, found in enumerate(agree.gather(bad)):
+                for q in found:
+                    log.warning("in-memory checkpoints: rank %d's copy of rank %d's step %d differs", r, q, step)
+                    holders[q].remove(r)
+            self.replicas.gather_files(slot, holders, reports)
         if self.writes_manifest:
             write_manifest(directory, self.world, reports)
             self._manifests.add(slot)

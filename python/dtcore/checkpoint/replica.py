@@ -32,16 +32,23 @@ replica it keeps is removed at its next save.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import queue
+import socket
 import threading
+import time
+import weakref
 
 import torch
 import torch.distributed as dist
 
 from .. import _C
+from ..bootstrap import context
 from . import slots
 from .save import remove_file
+
+log = logging.getLogger("dtcore")
 
 _HEADER, _BODY, _TAIL, _ACK = 0, 1, 2, 3  # the tags of an exchange's messages
 
@@ -70,6 +77,8 @@ class Replicas:
     """This rank's side of the ring of replicas (Note [Replicas]). A collective to build (a Gloo group)."""
 
     def __init__(self, directory: str, rank: int, nodes: list[int], timeout: float) -> None:
+        """timeout: seconds an exchange or a restart's transfer may take (DTCORE_TIMEOUT). A wait says what it
+        still waits for every DTCORE_RDZV_LOG_INTERVAL seconds, as the rendezvous does."""
         if not dist.is_initialized():
             raise _C.ConfigError(
                 "checkpoint.memory_every on several nodes sends each rank's copy to another node through "
@@ -77,15 +86,25 @@ class Replicas:
                 "default), or set checkpoint.memory_every=0."
             )
         self.directory, self.rank, self.nodes, self.timeout = directory, rank, nodes, timeout
+        self.interval = max(0.5, _C.read_settings().rdzv_log_interval_s)
         self.send_to, self.keeps = ring(nodes)[rank]
-        self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+        try:
+            self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+        except RuntimeError as e:
+            raise _C.ConfigError(
+                f"checkpoint.memory_every: rank {rank} on {socket.gethostname()} could not join the Gloo group that "
+                f"sends the copies to another node ({str(e).splitlines()[0]}). Fix: set GLOO_SOCKET_IFNAME to the "
+                "network interface the nodes reach each other on, or set checkpoint.memory_every=0."
+            ) from None
         self._files: dict[int, slots.SlotFile] = {}  # slot -> the replica it receives into
         self._shipped: list[str] = []  # files gather_files brought here that are neither this rank's nor its replica
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._idle = threading.Event()
         self._idle.set()
         self._error: BaseException | None = None
+        self._doing = ""  # what the exchange in flight waits for, for wait()'s progress lines
         threading.Thread(target=self._serve, daemon=True, name="dtcore-replicas").start()
+        _live.add(self)
 
     # Saving ---------------------------------------------------------------------------------------
 
@@ -101,10 +120,21 @@ class Replicas:
     def wait(self) -> None:
         """The exchange in flight is complete (the replica received, this rank's copy acknowledged by the rank
         that keeps it); its error is raised here."""
-        if not self._idle.wait(self.timeout + 10):
-            raise _C.CommError(
-                f"in-memory checkpoints: rank {self.rank}'s exchange of copies with ranks {self.send_to} and "
-                f"{self.keeps} did not complete in {self.timeout + 10:g} s (--timeout). Fix: see those ranks' logs."
+        started = time.monotonic()
+        limit = self.timeout + 10  # the thread's own waits end at the timeout: it says why first
+        while not self._idle.wait(min(self.interval, max(0.0, started + limit - time.monotonic()))):
+            waited = time.monotonic() - started
+            if waited >= limit:
+                raise _C.CommError(
+                    f"in-memory checkpoints: rank {self.rank} on {socket.gethostname()} waited {waited:.0f} s for its "
+                    f"exchange of copies with rank {self.send_to} and rank {self.keeps} ({self._doing}), beyond the "
+                    "timeout (DTCORE_TIMEOUT). Fix: see those ranks' logs; one of them has stalled or died."
+                )
+            log.warning(
+                "in-memory checkpoints: rank %d waiting %.0f s for its exchange of copies (%s)",
+                self.rank,
+                waited,
+                self._doing,
             )
         if self._error is not None:
             error, self._error = self._error, None
@@ -119,45 +149,61 @@ class Replicas:
                 self._error = e
             except BaseException as e:
                 self._error = _C.CommError(
-                    f"in-memory checkpoints: rank {self.rank}'s exchange of the copies of step {step} with rank "
-                    f"{self.send_to} (which keeps its copy) and rank {self.keeps} (whose copy it keeps) failed: "
-                    f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. A rank of another node "
-                    "failed or is gone: its failure is the cause (see its node's log)."
+                    f"in-memory checkpoints: rank {self.rank} on {socket.gethostname()} could not exchange the copies "
+                    f"of step {step} with rank {self.send_to} (which keeps its copy) and rank {self.keeps} (whose copy "
+                    f"it keeps) while it {self._doing}: {type(e).__name__}: "
+                    f"{str(e).splitlines()[0] if str(e) else ''}. Most likely one of those ranks failed or is gone "
+                    "(its node's log has the cause); else the link between the nodes broke."
                 )
             finally:
+                own = None  # (the slot's mapping is not kept alive here while the slots are laid out again)
                 self._idle.set()
 
     def _exchange(self, slot: int, step: int, own: slots.SlotFile) -> None:
+        deadline = time.monotonic() + self.timeout  # one for the whole exchange
         mine = torch.tensor([own.size, own.record_at, step], dtype=torch.int64)
         theirs = torch.empty(3, dtype=torch.int64)
+        self._doing = f"sends the size of its copy of step {step}"
         self._wait(
+            deadline,
             [
                 dist.isend(mine, self.send_to, self.group, tag=_HEADER),
                 dist.irecv(theirs, self.keeps, self.group, tag=_HEADER),
-            ]
+            ],
         )
         size, record_at, their_step = theirs.tolist()
         target = self._file(slot, size, record_at)
         tail = torch.empty(size - record_at, dtype=torch.uint8)
+        self._doing = f"sends its copy of step {step} ({_C.format_bytes(own.size)}) and receives rank {self.keeps}'s"
         self._wait(
+            deadline,
             [
                 dist.isend(own.mapped[: own.record_at], self.send_to, self.group, tag=_BODY),
                 dist.isend(own.mapped[own.record_at :], self.send_to, self.group, tag=_TAIL),
                 dist.irecv(target.mapped[:record_at], self.keeps, self.group, tag=_BODY),
                 dist.irecv(tail, self.keeps, self.group, tag=_TAIL),
-            ]
+            ],
         )
         tail_bytes = tail.numpy().tobytes()
-        if slots.marker_of(tail_bytes) == their_step:  # else the sender's slot changed under it: no step here
+        kept = slots.marker_of(tail_bytes) == their_step  # else the sender's slot changed under it: no step here
+        if kept:
             target.commit_bytes(tail_bytes)
-        ack = torch.tensor([their_step], dtype=torch.int64)
+        ack = torch.tensor([their_step if kept else -1], dtype=torch.int64)
         acked = torch.empty(1, dtype=torch.int64)
+        self._doing = f"waits for rank {self.send_to} to confirm it keeps its copy of step {step}"
         self._wait(
+            deadline,
             [
                 dist.isend(ack, self.keeps, self.group, tag=_ACK),
                 dist.irecv(acked, self.send_to, self.group, tag=_ACK),
-            ]
+            ],
         )
+        if int(acked) != step:
+            raise _C.CommError(
+                f"in-memory checkpoints: rank {self.send_to} did not keep rank {self.rank}'s copy of step {step} (it "
+                f"confirmed {int(acked)}): the copy it received did not hold the step it was sent for. This is a bug "
+                "in dtcore; the copies of the step before stand. Fix: report it, and set checkpoint.memory_every=0."
+            )
 
     def _file(self, slot: int, size: int, record_at: int) -> slots.SlotFile:
         """The replica file of `slot`, `size` bytes, its marker cleared (at the new record area and the old)."""
@@ -184,9 +230,16 @@ class Replicas:
         self._files[slot] = target
         return target
 
-    def _wait(self, works: list) -> None:
+    def _wait(self, deadline: float, works: list) -> None:
         for work in works:
-            work.wait(datetime.timedelta(seconds=self.timeout))
+            work.wait(datetime.timedelta(seconds=max(0.001, deadline - time.monotonic())))
+
+    def finish_quietly(self) -> None:
+        """Before shutdown: the exchange in flight completes (bounded), its error logged, not raised."""
+        try:
+            self.wait()
+        except _C.DtcoreError as e:
+            log.warning("in-memory checkpoints: %s", e)
 
     # Restarting -----------------------------------------------------------------------------------
 
@@ -199,9 +252,10 @@ class Replicas:
             if step is None or held > step:
                 slots.clear_record(slots.slot_file(self.directory, slot, self.keeps))
 
-    def gather_files(self, slot: int, holders: list[list[int]], sizes: list[int]) -> None:
+    def gather_files(self, slot: int, holders: list[list[int]], reports: list[dict]) -> None:
         """A collective: every node's directory gets the file of slot `slot` of every rank q from one rank
-        that holds it (holders[q]: the ranks that do, the one to send it first; sizes[q]: its bytes)."""
+        that holds it (holders[q]: the ranks that do, the one to send it first; reports[q]: its size and SHA-256,
+        which the file received must have before it takes the file's name)."""
         members = _members(self.nodes)
         for q in range(len(self.nodes)):
             index = members[self.nodes[q]].index(q)
@@ -210,13 +264,57 @@ class Replicas:
                     continue
                 src, dst = holders[q][0], members[node][index]
                 path = slots.slot_file(self.directory, slot, q)
-                if self.rank == src:
-                    data = torch.from_file(path, shared=False, size=sizes[q], dtype=torch.uint8)
-                    dist.send(data, dst, self.group, tag=_BODY)
-                elif self.rank == dst:
-                    os.makedirs(os.path.dirname(path), exist_ok=True)
-                    received = slots.SlotFile.allocate(path, sizes[q], 0)
-                    dist.recv(received.mapped, src, self.group, tag=_BODY)
-                    received.close()
-                    if q not in (self.rank, self.keeps):
-                        self._shipped.append(path)
+                size = reports[q]["bytes"]
+                try:
+                    if self.rank == src:
+                        data = torch.from_file(path, shared=False, size=size, dtype=torch.uint8)
+                        dist.send(data, dst, self.group, tag=_BODY)
+                    elif self.rank == dst:
+                        self._receive(path, size, reports[q]["sha256"], src)
+                        if q not in (self.rank, self.keeps):
+                            self._shipped.append(path)
+                except (RuntimeError, OSError) as e:
+                    if isinstance(e, _C.DtcoreError):
+                        raise
+                    raise _C.CommError(
+                        f"in-memory checkpoints: restarting, rank {self.rank} on {socket.gethostname()} could not "
+                        f"{'send' if self.rank == src else 'receive'} rank {q}'s copy ({_C.format_bytes(size)}) "
+                        f"{'to' if self.rank == src else 'from'} rank {dst if self.rank == src else src}: "
+                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. Fix: see that rank's log; "
+                        "the next restart resumes from disk if this one fails again."
+                    ) from None
+
+    def _receive(self, path: str, size: int, sha256: str, src: int) -> None:
+        """A copy sent by rank `src`, written under a temporary name, checked against its digest, then renamed."""
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temporary = f"{path}.tmp-{os.getpid()}"
+        try:
+            received = slots.SlotFile.allocate(temporary, size, 0)
+        except OSError as e:
+            raise _C.ConfigError(
+                f"checkpoint.memory_every: restarting, rank {self.rank} has no room in {self.directory} for another "
+                f"rank's copy ({_C.format_bytes(size)}): {e}. On a restart every node holds every rank's copy of the "
+                "step it resumes from. Fix: give the node's shared memory more room (a container's --shm-size), point "
+                "DTCORE_MEMORY_DIR at a larger tmpfs, or set checkpoint.memory_every=0."
+            ) from None
+        dist.recv(received.mapped, src, self.group, tag=_BODY)
+        received.close()
+        digest = _C.digest_file(temporary)
+        if digest.sha256 != sha256:
+            remove_file(temporary)
+            raise _C.CheckpointError(
+                f"in-memory checkpoints: the copy rank {self.rank} received from rank {src} for {path} has SHA-256 "
+                f"{digest.sha256}, not {sha256} as sent. Fix: see rank {src}'s log; the next restart resumes from disk."
+            )
+        os.replace(temporary, path)
+
+
+_live: weakref.WeakSet[Replicas] = weakref.WeakSet()  # for dtcore.shutdown(): exchanges in flight complete first
+
+
+def _finish_all() -> None:
+    for replicas in list(_live):
+        replicas.finish_quietly()
+
+
+context.before_shutdown.append(_finish_all)

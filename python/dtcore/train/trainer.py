@@ -590,23 +590,8 @@ class Trainer:
         me = [ctx.node_rank, parent]
         seen = agree.gather(me) if self.world > 1 else [me]
         nodes = [node for node, _ in seen]
-        parents = sorted({p for node, p in seen if node == ctx.node_rank})
-        sizes = {node: nodes.count(node) for node in nodes}
-        error, directory = None, ""
-        if len(set(sizes.values())) > 1:
-            error = (
-                f"checkpoint.memory_every: the nodes run different numbers of ranks ({sizes}), where each rank's "
-                "copy goes to the rank of its local index on the next node. Fix: start as many ranks on every node "
-                "(--nproc-per-node), or set checkpoint.memory_every=0"
-            )
-        elif len(parents) > 1 or parent == 1:
-            error = (
-                f"checkpoint.memory_every: the parent processes of the ranks of node {ctx.node_rank} are {parents}, "
-                "where the copies need one launcher per node that is its ranks' parent (it owns them). Fix: start the "
-                "ranks with dtcore.launch or torchrun themselves (not through a wrapper script), or set "
-                "checkpoint.memory_every=0"
-            )
-        else:
+        error, directory = memory_checkpoints.refuse_ranks(seen, ctx.node_rank), ""
+        if error is None:
             try:
                 directory = memory_checkpoints.open_node_directory(key, parent)
             except _C.ConfigError as e:

@@ -266,3 +266,20 @@ def test_the_ranks_agree_on_the_newest_step_they_all_hold_and_a_newer_copy_is_cl
     loaded, state = _load(found[0][1])  # both ranks' halves of the replicated state, at 1 rank
     _same(state, expected)
     assert loaded["step"] == 2
+
+
+def test_ranks_that_cannot_keep_copies_are_refused_naming_why():
+    assert mem.refuse_ranks([[0, 100], [0, 100], [1, 200], [1, 200]], 1) is None
+    uneven = mem.refuse_ranks([[0, 100], [0, 100], [1, 200]], 0)
+    assert "nodes run different numbers of ranks ({0: 2, 1: 1})" in uneven and "--nproc-per-node" in uneven
+    wrapped = mem.refuse_ranks([[0, 100], [0, 101], [1, 200], [1, 200]], 0)
+    assert "the parent processes of the ranks of node 0 are [100, 101]" in wrapped and "wrapper script" in wrapped
+    assert "node 1 are [1]" in mem.refuse_ranks([[0, 100], [1, 1]], 1)  # an orphan: no launcher owns the copies
+
+
+def test_the_ring_sends_each_rank_s_copy_to_its_local_index_on_the_next_node():
+    from dtcore.checkpoint.replica import ring
+
+    assert ring([0, 0, 1, 1]) == [(2, 2), (3, 3), (0, 0), (1, 1)]
+    assert ring([0, 0, 1, 1, 2, 2]) == [(2, 4), (3, 5), (4, 0), (5, 1), (0, 2), (1, 3)]
+    assert ring([5, 3, 5, 3]) == [(1, 1), (0, 0), (3, 3), (2, 2)]  # nodes by number, ranks in any order

@@ -7,11 +7,11 @@ import pytest
 from launch_helpers import clean_env, describe, free_port, leftover_processes, routable_address, run_ranks
 
 
-def _run(tmp_path, zero: int, case: str) -> list[dict]:
+def _run(tmp_path, zero: int, case: str, world: int = 4, per_node: int = 2) -> list[dict]:
     address = routable_address()
     if address is None:
         pytest.skip("this machine has no address other than loopback (a job of several nodes refuses it)")
-    port, world, per_node = free_port(), 4, 2
+    port = free_port()
     envs = [
         clean_env(
             RANK=str(rank),
@@ -36,6 +36,7 @@ def test_every_node_holds_every_rank_s_copy_and_a_restart_that_lost_nothing_load
         assert j["bad"] == [] and j["step"] == 4, j
         assert j["replica_is_a_copy"], j
         assert j["files"] == ["manifest.json"] + [f"rank{r:05d}.safetensors" for r in range(4)], j
+        assert j["written"] == [], j  # two nodes that lost nothing: every file was there, none was sent
 
 
 @pytest.mark.multirank
@@ -43,3 +44,18 @@ def test_a_node_whose_copies_are_gone_resumes_bit_for_bit_from_the_other_node_s_
     for j in _run(tmp_path, 2, "lost"):
         assert j["bad"] == [] and j["step"] == 4, j
         assert j["files"] == ["manifest.json"] + [f"rank{r:05d}.safetensors" for r in range(4)], j
+
+
+@pytest.mark.multirank
+def test_on_three_nodes_a_lost_node_gets_every_file_and_the_others_the_files_they_lack(tmp_path):
+    """3 nodes of 1 rank: node 1's directory removed. Node 0 holds rank 0's own and rank 2's replica and gets
+    rank 1's from node 2's replica; node 2 gets rank 0's; node 1 gets all three."""
+    results = _run(tmp_path, 0, "lost", world=3, per_node=1)
+    for j in results:
+        assert j["bad"] == [] and j["step"] == 4, j
+        assert j["files"] == ["manifest.json"] + [f"rank{r:05d}.safetensors" for r in range(3)], j
+    assert [j["written"] for j in results] == [
+        ["rank00001.safetensors"],
+        ["rank00000.safetensors", "rank00001.safetensors", "rank00002.safetensors"],
+        ["rank00000.safetensors"],
+    ]

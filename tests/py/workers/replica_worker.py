@@ -51,9 +51,10 @@ def main() -> None:
     root, zero, case = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     ctx = dtcore.init()
     rank, world = ctx.rank, ctx.world_size
-    nodes = [r // ctx.local_world_size for r in range(world)]
+    nodes = [r // ctx.local_world_size for r in range(world)]  # (as the launchers number them)
     directory = os.path.join(root, f"node{ctx.node_rank}")
-    os.makedirs(directory, exist_ok=True)
+    for slot in (0, 1):
+        os.makedirs(os.path.join(directory, f"slot{slot}"), exist_ok=True)
 
     model, opt = build(zero, seed=0)
     copies = mem.MemoryCheckpoints(directory, rank, world, every=1, nodes=nodes, timeout=60)
@@ -73,10 +74,14 @@ def main() -> None:
     if case == "lost" and ctx.local_rank == 0 and ctx.node_rank == 1:
         shutil.rmtree(directory)
     dtcore.barrier()
-    os.makedirs(directory, exist_ok=True)
+    for slot in (0, 1):
+        os.makedirs(os.path.join(directory, f"slot{slot}"), exist_ok=True)
 
+    before = {e.path: e.stat().st_mtime_ns for s in (0, 1) for e in os.scandir(os.path.join(directory, f"slot{s}"))}
     restarted = mem.MemoryCheckpoints(directory, rank, world, every=1, nodes=nodes, timeout=60)
     found = restarted.newest()
+    after = {e.path: e.stat().st_mtime_ns for s in (0, 1) for e in os.scandir(os.path.join(directory, f"slot{s}"))}
+    written = sorted(os.path.basename(p) for p in after if before.get(p) != after[p] and "manifest" not in p)
     bad = []
     if found is None:
         bad.append("no step found")
@@ -97,6 +102,7 @@ def main() -> None:
                 "files": sorted(os.listdir(found[1])) if found else [],
                 "recorded": sorted(restarted.recorded()),
                 "replica_is_a_copy": replica_is_a_copy,
+                "written": written,  # the files of this node that the restart wrote (sent here)
             }
         ),
         flush=True,
