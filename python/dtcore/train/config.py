@@ -134,8 +134,9 @@ class CheckpointConfig:
     memory_every: int = 0
     """Copy every rank's state into its node's shared memory every this many steps, where a restarted job
     resumes from (within one step at memory_every=1); 0: never. Needs a launcher that restarts the job
-    (dtcore.launch or torchrun with --max-restarts N) and every rank on one node; the memory, two copies of
-    each rank's part of a checkpoint, is in DTCORE_MEMORY_DIR (/dev/shm) until the launcher exits."""
+    (dtcore.launch or torchrun with --max-restarts N); on several nodes each copy also goes to the next node,
+    so that a node lost whole loses none. The memory, two copies of each rank's part of a checkpoint (and two
+    of another node's rank), is in DTCORE_MEMORY_DIR (/dev/shm) until the launcher exits."""
 
 
 @dataclasses.dataclass
