@@ -23,8 +23,9 @@ step k is on two nodes, and losing a node then loses at most the step it interru
 On restart (MemoryCheckpoints.newest) every rank reports the steps of its own files and of the replicas it
 holds; the newest step held somewhere for every rank is taken. Each node then needs every rank's file of
 that step in its own directory (a rank's share of a replicated tensor is read by every rank): a file a node
-lacks is sent to it by one rank that holds it (its owner first), one transfer at a time in one order on
-every rank (gather_files). With two nodes a restart that lost nothing ships nothing: each node holds its
+lacks is sent to it by one rank that holds it (its owner first), every transfer posted at once, one tag
+each in one order on every rank, received under a temporary name and renamed once its SHA-256 is the one
+its holder reported (gather_files). With two nodes a restart that lost nothing ships nothing: each node holds its
 own ranks' files and the other node's replicas. A file a rank received that is neither its own nor the
 replica it keeps is removed at its next save.
 """
@@ -51,6 +52,7 @@ from .save import remove_file
 log = logging.getLogger("dtcore")
 
 _HEADER, _BODY, _TAIL, _ACK = 0, 1, 2, 3  # the tags of an exchange's messages
+_SHIP = 16  # the first tag of a restart's transfers (gather_files), one each
 
 
 def ring(nodes: list[int]) -> list[tuple[int, int]]:
@@ -255,41 +257,45 @@ class Replicas:
     def gather_files(self, slot: int, holders: list[list[int]], reports: list[dict]) -> None:
         """A collective: every node's directory gets the file of slot `slot` of every rank q from one rank
         that holds it (holders[q]: the ranks that do, the one to send it first; reports[q]: its size and SHA-256,
-        which the file received must have before it takes the file's name)."""
+        which the file received must have before it takes the file's name). Every transfer is posted at once
+        (one tag each, in one order on every rank), so that the links between the nodes carry them together."""
         members = _members(self.nodes)
+        transfers = []  # (rank q whose file, from, to)
         for q in range(len(self.nodes)):
             index = members[self.nodes[q]].index(q)
             for node in sorted(members):
-                if any(self.nodes[h] == node for h in holders[q]):
-                    continue
-                src, dst = holders[q][0], members[node][index]
-                path = slots.slot_file(self.directory, slot, q)
-                size = reports[q]["bytes"]
-                try:
-                    if self.rank == src:
-                        data = torch.from_file(path, shared=False, size=size, dtype=torch.uint8)
-                        dist.send(data, dst, self.group, tag=_BODY)
-                    elif self.rank == dst:
-                        self._receive(path, size, reports[q]["sha256"], src)
-                        if q not in (self.rank, self.keeps):
-                            self._shipped.append(path)
-                except (RuntimeError, OSError) as e:
-                    if isinstance(e, _C.DtcoreError):
-                        raise
-                    raise _C.CommError(
-                        f"in-memory checkpoints: restarting, rank {self.rank} on {socket.gethostname()} could not "
-                        f"{'send' if self.rank == src else 'receive'} rank {q}'s copy ({_C.format_bytes(size)}) "
-                        f"{'to' if self.rank == src else 'from'} rank {dst if self.rank == src else src}: "
-                        f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}. Fix: see that rank's log; "
-                        "the next restart resumes from disk if this one fails again."
-                    ) from None
+                if not any(self.nodes[h] == node for h in holders[q]):
+                    transfers.append((q, holders[q][0], members[node][index]))
+        deadline = time.monotonic() + self.timeout
+        posted = []  # (work, transfer, the file being received or None)
+        for tag, (q, src, dst) in enumerate(transfers, start=_SHIP):
+            path, size = slots.slot_file(self.directory, slot, q), reports[q]["bytes"]
+            if self.rank == src:
+                data = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)  # a mapping: not read here
+                posted.append((dist.isend(data, dst, self.group, tag=tag), (q, src, dst), None))
+            elif self.rank == dst:
+                received = self._allocate(path, size)
+                posted.append((dist.irecv(received.mapped, src, self.group, tag=tag), (q, src, dst), received))
+        for work, (q, src, dst), received in posted:
+            try:
+                work.wait(datetime.timedelta(seconds=max(0.001, deadline - time.monotonic())))
+            except RuntimeError as e:
+                raise _C.CommError(
+                    f"in-memory checkpoints: restarting, rank {self.rank} on {socket.gethostname()} could not "
+                    f"{'receive' if received else 'send'} rank {q}'s copy ({_C.format_bytes(reports[q]['bytes'])}) "
+                    f"{'from' if received else 'to'} rank {src if received else dst}: {str(e).splitlines()[0]}. Fix: "
+                    "see that rank's log; the next restart resumes from disk if this one fails again."
+                ) from None
+            if received is not None:
+                self._take(received, reports[q]["sha256"], src)
+                if q not in (self.rank, self.keeps):
+                    self._shipped.append(received.path.rsplit(".tmp-", 1)[0])
 
-    def _receive(self, path: str, size: int, sha256: str, src: int) -> None:
-        """A copy sent by rank `src`, written under a temporary name, checked against its digest, then renamed."""
+    def _allocate(self, path: str, size: int) -> slots.SlotFile:
+        """A file of `size` bytes under a temporary name beside `path`, for a copy another rank sends."""
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        temporary = f"{path}.tmp-{os.getpid()}"
         try:
-            received = slots.SlotFile.allocate(temporary, size, 0)
+            return slots.SlotFile.allocate(f"{path}.tmp-{os.getpid()}", size, 0)
         except OSError as e:
             raise _C.ConfigError(
                 f"checkpoint.memory_every: restarting, rank {self.rank} has no room in {self.directory} for another "
@@ -297,16 +303,19 @@ class Replicas:
                 "step it resumes from. Fix: give the node's shared memory more room (a container's --shm-size), point "
                 "DTCORE_MEMORY_DIR at a larger tmpfs, or set checkpoint.memory_every=0."
             ) from None
-        dist.recv(received.mapped, src, self.group, tag=_BODY)
+
+    def _take(self, received: slots.SlotFile, sha256: str, src: int) -> None:
+        """A copy received from rank `src` takes its name once its digest is the one its holder reported."""
         received.close()
-        digest = _C.digest_file(temporary)
+        path = received.path.rsplit(".tmp-", 1)[0]
+        digest = _C.digest_file(received.path)
         if digest.sha256 != sha256:
-            remove_file(temporary)
+            remove_file(received.path)
             raise _C.CheckpointError(
                 f"in-memory checkpoints: the copy rank {self.rank} received from rank {src} for {path} has SHA-256 "
                 f"{digest.sha256}, not {sha256} as sent. Fix: see rank {src}'s log; the next restart resumes from disk."
             )
-        os.replace(temporary, path)
+        os.replace(received.path, path)
 
 
 _live: weakref.WeakSet[Replicas] = weakref.WeakSet()  # for dtcore.shutdown(): exchanges in flight complete first

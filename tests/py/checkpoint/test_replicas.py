@@ -2,12 +2,14 @@
 real ranks of two nodes on loopback, the replica a byte copy of its rank's file, and a node whose copies are
 all gone resumes bit for bit from the other node's."""
 
+import re
+
 import pytest
 
 from launch_helpers import clean_env, describe, free_port, leftover_processes, routable_address, run_ranks
 
 
-def _run(tmp_path, zero: int, case: str, world: int = 4, per_node: int = 2) -> list[dict]:
+def _run(tmp_path, zero: int, case: str, world: int = 4, per_node: int = 2) -> list:
     address = routable_address()
     if address is None:
         pytest.skip("this machine has no address other than loopback (a job of several nodes refuses it)")
@@ -25,8 +27,10 @@ def _run(tmp_path, zero: int, case: str, world: int = 4, per_node: int = 2) -> l
         for rank in range(world)
     ]
     results, sessions = run_ranks("replica_worker.py", envs, args=(str(tmp_path), str(zero), case), timeout=150)
-    assert all(r.returncode == 0 for r in results), describe(results)
     assert leftover_processes(sessions) == []
+    if case == "peerdies":
+        return results
+    assert all(r.returncode == 0 for r in results), describe(results)
     return [r.json() for r in results]
 
 
@@ -59,3 +63,14 @@ def test_on_three_nodes_a_lost_node_gets_every_file_and_the_others_the_files_the
         ["rank00000.safetensors", "rank00001.safetensors", "rank00002.safetensors"],
         ["rank00000.safetensors"],
     ]
+
+
+@pytest.mark.multirank
+def test_a_peer_that_dies_during_the_exchange_is_a_comm_error_naming_it_on_its_partner(tmp_path):
+    results = _run(tmp_path, 0, "peerdies")
+    assert results[2].returncode == -9
+    assert results[0].returncode != 0 and results[0].seconds < 60, describe(results)
+    assert "CommError: in-memory checkpoints: rank 0" in results[0].stderr, results[0].stderr
+    # (step 2's exchange may still be in flight when rank 2 dies: the step named is the one whose exchange failed)
+    assert re.search(r"could not exchange the copies of step [23] with rank 2 ", results[0].stderr), results[0].stderr
+    assert [r.json() for r in (results[1], results[3])] == [{"rank": 1, "confirmed": 3}, {"rank": 3, "confirmed": 3}]

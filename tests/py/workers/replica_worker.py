@@ -8,6 +8,7 @@ node's. Then, as after a restart, fresh MemoryCheckpoints find the newest step a
 model trained otherwise. CASE:
   intact   nothing lost: every node already holds every rank's file of step 4 (2 nodes), nothing is sent
   lost     node 1's directory is removed first (its launcher died): node 1 gets every file from node 0
+  peerdies rank 2 SIGKILLs itself as step 3 begins: the others' exchange of step 3 fails, named, and they exit
 Prints one JSON line: {"rank", "step", "bad": [...], "files": the node's files of the slot loaded, ...}.
 """
 
@@ -15,6 +16,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import sys
 
 import torch
@@ -60,6 +62,13 @@ def main() -> None:
     copies = mem.MemoryCheckpoints(directory, rank, world, every=1, nodes=nodes, timeout=60)
     data = batches(5, 1, 4 * world)
     for step in range(1, 5):
+        if case == "peerdies" and step == 3:
+            if rank == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            copies.save(step, model=model, optimizer=opt, rank_extra={"rank": rank, "step": step})
+            copies.confirm()  # rank 0 exchanges with rank 2: CommError
+            print(json.dumps({"rank": rank, "confirmed": step}), flush=True)
+            return
         loss_of(model, data[step - 1][0][rank * 4 : (rank + 1) * 4]).backward()
         opt.step()
         opt.zero_grad()
