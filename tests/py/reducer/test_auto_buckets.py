@@ -23,7 +23,8 @@ def test_the_auto_plan_trains_as_torch_ddp_on_rank_0s_measurements(ranks):
         j = r["against_ddp"]
         assert j["param_diff"] == 0.0, j
         info = j["info"]
-        assert info["chosen"] and info["alpha_us"] >= 0 and info["us_per_mib"] > 0 and info["backward_ms"] > 0, info
+        # (the cost fit is clamped at 0: a loaded machine can measure a slope of 0 per MiB)
+        assert info["chosen"] and info["alpha_us"] >= 0 and info["us_per_mib"] >= 0 and info["backward_ms"] > 0, info
         assert not info["device_clock"]  # the host's clock on CPU
         assert 1 <= len(j["buckets"]) <= 64
         assert sorted(i for b in j["buckets"] for i in b) == list(range(j["params"]))
