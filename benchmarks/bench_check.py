@@ -1,9 +1,10 @@
 """The resource checker's cost and what its bandwidth test measures, against torch.distributed.
 
-    python benchmarks/bench_check.py [--repeats 5] [--sizes 8B:64MiB] [--sweeps 5] [--world 2]
+    python benchmarks/bench_check.py [--repeats 5] [--sizes 8B:64MiB] [--sweeps 5] [--world 2] [--no-bandwidth]
 
 1. Wall time of `python -m dtcore.check --json` on this node (interpreter start, imports and all),
-   median of --repeats runs; also the probes' own time as the report states it.
+   median of --repeats runs, alternating with `python -c "import torch"` (what any torch program
+   pays before its first line); also the probes' own time as the report states it.
 2. The distributed mode's allreduce sweep: --world ranks on loopback, each running dtcore's sweep
    (dtcore.check's own code, on dtcore's Gloo communicator) and the same sweep with
    torch.distributed.all_reduce on torch's Gloo group, alternating, --sweeps times each. Per size:
@@ -23,9 +24,16 @@ import time
 from ranks import clean_env, free_port, rank_env
 
 
-def single_node(repeats: int) -> tuple[list[float], list[float]]:
-    walls, probes = [], []
+def _wall(cmd: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, env=clean_env(), capture_output=True, check=True, timeout=120)
+    return time.perf_counter() - start
+
+
+def single_node(repeats: int) -> tuple[list[float], list[float], list[float]]:
+    walls, probes, torch_walls = [], [], []
     for _ in range(repeats):
+        torch_walls.append(_wall([sys.executable, "-c", "import torch"]))
         start = time.perf_counter()
         out = subprocess.run(
             [sys.executable, "-m", "dtcore.check", "--json"],
@@ -36,7 +44,7 @@ def single_node(repeats: int) -> tuple[list[float], list[float]]:
         )
         walls.append(time.perf_counter() - start)
         probes.append(json.loads(out.stdout)["elapsed_s"])
-    return walls, probes
+    return walls, probes, torch_walls
 
 
 def torch_sweep(ctx, sizes: list[int], iters) -> list[float]:
@@ -111,6 +119,7 @@ def main() -> None:
     ap.add_argument("--sweeps", type=int, default=5)
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--iters", type=int)
+    ap.add_argument("--no-bandwidth", dest="bandwidth", action="store_false", help="only the one-node wall time")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -122,7 +131,7 @@ def main() -> None:
 
     low, _, high = args.sizes.partition(":")
     sizes = size_range(parse_bytes(low), parse_bytes(high or low))
-    walls, probes = single_node(args.repeats)
+    walls, probes, torch_walls = single_node(args.repeats)
     print(f"## python -m dtcore.check, one node ({args.repeats} runs)\n")
     print("| | median | min | max |\n|---|---|---|---|")
     print(
@@ -130,9 +139,15 @@ def main() -> None:
         f"{max(walls):.2f} s |"
     )
     print(
+        f'| `python -c "import torch"` | {statistics.median(torch_walls):.2f} s | {min(torch_walls):.2f} s | '
+        f"{max(torch_walls):.2f} s |"
+    )
+    print(
         f"| the probes (report's elapsed_s) | {statistics.median(probes) * 1000:.1f} ms | "
         f"{min(probes) * 1000:.1f} ms | {max(probes) * 1000:.1f} ms |\n"
     )
+    if not args.bandwidth:
+        return
 
     bw = distributed(args.world, sizes, args.sweeps, args.iters)
     n = args.world

@@ -15,10 +15,7 @@ import dataclasses
 import platform
 from typing import Any, Literal
 
-import torch
-
-from .. import _C, _build_info
-from .._guard import REBUILD
+from .. import _C, _build_info, _guard
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,32 +41,23 @@ FACTS = (
 )
 
 
-def torch_nccl_version() -> str:
-    """The NCCL torch was built with, "2.27.5", or "" (a CPU build, or CUDA without NCCL)."""
-    if not torch.version.cuda:
-        return ""
-    try:
-        return ".".join(str(v) for v in torch.cuda.nccl.version())
-    except Exception:  # a CUDA torch built without NCCL
-        return ""
-
-
 def local_facts() -> dict[str, Any]:
     """This process's facts: the running torch and what dtcore was built against. The NVIDIA
     driver's (driver, cuda_driver) come from the checker's GPU probe."""
+    running = _guard.torch_build()
     return {
         "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda or "",
-        "torch_cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
-        "torch_nccl": torch_nccl_version(),
+        "torch": running.version,
+        "torch_cuda": running.cuda,
+        "torch_cxx11_abi": running.cxx11_abi,
+        "torch_nccl": running.nccl,
         "dtcore": _build_info.version,
         "built_torch": _build_info.torch_version,
         "built_cxx11_abi": bool(_build_info.torch_cxx11_abi),
         "built_cuda": _build_info.torch_cuda,
         "built_with_nccl": bool(_build_info.with_nccl),
         "dtcore_nccl": _C.nccl_version(),
-        "rebuild_command": REBUILD,
+        "rebuild_command": _guard.REBUILD,
     }
 
 

@@ -28,7 +28,7 @@ import random
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -37,21 +37,12 @@ import torch.distributed as dist
 from .. import _C
 from . import accelerate, context, fingerprint
 from .context import Context
+from .preflight import run as run_preflight
 
 log = logging.getLogger("dtcore")
 
-# init(preflight=True) runs the resource checker's probes. dtcore.check sits above bootstrap (it
-# uses bootstrap, never the reverse), so it registers them here when it is imported, which
-# `import dtcore` does. Called with init()'s world and settings arguments; raises on a FAIL.
-_preflight: Callable[[dict[str, Any], dict[str, Any]], None] | None = None
-
 # How many times this process has joined a job (see RendezvousOptions::generation).
 _generation = 0
-
-
-def set_preflight(run: Callable[[dict[str, Any], dict[str, Any]], None]) -> None:
-    global _preflight
-    _preflight = run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +87,7 @@ def init(
             return context.install(_join(request))
         _check_same(ctx, request)
         if preflight:
-            _run_preflight(request)
+            run_preflight(request.overrides, request.settings_args)
         return ctx
 
 
@@ -150,7 +141,7 @@ def _join(r: _Request) -> Context:
     visible = torch.cuda.device_count() if backend == "nccl" else -1
     _C.validate_world(spec, backend, visible, host)
     if r.preflight:
-        _run_preflight(r)
+        run_preflight(r.overrides, r.settings_args)
 
     log_file = _C.configure_logging(spec.rank, spec.world_size, host, settings)
     if spec.local_rank == 0:  # a node's ranks share its environment: one warning per node
@@ -202,15 +193,6 @@ def _join(r: _Request) -> Context:
         ctx.master_port,
     )
     return ctx
-
-
-def _run_preflight(r: _Request) -> None:
-    if _preflight is None:
-        raise _C.ConfigError(
-            "init(preflight=True) needs the resource checker, which is not loaded. "
-            "Fix: import dtcore (the package), not only dtcore.bootstrap."
-        )
-    _preflight(r.overrides, r.settings_args)
 
 
 def _check_same(ctx: Context, r: _Request) -> None:

@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from .. import _C, _guard
-from ..bootstrap import join
+from ..bootstrap import preflight
 from ..units import parse_bytes
 from ._options import DEFAULT_SIZES, Options, default_iters, size_range
 from ._report import SCHEMA, Item, Report
@@ -119,7 +119,7 @@ def _preflight(overrides: dict[str, Any], settings_args: dict[str, Any]) -> None
         )
 
 
-join.set_preflight(_preflight)
+preflight.register(_preflight)
 
 
 def allreduce_sweep(sizes: Any = DEFAULT_SIZES, iters: Any = None) -> tuple[list[dict], list[int]]:

@@ -1,5 +1,8 @@
 """The probes of one process: what only Python knows (the running torch, wandb, accelerate's
-config file, this job's processes), then the C++ probes and judges (csrc/dtcore/check)."""
+config file, this job's processes), then the C++ probes and judges (csrc/dtcore/check).
+
+Nothing here imports torch: its facts come from dtcore._guard, which reads them from torch's files
+where it may (Note [The checker without torch's Python])."""
 
 from __future__ import annotations
 
@@ -9,27 +12,29 @@ import socket
 import time
 from collections.abc import Mapping
 
-import torch
-
-from .. import _C
+from .. import _C, _guard
 from ..bootstrap import fingerprint
 from ..bootstrap.accelerate import default_config_path
 from ._options import Options
 from ._report import Item, Report
 
 
-def _arch_list() -> list[str]:
+def _arch_list(running: _guard.TorchBuild) -> list[str]:
+    if not running.cuda:
+        return []
+    import torch  # imported already: a CUDA build always is (see the Note)
+
     # The compiled-in list, without torch.cuda.is_available() (which initializes the driver).
     flags = getattr(torch._C, "_cuda_getArchFlags", None)
-    return flags().split() if (torch.version.cuda and flags and flags()) else []
+    return flags().split() if (flags and flags()) else []
 
 
-def _nccl_dirs() -> list[str]:
+def _nccl_dirs(running: _guard.TorchBuild) -> list[str]:
     dirs = []
-    spec = importlib.util.find_spec("nvidia") if torch.version.cuda else None
+    spec = importlib.util.find_spec("nvidia") if running.cuda else None
     for base in (spec.submodule_search_locations or []) if spec else []:
         dirs.append(os.path.join(base, "nccl", "lib"))
-    dirs.append(os.path.join(os.path.dirname(torch.__file__), "lib"))
+    dirs.append(running.lib_dir)
     return [d for d in dirs if os.path.isdir(d)]
 
 
@@ -123,8 +128,9 @@ def run_local(o: Options) -> Report:
     for key, value in facts.items():
         setattr(versions, key, value)
     inputs.versions = versions
-    inputs.nccl_dirs = _nccl_dirs()
-    inputs.arch_list = _arch_list()
+    running = _guard.torch_build()
+    inputs.nccl_dirs = _nccl_dirs(running)
+    inputs.arch_list = _arch_list(running)
     inputs.host = socket.gethostname()
     inputs.shm_path = o.shm_path
     if o.checkpoint_dir is not None:

@@ -87,6 +87,27 @@ def test_clean_single_node_passes_with_every_group_and_the_json_schema():
     assert Report.from_dict(doc).to_dict() == doc  # the document round-trips
 
 
+def test_the_command_does_not_import_torchs_python_on_a_cpu_build():
+    # Note [The checker without torch's Python]: torch's libraries are loaded, its modules are not.
+    import torch
+
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "dtcore.check", "--json"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    imported = {line.rpartition("|")[2].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert "dtcore.check" in imported
+    if torch.version.cuda is None:
+        assert not {m for m in imported if m == "torch" or m.startswith("torch.")}
+    facts = json.loads(out.stdout)["facts"]  # read from torch's files, the same as torch says
+    assert (facts["torch"], facts["torch_cuda"]) == (torch.__version__, torch.version.cuda or "")
+    assert facts["torch_cxx11_abi"] == torch._C._GLIBCXX_USE_CXX11_ABI
+
+
 def test_table_is_grouped_with_status_value_and_fix():
     report = check(GLOO_SOCKET_IFNAME="nonexistent0")
     text = report.format(width=100)
