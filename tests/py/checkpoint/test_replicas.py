@@ -28,7 +28,7 @@ def _run(tmp_path, zero: int, case: str, world: int = 4, per_node: int = 2) -> l
     ]
     results, sessions = run_ranks("replica_worker.py", envs, args=(str(tmp_path), str(zero), case), timeout=150)
     assert leftover_processes(sessions) == []
-    if case == "peerdies":
+    if case in ("peerdies", "torn"):
         return results
     assert all(r.returncode == 0 for r in results), describe(results)
     return [r.json() for r in results]
@@ -73,4 +73,14 @@ def test_a_peer_that_dies_during_the_exchange_is_a_comm_error_naming_it_on_its_p
     assert "CommError: in-memory checkpoints: rank 0" in results[0].stderr, results[0].stderr
     # (step 2's exchange may still be in flight when rank 2 dies: the step named is the one whose exchange failed)
     assert re.search(r"could not exchange the copies of step [23] with rank 2 ", results[0].stderr), results[0].stderr
-    assert [r.json() for r in (results[1], results[3])] == [{"rank": 1, "confirmed": 3}, {"rank": 3, "confirmed": 3}]
+    assert [r.json()["confirmed"] for r in (results[1], results[3])] == [3, 3]
+
+
+@pytest.mark.multirank
+def test_a_copy_that_arrives_without_its_step_is_not_kept_and_its_sender_is_told(tmp_path):
+    results = _run(tmp_path, 0, "torn")
+    assert results[0].returncode != 0, describe(results)
+    assert "did not keep rank 0's copy of step 3 (it confirmed -1)" in results[0].stderr, results[0].stderr
+    assert all(r.returncode == 0 for r in results[1:]), describe(results)
+    # Rank 2 keeps rank 0's copies: steps 2 (and 1, in the other slot) stand, step 3 is not there.
+    assert [r.json()["kept"] for r in results[1:]] == [[2, 3], [2], [2, 3]]

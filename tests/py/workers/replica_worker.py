@@ -9,6 +9,8 @@ model trained otherwise. CASE:
   intact   nothing lost: every node already holds every rank's file of step 4 (2 nodes), nothing is sent
   lost     node 1's directory is removed first (its launcher died): node 1 gets every file from node 0
   peerdies rank 2 SIGKILLs itself as step 3 begins: the others' exchange of step 3 fails, named, and they exit
+  torn     rank 0's copy of step 3 loses its marker as it is sent (as if its slot changed under the transfer):
+           rank 2 does not keep it and says so, and rank 0's confirm() raises; the others confirm step 3
 Prints one JSON line: {"rank", "step", "bad": [...], "files": the node's files of the slot loaded, ...}.
 """
 
@@ -62,12 +64,20 @@ def main() -> None:
     copies = mem.MemoryCheckpoints(directory, rank, world, every=1, nodes=nodes, timeout=60)
     data = batches(5, 1, 4 * world)
     for step in range(1, 5):
-        if case == "peerdies" and step == 3:
-            if rank == 2:
+        if case in ("peerdies", "torn") and step == 3:
+            if case == "peerdies" and rank == 2:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if case == "torn" and rank == 0:
+
+                def torn(slot, step, own, send=copies.replicas.send):
+                    own.clear()
+                    send(slot, step, own)
+
+                copies.replicas.send = torn
             copies.save(step, model=model, optimizer=opt, rank_extra={"rank": rank, "step": step})
             copies.confirm()  # rank 0 exchanges with rank 2: CommError
-            print(json.dumps({"rank": rank, "confirmed": step}), flush=True)
+            kept = sorted(copies.replicas.recorded())  # the steps of the replica this rank keeps
+            print(json.dumps({"rank": rank, "confirmed": step, "kept": kept}), flush=True)
             return
         loss_of(model, data[step - 1][0][rank * 4 : (rank + 1) * 4]).backward()
         opt.step()
