@@ -363,6 +363,33 @@ class DistributedModel(CommHooks, Uneven, DdpLogging, TorchDDPFace):
         else:
             self._reducer.zero_grad(set_to_none)
 
+    def _apply(self, fn: Any, recurse: bool = True) -> DistributedModel:
+        """What .to(), .cuda(), .half(), ... do to a wrapped model. The reducer, the buckets and the ZeRO
+        shards hold the parameters' storage, so a conversion that would give a parameter or buffer a new one
+        is refused, before anything moves: the gradients of the moved copies would no longer be averaged.
+        One that leaves each tensor's device and dtype as they are (accelerate's .to("cpu:0") of a CPU model,
+        which torch carries out as a copy) is left undone."""
+        kinds = {(t.device, t.dtype) for t in (*self.parameters(), *self.buffers())}
+        same: set[tuple[torch.device, torch.dtype]] = set()
+        for device, dtype in kinds:
+            probe = torch.empty(0, device=device, dtype=dtype)
+            out = fn(probe)
+            if out is probe:
+                continue  # in place, or nothing to do
+            if out.device == probe.device and out.dtype == dtype:
+                same.add((device, dtype))
+                continue
+            raise _C.ConfigError(
+                f"{type(self).__name__} (dtcore.wrap, zero={self.zero}): converting its {dtype} tensors on {device} "
+                f"to {out.dtype} on {out.device} (.to(), .cuda(), .half(), ...) after wrapping. Its gradient buckets"
+                f"{' and shards' if self.zero else ''} hold the parameters where they are: the moved copies' "
+                "gradients would not be averaged. Fix: move or convert the module before dtcore.wrap (dtcore.init() "
+                "chose the device: ctx.device)."
+            )
+        if not same:
+            return super()._apply(fn, recurse)
+        return super()._apply(lambda t: t if (t.device, t.dtype) in same else fn(t), recurse)
+
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Forward and backward passes inside accumulate locally; the next synced one reduces the sum."""
