@@ -23,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from .. import _C
 from ..units import format_bytes, parse_bytes
 from . import selective
-from .blocks import find_blocks
+from .blocks import Numel, find_blocks
 from .kv_cache import has_cache, layer_index, without_cache
 from .offload import Offloader
 from .profile import StepProfile, profile_blocks
@@ -216,12 +216,17 @@ def _parse_policy(policy: str | None) -> tuple[str, int | None]:
     raise _C.ConfigError(f"policy='{policy}' is not a checkpoint policy. Fix: pass one of {_POLICIES}.")
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+def _unwrap(model: torch.nn.Module) -> tuple[torch.nn.Module, Numel]:
+    """The module whose blocks change, and how many elements each of its parameters has."""
     from ..reducer.model import DistributedModel
 
-    if isinstance(model, (DistributedModel, torch.nn.parallel.DistributedDataParallel)):
-        return model.module  # the same parameters: the reducer's hooks stay where they are
-    return model
+    if isinstance(model, DistributedModel):
+        # The same parameters: the reducer's hooks stay where they are. Under zero=3 a parameter's data is empty
+        # between uses; the wrapper knows its whole shape.
+        return model.module, lambda p: model.shape_of(p).numel()
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return model.module, torch.Tensor.numel
+    return model, torch.Tensor.numel
 
 
 def _remove(root: torch.nn.Module) -> list[tuple[str, torch.nn.Module, CheckpointedForward]]:
@@ -345,12 +350,12 @@ def checkpoint_activations(
             f"profile_repeats={profile_repeats!r} must be a whole number >= 1 (forward passes "
             "timed per block). Fix: leave the default, 3."
         )
-    root = _unwrap(model)
+    root, numel = _unwrap(model)
     removed = _remove(root)  # the profile measures the model without them; put back if this call fails
     if kind == "none":
         return CheckpointSummary("none", "", [BlockReport(name, "keep") for name, _, _ in removed], "off")
     try:
-        return _apply(root, policy, kind, arg, blocks, example_inputs, offload, profile_repeats)
+        return _apply(root, numel, policy, kind, arg, blocks, example_inputs, offload, profile_repeats)
     except BaseException:
         _remove(root)
         _restore(removed)
@@ -359,6 +364,7 @@ def checkpoint_activations(
 
 def _apply(
     root: torch.nn.Module,
+    numel: Numel,
     policy: str,
     kind: str,
     arg: int | None,
@@ -369,7 +375,7 @@ def _apply(
 ) -> CheckpointSummary:
     if kind == "selective" and not selective.SUPPORTED:
         raise selective.unsupported_error(policy)
-    found = find_blocks(root, blocks)
+    found = find_blocks(root, blocks, numel)
     names = [n for n, _ in found]
     block_class = type(found[0][1]).__name__ if len({type(m) for _, m in found}) == 1 else "mixed"
     device = _model_device(root)

@@ -8,6 +8,7 @@ gives blocks.0, blocks.1, ..., not their children), and never the model itself.
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,8 +27,13 @@ from .. import _C
 # two siblings (a Sequential of two different stages is not one).
 
 
-def _params(m: torch.nn.Module) -> int:
-    return sum(p.numel() for p in m.parameters())
+# A parameter's number of elements: Tensor.numel, or a wrapper's, where its data is not all here (zero=3's
+# FullyShardedModel: DistributedModel.shape_of).
+Numel = Callable[[torch.Tensor], int]
+
+
+def _params(m: torch.nn.Module, numel: Numel) -> int:
+    return sum(numel(p) for p in m.parameters())
 
 
 def _composite(m: torch.nn.Module) -> bool:
@@ -40,7 +46,7 @@ def _composite(m: torch.nn.Module) -> bool:
     return False
 
 
-def repeated_runs(root: torch.nn.Module) -> list[list[tuple[str, torch.nn.Module]]]:
+def repeated_runs(root: torch.nn.Module, numel: Numel = torch.Tensor.numel) -> list[list[tuple[str, torch.nn.Module]]]:
     """Every candidate run of blocks, best first; see Note [Block discovery]."""
     runs = []
     for parent_name, parent in root.named_modules():
@@ -49,17 +55,19 @@ def repeated_runs(root: torch.nn.Module) -> list[list[tuple[str, torch.nn.Module
         for child_name, child in list(parent.named_children()) + [("", None)]:  # None closes the last run
             if run and (child is None or type(child) is not type(run[0][1])):
                 first = run[0][1]
-                if _params(first) > 0 and (len(run) >= 2 or (lists_layers and _composite(first))):
+                if _params(first, numel) > 0 and (len(run) >= 2 or (lists_layers and _composite(first))):
                     runs.append(run)
                 run = []
             if child is not None:
                 run.append((f"{parent_name}.{child_name}" if parent_name else child_name, child))
-    runs.sort(key=lambda r: (not _composite(r[0][1]), -len(r), -sum(_params(m) for _, m in r), r[0][0].count(".")))
+    runs.sort(
+        key=lambda r: (not _composite(r[0][1]), -len(r), -sum(_params(m, numel) for _, m in r), r[0][0].count("."))
+    )
     return runs
 
 
-def _describe_runs(root: torch.nn.Module) -> str:
-    runs = repeated_runs(root)[:3]
+def _describe_runs(root: torch.nn.Module, numel: Numel) -> str:
+    runs = repeated_runs(root, numel)[:3]
     if not runs:
         return (
             "no run of sibling modules of one class with parameters, nor a single layer in a ModuleList or ModuleDict"
@@ -77,12 +85,14 @@ def _outermost(found: list[tuple[str, torch.nn.Module]]) -> list[tuple[str, torc
     return out
 
 
-def find_blocks(root: torch.nn.Module, blocks: Any = None) -> list[tuple[str, torch.nn.Module]]:
+def find_blocks(
+    root: torch.nn.Module, blocks: Any = None, numel: Numel = torch.Tensor.numel
+) -> list[tuple[str, torch.nn.Module]]:
     """(qualified name, module) of each block in forward-registration order; ConfigError if none."""
     named = [(n, m) for n, m in root.named_modules() if n]  # never the model itself
     model = type(root).__name__
     if blocks is None:
-        runs = repeated_runs(root)
+        runs = repeated_runs(root, numel)
         if not runs:
             raise _C.ConfigError(
                 f"checkpoint_activations found no repeated blocks in {model}: no two consecutive sibling modules "
@@ -116,8 +126,8 @@ def find_blocks(root: torch.nn.Module, blocks: Any = None) -> list[tuple[str, to
     found = _outermost(found)
     if not found:
         raise _C.ConfigError(
-            f"{what} matches no module of {model}. Repeated blocks found: {_describe_runs(root)}. Fix: pass a class "
-            "or class name present in the model, or qualified names as in model.named_modules() (patterns "
+            f"{what} matches no module of {model}. Repeated blocks found: {_describe_runs(root, numel)}. Fix: pass a "
+            "class or class name present in the model, or qualified names as in model.named_modules() (patterns "
             "such as 'layers.*' allowed)."
         )
     return found

@@ -293,6 +293,24 @@ def test_inside_dtcore_wrap_with_two_ranks_and_no_sync(policy):
     assert not leftover_processes(sessions)
 
 
+def test_a_zero3_model_has_its_blocks_found_by_their_whole_sizes(fresh_dtcore):
+    # Under zero=3 a parameter's data is empty between uses: the blocks are those of the unwrapped model.
+    dtcore.init(timeout=30)
+    x, y = _batch()
+    plain = dtcore.wrap(_model(), zero=3)
+    checkpointed = dtcore.wrap(_model(), zero=3)
+    summary = dtcore.checkpoint_activations(checkpointed, "all")
+    assert [b.name for b in summary.blocks] == [f"blocks.{i}" for i in range(CONFIG.n_layer)]
+    want, got = (_shard_grads(m, x, y) for m in (plain, checkpointed))
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+
+
+def _shard_grads(model: torch.nn.Module, x, y) -> list[torch.Tensor]:
+    torch.manual_seed(123)  # the same dropout masks for both
+    model(x, y).backward()
+    return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
 class _SavesItsOutput(torch.nn.Module):
     """Linear -> tanh -> Linear -> ReLU: ReLU saves its output, which is the next block's input."""
 
