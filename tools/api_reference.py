@@ -23,6 +23,8 @@ SUBMODULE_NAMES = [
     ("dtcore.train", "Trainer"),
     ("dtcore.train", "TrainConfig"),
     ("dtcore.train", "EXIT_PREEMPTED"),
+    ("dtcore.integrations.accelerate", "Accelerator"),
+    ("dtcore.integrations.accelerate", "DtcorePlugin"),
 ]
 # Values carry no docstring of their own: their meaning, said once here.
 VALUES = {

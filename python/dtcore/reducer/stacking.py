@@ -33,7 +33,8 @@ _owners: dict[int, tuple[weakref.ref, weakref.ref]] = {}
 
 _ACCELERATE_FIX = (
     "Under accelerate: pass only the optimizer and data loaders to accelerator.prepare() and keep the "
-    "dtcore model as it is (accelerator.no_sync, accumulate, unwrap_model and save_model work with it)."
+    "dtcore model as it is (accelerator.no_sync, accumulate, unwrap_model and save_model work with it); or build "
+    "the Accelerator from dtcore.integrations.accelerate, whose prepare(model) gives a dtcore model."
 )
 
 
