@@ -88,8 +88,16 @@ void judge_accelerate_config(const Env& env, const WorldSpec& s, const LaunchExp
       "edit the file (or run `accelerate config`) to match this machine, or pass "
       "--num_processes/--num_machines to accelerate launch.";
   if (type == "MULTI_GPU" && !use_cpu && e.visible_gpus == 0) {
-    out.fail("launch.accelerate", "accelerate config", value,
-             "the config asks for MULTI_GPU, but this machine has no usable GPU.", fix_file);
+    // accelerate launch starts MULTI_GPU's processes through torchrun, GPUs or not (MULTI_CPU starts one,
+    // without mpirun), and dtcore.init() runs them on Gloo: the way to several processes on a CPU machine.
+    // accelerate's own Accelerator() then counts one process in each, unless built with cpu=True.
+    out.warn("launch.accelerate", "accelerate config", value,
+             "the config asks for MULTI_GPU on a machine without a usable GPU: accelerate launch starts its "
+             "processes through torchrun and dtcore runs them on Gloo, but a plain accelerate Accelerator() "
+             "counts one process in each (distributed_type NO: data loaders not sharded, every process the main "
+             "one).",
+             "build the Accelerator with dtcore.integrations.accelerate (it passes cpu=True) or with "
+             "Accelerator(cpu=True); or run where the GPUs are.");
     return;
   }
   if (processes && machines && *machines >= 1 && type == "MULTI_GPU" && e.visible_gpus > 0 &&
