@@ -1,0 +1,8 @@
+"""Thin adapters that put dtcore behind other libraries' training loops, on dtcore's public names only.
+
+    lightning.py   DtcoreStrategy: Lightning's Trainer(strategy=DtcoreStrategy(zero=2)), or strategy="dtcore"
+                   (lightning_zero.py: its sharded optimizers, schedulers and clipping)
+
+Each adapter is imported by its own name (`from dtcore.integrations.lightning import DtcoreStrategy`),
+so that `import dtcore` never needs the library it adapts; nothing in dtcore imports them.
+"""
