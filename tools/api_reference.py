@@ -25,6 +25,7 @@ SUBMODULE_NAMES = [
     ("dtcore.train", "EXIT_PREEMPTED"),
     ("dtcore.integrations.accelerate", "Accelerator"),
     ("dtcore.integrations.accelerate", "DtcorePlugin"),
+    ("dtcore.integrations.lightning", "DtcoreStrategy"),
 ]
 # Values carry no docstring of their own: their meaning, said once here.
 VALUES = {

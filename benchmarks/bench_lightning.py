@@ -1,0 +1,163 @@
+"""Lightning's Trainer with DtcoreStrategy against the same loop written with dtcore directly: step time.
+
+    python benchmarks/bench_lightning.py [--world 2] [--zero 2] [--preset 20m] [--steps 8] [--rounds 6]
+
+One job of --world ranks on loopback (torchrun's variables). Every rank runs, --rounds times, each
+going first in turn, --steps steps of each: Lightning (a LightningModule around the demo GPT, AdamW, Trainer(strategy=
+DtcoreStrategy(zero=...)), no logger, progress bar or checkpoints) and the hand-written loop
+(dtcore.wrap + dtcore.ShardedOptimizer, or AdamW at zero=0, over the same DistributedSampler'd
+DataLoader). A step is the time from one batch's start to the next's (data, forward, backward,
+optimizer step, and for Lightning its hooks), in wall time and in the process's CPU time (which
+other processes on the machine disturb less); the first two of each run are left out (the buckets'
+first plan, the optimizer's shards cut). Rank 0 prints the medians, Lightning's over dtcore's in each
+round, and the median of those ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import dtcore
+from dtcore.integrations.lightning import DtcoreStrategy
+from dtcore.train.config import SHAPES
+from dtcore.train.demo.gpt import GPT, shape
+
+from ranks import rank0_report
+
+VOCAB = 256
+WARMUP = 2
+
+
+class LitGPT(L.LightningModule):
+    def __init__(self, gpt: torch.nn.Module) -> None:
+        super().__init__()
+        self.gpt = gpt
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return self.gpt(x, y)
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=3e-4, foreach=False)
+
+
+def now() -> tuple[float, float]:
+    """(wall, CPU) seconds: the CPU time is this process's, all its threads (Gloo's, dtcore's) included."""
+    return time.perf_counter(), time.process_time()
+
+
+def steps_between(marks: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(wall, CPU) of each step from one mark to the next, the first WARMUP left out."""
+    return [(b[0] - a[0], b[1] - a[1]) for a, b in zip(marks, marks[1:])][WARMUP:]
+
+
+class Clock(L.Callback):
+    """When each training batch starts, and when the fit ends."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[float, float]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.marks.append(now())
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.marks.append(now())
+
+
+def data(args) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, VOCAB, (args.world * args.batch * (args.steps + 1), args.block + 1), generator=g)
+    return TensorDataset(tokens[:, :-1], tokens[:, 1:])
+
+
+def model(args) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return GPT(shape(SHAPES[args.preset], VOCAB))
+
+
+def lightning_steps(args) -> list[tuple[float, float]]:
+    clock = Clock()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=args.world,
+        strategy=DtcoreStrategy(zero=args.zero),
+        max_steps=args.steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[clock],
+    )
+    trainer.fit(LitGPT(model(args)), DataLoader(data(args), batch_size=args.batch))
+    return steps_between(clock.marks)
+
+
+def hand_steps(args) -> list[tuple[float, float]]:
+    ctx = dtcore.get_context()
+    dataset = data(args)
+    loader = DataLoader(dataset, batch_size=args.batch, sampler=DistributedSampler(dataset, shuffle=False))
+    net = dtcore.wrap(model(args), zero=args.zero)
+    if args.zero:
+        opt = dtcore.ShardedOptimizer(net, torch.optim.AdamW, lr=3e-4, foreach=False)
+    else:
+        opt = torch.optim.AdamW(net.parameters(), lr=3e-4, foreach=False)
+    marks = []
+    for step, (x, y) in enumerate(loader):
+        marks.append(now())
+        if step == args.steps:
+            break
+        net(x.to(ctx.device), y.to(ctx.device)).backward()
+        opt.step()
+        opt.zero_grad()
+    return steps_between(marks)
+
+
+def worker(args) -> None:
+    dtcore.init(timeout=600)  # the strategy's init() then finds this context, with the same world
+    runs = {"dtcore": hand_steps, "lightning": lightning_steps}
+    medians: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}  # per round: (wall, CPU)
+    for round_ in range(args.rounds):
+        for name in sorted(runs, reverse=round_ % 2 == 1):  # each goes first in turn
+            steps = runs[name](args)
+            medians[name].append(tuple(statistics.median(s[i] for s in steps) for i in (0, 1)))
+    if dtcore.get_context().rank == 0:
+        # A ratio per round (the two ran minutes apart at most), then their median: a machine whose load
+        # changes from one round to the next moves both sides of a round alike.
+        report: dict = {}
+        for i, what in enumerate(("wall", "cpu")):
+            for name, rounds in medians.items():
+                report[f"{name}_{what}_ms"] = round(statistics.median(r[i] for r in rounds) * 1e3, 2)
+            ratios = [lit[i] / own[i] for lit, own in zip(medians["lightning"], medians["dtcore"])]
+            report[f"{what}_ratio"] = round(statistics.median(ratios), 4)
+            report[f"{what}_ratios"] = [round(r, 3) for r in ratios]
+        print(json.dumps({**report, **vars(args)}), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--zero", type=int, default=2)
+    parser.add_argument("--preset", default="20m", choices=sorted(SHAPES))
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--batch", type=int, default=1, help="sequences per rank per step")
+    parser.add_argument("--block", type=int, default=64, help="tokens per sequence")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        del args.worker
+        worker(args)
+        return
+    flags = [f"--{k}={v}" for k, v in vars(args).items() if k != "worker"]
+    print(json.dumps(rank0_report(__file__, args.world, [*flags, "--worker"])))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""Lightning's Trainer with DtcoreStrategy: the same losses as Lightning's DDPStrategy, step for step, at
+zero=0, 2 (gradient accumulation and clipping; manual optimization) and 3, and the same validation loss
+after each fit; a resumed fit gives the uninterrupted run's losses,
+at 2 ranks and, resharded, at 1; Lightning's own launcher (devices=2) starts the ranks; what the strategy
+cannot honour is refused with the fix."""
+
+import os
+
+import pytest
+import torch
+
+from launch_helpers import (
+    clean_env,
+    describe,
+    free_port,
+    leftover_processes,
+    run_ranks,
+    slurm_style,
+    torchrun_style,
+)
+
+lightning = pytest.importorskip("lightning")
+from lightning.pytorch.demos import BoringModel  # noqa: E402
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision  # noqa: E402
+
+import dtcore  # noqa: E402
+from dtcore.integrations.lightning import DtcoreStrategy  # noqa: E402
+
+FP32 = 1e-6  # relative: what two fp32 sums of the same numbers in another order may differ by
+
+
+def max_relative(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b) and a, (a, b)
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
+@pytest.mark.multirank
+def test_losses_match_ddp_and_a_resumed_fit_matches_the_uninterrupted_one(tmp_path):
+    port = free_port()
+    # torchrun's variables as its agent sets them (TORCHELASTIC_RUN_ID: Lightning's TorchElasticEnvironment)
+    envs = [
+        clean_env(**torchrun_style(r, 2, port), GROUP_RANK="0", TORCHELASTIC_RUN_ID="lightning-test") for r in range(2)
+    ]
+    results, sessions = run_ranks("lightning_worker.py", envs, args=("compare", str(tmp_path)), timeout=150)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    assert leftover_processes(sessions) == []
+    ranks = [r.json() for r in results]
+    for rank, got in enumerate(ranks):
+        assert got["rank"] == rank and got["launcher"] == "torchrun"
+        assert set(got["environments"]) == {"TorchElasticEnvironment"}
+        assert len(got["zero0"]) == 20 and max_relative(got["zero0"], got["ddp"]) <= FP32, rank
+        assert len(got["zero2_acc"]) == 40 and max_relative(got["zero2_acc"], got["ddp_acc"]) <= FP32, rank
+        assert max_relative(got["zero3"], got["ddp"]) <= FP32, rank
+        assert max_relative(got["zero2_manual"], got["ddp_manual"]) <= FP32, rank  # manual optimization
+        ddp_val, zero0_val, ddp_acc_val, zero2_val, zero3_val = got["validated"]  # trainer.validate after fit
+        assert max_relative([zero0_val, zero3_val, zero2_val], [ddp_val, ddp_val, ddp_acc_val]) <= FP32, rank
+        assert len(got["full"]) == 10 and max_relative(got["resumed"], got["full"][5:]) <= FP32, rank
+        assert got["checkpoint_is_dir"]
+        assert max_relative(got["ddp_resumed"], got["ddp_full"][5:]) <= FP32, rank
+        ddp_logged, dtcore_logged = got["logged"]
+        assert abs(dtcore_logged - ddp_logged) <= FP32 * abs(ddp_logged) and got["gathered"] == [[[0.0, 1.0], 3.0]] * 2
+    assert ranks[0]["ddp"] != ranks[1]["ddp"]  # each rank its own shard of the data
+
+    # The 2-rank zero=1 checkpoint at 1 rank and zero=2 (SLURM's variables): the whole batch there is both
+    # ranks' batches, so its loss is their average.
+    (one,) = run_job_env("lightning_worker.py", [clean_env(**slurm_style(0, 1, free_port()))], "resume", tmp_path)
+    assert set(one["environments"]) == {"SLURMEnvironment"} and one["launcher"] == "slurm" and one["saved_after_fit"]
+    averaged = [(a + b) / 2 for a, b in zip(ranks[0]["full"][5:], ranks[1]["full"][5:])]
+    assert max_relative(one["resumed"], averaged) <= FP32
+    # Lightning's precision plugins: as under DDP (bf16-true: ZeRO steps fp32 masters where DDP steps bf16; fp64
+    # is stepped in fp64, without a master that would round it)
+    for precision, tolerance in (("bf16-mixed", FP32), ("bf16-true", 2e-2), ("64-true", 1e-12)):
+        assert max_relative(one[f"zero2 {precision}"], one[f"ddp {precision}"]) <= tolerance, precision
+
+
+def run_job_env(worker: str, envs: list[dict[str, str]], *args: object) -> list[dict]:
+    results, sessions = run_ranks(worker, envs, args=tuple(str(a) for a in args), timeout=120)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    assert leftover_processes(sessions) == []
+    return [r.json() for r in results]
+
+
+@pytest.mark.multirank
+def test_lightnings_own_launcher_starts_the_second_rank():
+    # One process with no launcher's variables: Trainer(devices=2) re-runs the script for local rank 1.
+    (got,) = run_job_env("lightning_worker.py", [clean_env()], "launcher")
+    assert got["environments"] == ["LightningEnvironment", "LightningEnvironment"] and got["launcher"] == "env"
+    for rank in (0, 1):
+        assert len(got["zero0"][rank]) == 5 and max_relative(got["zero0"][rank], got["ddp"][rank]) <= FP32, rank
+    assert got["zero0"][0] != got["zero0"][1]
+
+
+def test_refusals_name_the_value_and_the_fix():
+    with pytest.raises(dtcore.ConfigError, match=r"zero=4\) is not a ZeRO stage. Fix: zero=0"):
+        DtcoreStrategy(zero=4)
+
+    class Custom(Precision):
+        pass
+
+    with pytest.raises(dtcore.ConfigError, match="precision plugin Custom. Fix: Trainer\\(precision=...\\)"):
+        DtcoreStrategy(precision_plugin=Custom())
+    scaled = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
+    with pytest.raises(dtcore.ConfigError, match="zero=1\\): its GradScaler .* Fix: precision='bf16-mixed'"):
+        DtcoreStrategy(zero=1, precision_plugin=scaled)
+    DtcoreStrategy(zero=0, precision_plugin=scaled)  # whole gradients: the scaler is right
+
+    from lightning.fabric.plugins import CheckpointIO
+
+    class Remote(CheckpointIO):
+        def save_checkpoint(self, *args, **kwargs): ...
+        def load_checkpoint(self, *args, **kwargs): ...
+        def remove_checkpoint(self, *args, **kwargs): ...
+
+    with pytest.raises(dtcore.ConfigError, match="CheckpointIO plugin Remote would be ignored. Fix:"):
+        DtcoreStrategy().checkpoint_io = Remote()
+
+    # zero>=2: the plugin clips by norm over the shards; by value there is nothing to clip
+    plugin = DtcoreStrategy(zero=2, precision_plugin=Precision()).precision_plugin
+    assert isinstance(plugin, Precision) and type(plugin).__qualname__ == "Precision"
+    with pytest.raises(dtcore.ConfigError, match="gradient_clip_algorithm='value' .* Fix: gradient_clip_algorithm"):
+        plugin.clip_grad_by_value(None, 1.0)
+
+
+def test_devices_that_do_not_match_the_launcher_are_refused_before_any_rendezvous(monkeypatch):
+    from lightning.fabric.plugins.environments import TorchElasticEnvironment
+    from lightning.pytorch.accelerators import CPUAccelerator
+
+    # torchrun --nnodes 2 --nproc-per-node 1, second node, under Trainer(devices=2, num_nodes=1)
+    for name, value in dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="0", GROUP_RANK="1").items():
+        monkeypatch.setenv(name, value)
+    cpu = torch.device("cpu")
+    strategy = DtcoreStrategy(
+        accelerator=CPUAccelerator(), parallel_devices=[cpu, cpu], cluster_environment=TorchElasticEnvironment()
+    )
+    with pytest.raises(dtcore.ConfigError, match=r"rank 1 of 2, local rank 0 on node 1, but Trainer\(devices=2"):
+        strategy.setup_environment()
+    assert not dtcore.is_initialized()
+
+
+@pytest.mark.filterwarnings("ignore")  # Lightning's own (few workers, torch's pytree deprecation)
+def test_a_context_the_script_made_first_is_kept(fresh_dtcore, tmp_path):
+    ctx = dtcore.init(timeout=30)  # alone: a store on a free port, where Lightning would pick another
+    saved = dict(os.environ)  # Lightning's launcher sets MASTER_PORT, WORLD_SIZE, ... in this process
+    try:
+        trainer = lightning.Trainer(
+            strategy=DtcoreStrategy(zero=1), accelerator="cpu", devices=1, max_steps=2, default_root_dir=tmp_path
+        )
+        trainer.fit(BoringModel())
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    assert dtcore.get_context() is ctx and trainer.global_step == 2
+
+
+def test_the_strategy_names_are_registered():
+    for name, zero in (("dtcore", 0), ("dtcore_zero1", 1), ("dtcore_zero2", 2), ("dtcore_zero3", 3)):
+        trainer = lightning.Trainer(strategy=name, accelerator="cpu", devices=1, logger=False)
+        assert isinstance(trainer.strategy, DtcoreStrategy) and trainer.strategy.zero == zero
