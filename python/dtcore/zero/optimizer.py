@@ -17,9 +17,10 @@ layout (Note [Flat parameters], beside [Shard layout]): each Parameter object st
 becomes a view of its place. This rank's shard of a bucket's buffer is then what its pieces step
 and what the all-gather sends, in place, one collective per bucket.
 
-A piece of an fp32 parameter is a view of the parameter itself: the optimizer updates it in
-place, no copy. A piece of a parameter in another dtype (bf16, fp16) gets an fp32 master copy
-(`master_dtype`), stepped in fp32 and cast into the parameter before the all-gather.
+A piece of an fp32 (or fp64) parameter is a view of the parameter itself: the optimizer updates
+it in place, no copy. A piece of a parameter of less precision (bf16, fp16) gets an fp32 master
+copy (`master_dtype`), stepped in fp32 and cast into the parameter before the all-gather
+(state.stepped_dtype says which).
 
 Sharding elementwise is exact only for optimizers whose update of an element depends on that
 element alone (SGD, Adam, AdamW, ...). Others (Adafactor's factored moments, Muon's
@@ -52,7 +53,7 @@ from .. import _C
 from ..bootstrap.context import get_context
 from ..reducer.model import DistributedModel
 from . import flat
-from .state import apply_pending, gather_state, scatter_state
+from .state import apply_pending, gather_state, scatter_state, stepped_dtype
 
 # Optimizers whose update of an element reads that element's gradient and state only.
 ELEMENTWISE = (
@@ -89,9 +90,10 @@ class _Piece:
         self.param_offset, self.shard_offset, self.numel = cut.param_offset, cut.shard_offset, cut.numel
         self.param_view = values  # (numel,): the parameter's values in this rank's shard, stepped in place
         self.grad = grad  # (numel,): the reducer's gradient shard, read in place
-        if master is not None and values.dtype != master:  # the stepped values' (zero=3: the shard's, not param_dtype)
-            self.local = self.param_view.to(master, copy=True)  # stepped in `master`, cast back
-            self.local.grad = grad.to(master, copy=True)  # refreshed before each step
+        stepped = stepped_dtype(values.dtype, master)  # the stepped values' (zero=3: the shard's, not param_dtype)
+        if stepped != values.dtype:
+            self.local = self.param_view.to(stepped, copy=True)  # stepped in `master`, cast back
+            self.local.grad = grad.to(stepped, copy=True)  # refreshed before each step
         else:
             self.local = self.param_view  # stepped in place: no copy
             self.local.grad = grad
@@ -105,7 +107,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
     """`optimizer_class` stepping this rank's shard of `model` (dtcore.wrap(model, zero=1|2)).
 
     params: the model's parameters (default) or torch-style param groups over them.
-    master_dtype: pieces of parameters in another dtype are stepped in an fp32 copy (None: never).
+    master_dtype: pieces of parameters of less precision (bf16, fp16) are stepped in a copy of this dtype, cast
+    back after each step (None: never); fp32 and fp64 parameters are stepped as they are.
     elementwise: True asserts that `optimizer_class` updates each element on its own; needed for
     classes dtcore does not know.
     Remaining keyword arguments go to `optimizer_class`.
@@ -349,14 +352,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 if id(param) not in reduced:
                     self._locals_of[id(param)] = []
                 elif id(param) not in self._locals_of:
-                    proxy = torch.zeros(0, dtype=self._master_dtype or self._model.dtype_of(param), device=param.device)
+                    dtype = stepped_dtype(self._model.dtype_of(param), self._master_dtype)
+                    proxy = torch.zeros(0, dtype=dtype, device=param.device)
                     proxy.grad = torch.zeros_like(proxy)
                     self._locals_of[id(param)] = [proxy]
                     self._proxies.append((param, proxy))
             local = [t for p in group["params"] for t in self._locals_of[id(p)]]
             if not local:  # a group without parameters
                 like = params[0]
-                placeholder = torch.zeros(0, dtype=self._master_dtype or like.dtype, device=like.device)
+                placeholder = torch.zeros(0, dtype=stepped_dtype(like.dtype, self._master_dtype), device=like.device)
                 placeholder.grad = torch.zeros_like(placeholder)
                 local = [placeholder]
             inner_groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": local})

@@ -93,7 +93,8 @@ def gather_state(opt: ShardedOptimizer) -> dict[str, Any]:
                 i = index.get(id(param))
                 if i is None or _scalars(opt, param) is None:
                     continue  # reduced, not optimized; or never stepped: no state, as in torch
-                if key == MASTER_KEY and opt.model.dtype_of(param) == opt._master_dtype:
+                own = opt.model.dtype_of(param)
+                if key == MASTER_KEY and stepped_dtype(own, opt._master_dtype) == own:
                     continue
                 entry = state.setdefault(i, {})
                 entry[key] = whole.narrow(0, offset, numel).view(opt.model.shape_of(param)).clone()
@@ -101,6 +102,15 @@ def gather_state(opt: ShardedOptimizer) -> dict[str, Any]:
         for key, value in (_scalars(opt, p) or {}).items():
             state.setdefault(index[id(p)], {})[key] = _copied(value)
     return {"state": state, "param_groups": param_groups_packed(opt)}
+
+
+def stepped_dtype(param_dtype: torch.dtype, master: torch.dtype | None) -> torch.dtype:
+    """The dtype a parameter of `param_dtype` is stepped in: `master` (ShardedOptimizer's master_dtype) for a
+    floating parameter of less precision (bf16, fp16 under fp32), else its own. An fp64 parameter is never
+    stepped in an fp32 copy: every update would be rounded."""
+    if master is None or not param_dtype.is_floating_point or param_dtype == master:
+        return param_dtype
+    return master if torch.finfo(param_dtype).bits < torch.finfo(master).bits else param_dtype
 
 
 def _scalars(opt: ShardedOptimizer, param: torch.Tensor) -> dict[str, Any] | None:
@@ -116,8 +126,9 @@ def _scalars(opt: ShardedOptimizer, param: torch.Tensor) -> dict[str, Any] | Non
 
 
 def _any_rank_has_master(opt: ShardedOptimizer) -> bool:
-    # Decided from the parameters, the same on every rank: any optimized parameter not in master_dtype.
-    return opt._master_dtype is not None and any(opt.model.dtype_of(p) != opt._master_dtype for p in _numbered(opt))
+    # Decided from the parameters, the same on every rank: any optimized parameter stepped in a master copy.
+    dtypes = {opt.model.dtype_of(p) for p in _numbered(opt)}
+    return any(stepped_dtype(d, opt._master_dtype) != d for d in dtypes)
 
 
 def _dtype_of(opt: ShardedOptimizer, key: str, pieces: list[_Piece], param_dtype: torch.dtype) -> torch.dtype:
@@ -127,7 +138,7 @@ def _dtype_of(opt: ShardedOptimizer, key: str, pieces: list[_Piece], param_dtype
             value = opt._inner.state.get(piece.local, {}).get(key)
             if value is not None:
                 return value.dtype  # the local tensor's: the master's, or the parameter's
-    return opt._master_dtype or param_dtype  # the same, where no piece here was stepped
+    return stepped_dtype(param_dtype, opt._master_dtype)  # the same, where no piece here was stepped
 
 
 def _value(opt: ShardedOptimizer, piece: _Piece, key: str) -> torch.Tensor | None:

@@ -64,6 +64,27 @@ def test_one_step_then_every_bucket_is_gathered_and_matches_adamw(fresh_dtcore, 
     assert steps == {4.0}, steps  # each parameter stepped once per step
 
 
+@pytest.mark.parametrize("zero", [1, 3])
+def test_fp64_parameters_are_stepped_in_fp64_and_match_adamw_exactly(fresh_dtcore, zero):
+    # master_dtype (fp32) copies only parameters of less precision: an fp32 copy of fp64 would round each update.
+    dtcore.init(timeout=30)
+    net = _net().double()
+    plain = copy.deepcopy(net)
+    model = dtcore.wrap(net, zero=zero)
+    opt = dtcore.ShardedOptimizer(model, torch.optim.AdamW, lr=1e-2)
+    plain_opt = torch.optim.AdamW(plain.parameters(), lr=1e-2)
+    x = torch.randn(8, 16, dtype=torch.float64)
+    _train(model, opt, 3, x)
+    _train(plain, plain_opt, 3, x)
+    got = {k.removeprefix("module."): v for k, v in model.state_dict().items()}  # (zero=3: gathered whole)
+    want = plain.state_dict()
+    assert list(got) == list(want)
+    for key, value in got.items():
+        assert value.dtype == torch.float64, key
+        torch.testing.assert_close(value, want[key], rtol=1e-12, atol=1e-12)
+    assert all(v.dtype == torch.float64 for s in opt.state_dict()["state"].values() for v in s.values() if v.dim())
+
+
 class CountingSGD(torch.optim.SGD):
     """An SGD with a step of its own, which counts its calls."""
 
