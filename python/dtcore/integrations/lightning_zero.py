@@ -41,11 +41,8 @@ def _sharded(model: dtcore.DistributedModel, optimizer: torch.optim.Optimizer) -
     defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
     # Copies of the groups keep every key a scheduler added (initial_lr, max_lr, ...).
     groups = [dict(g) for g in optimizer.param_groups]
-    # fp32 masters for bf16/fp16 parameters (ShardedOptimizer's default); precision="64-true"'s fp64 ones
-    # are stepped as they are, since an fp32 master would round every update of theirs.
-    double = any(p.dtype == torch.float64 for g in groups for p in g["params"])
-    master = None if double else torch.float32
-    return dtcore.ShardedOptimizer(model, cls, params=groups, master_dtype=master, **defaults)
+    # (fp32 masters for bf16/fp16 parameters; fp32 and 64-true's fp64 ones are stepped as they are.)
+    return dtcore.ShardedOptimizer(model, cls, params=groups, **defaults)
 
 
 class _ShardAwareClipping:
