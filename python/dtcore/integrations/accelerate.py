@@ -210,9 +210,8 @@ class Accelerator(accelerate.Accelerator):
         if isinstance(model, dtcore.DistributedModel):
             if any(model is m for m in self._models):  # prepare() prepares models first, then accelerate again
                 return model
-            # Already on dtcore's device. accelerate's model.to(self.device) would copy every parameter
-            # (to accelerate the CPU is "cpu:<rank>", a device other than "cpu" to torch), away from the
-            # storage dtcore's reducer and ZeRO optimizer hold: their gradients would no longer be averaged.
+            # Already on dtcore's device: nothing to place. (accelerate's CPU is "cpu:<rank>", a device other than
+            # "cpu" to torch; a wrapped model leaves such a .to() undone, and refuses one that would move it.)
             return super().prepare_model(model, device_placement=False, evaluation_mode=True)
         prepared = super().prepare_model(model, device_placement=device_placement, evaluation_mode=True)
         trainable = any(p.requires_grad for p in prepared.parameters())
