@@ -1,16 +1,21 @@
-"""Lightning's Trainer with DtcoreStrategy against the same loop written with dtcore directly: step time.
+"""dtcore's integrations against the same loop written with dtcore directly: step time.
 
-    python benchmarks/bench_lightning.py [--world 2] [--zero 2] [--preset 20m] [--steps 8] [--rounds 6]
+    python benchmarks/bench_integrations.py [--world 2] [--zero 2] [--preset 20m] [--steps 8] [--rounds 6]
 
-One job of --world ranks on loopback (torchrun's variables). Every rank runs, --rounds times, each
-going first in turn, --steps steps of each: Lightning (a LightningModule around the demo GPT, AdamW, Trainer(strategy=
-DtcoreStrategy(zero=...)), no logger, progress bar or checkpoints) and the hand-written loop
-(dtcore.wrap + dtcore.ShardedOptimizer, or AdamW at zero=0, over the same DistributedSampler'd
-DataLoader). A step is the time from one batch's start to the next's (data, forward, backward,
-optimizer step, and for Lightning its hooks), in wall time and in the process's CPU time (which
-other processes on the machine disturb less); the first two of each run are left out (the buckets'
-first plan, the optimizer's shards cut). Rank 0 prints the medians, Lightning's over dtcore's in each
-round, and the median of those ratios.
+One job of --world ranks on loopback (torchrun's variables). Every rank runs, --rounds times, in an
+order that rotates each round, --steps steps of each side:
+  dtcore      the hand-written loop: dtcore.wrap + dtcore.ShardedOptimizer (AdamW at zero=0) over a
+              DistributedSampler'd DataLoader;
+  lightning   Lightning's Trainer(strategy=DtcoreStrategy(zero=...)) over a LightningModule around the
+              same model (no logger, progress bar or checkpoints);
+  accelerate  dtcore.integrations.accelerate's Accelerator(dtcore_plugin=DtcorePlugin(zero=...)):
+              prepare(model, optimizer, loader), accelerator.backward, step, zero_grad.
+The model is the demo GPT (--preset), AdamW (foreach=False). A step is the time from one batch's
+start to the next's (data, forward, backward, optimizer step, and the integration's hooks), in wall
+time and in the process's CPU time (which other processes on the machine disturb less); the first two
+of each run are left out (the buckets' first plan, the optimizer's shards cut). Rank 0 prints each
+side's median, and for each integration its ratio over the hand-written loop per round and the
+median of those ratios.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import dtcore
+from dtcore.integrations.accelerate import Accelerator, DtcorePlugin
 from dtcore.integrations.lightning import DtcoreStrategy
 from dtcore.train.config import SHAPES
 from dtcore.train.demo.gpt import GPT, shape
@@ -119,24 +125,42 @@ def hand_steps(args) -> list[tuple[float, float]]:
     return steps_between(marks)
 
 
+def accelerate_steps(args) -> list[tuple[float, float]]:
+    accelerator = Accelerator(dtcore_plugin=DtcorePlugin(zero=args.zero))
+    net = model(args)
+    opt = torch.optim.AdamW(net.parameters(), lr=3e-4, foreach=False)
+    net, opt, loader = accelerator.prepare(net, opt, DataLoader(data(args), batch_size=args.batch))
+    marks = []
+    for step, (x, y) in enumerate(loader):
+        marks.append(now())
+        if step == args.steps:
+            break
+        accelerator.backward(net(x, y))
+        opt.step()
+        opt.zero_grad()
+    return steps_between(marks)
+
+
 def worker(args) -> None:
-    dtcore.init(timeout=600)  # the strategy's init() then finds this context, with the same world
-    runs = {"dtcore": hand_steps, "lightning": lightning_steps}
+    dtcore.init(timeout=600)  # the integrations' init() then find this context, with the same world
+    runs = {"dtcore": hand_steps, "lightning": lightning_steps, "accelerate": accelerate_steps}
+    names = list(runs)
     medians: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}  # per round: (wall, CPU)
     for round_ in range(args.rounds):
-        for name in sorted(runs, reverse=round_ % 2 == 1):  # each goes first in turn
+        for name in names[round_ % 3 :] + names[: round_ % 3]:  # each goes first in turn
             steps = runs[name](args)
             medians[name].append(tuple(statistics.median(s[i] for s in steps) for i in (0, 1)))
     if dtcore.get_context().rank == 0:
-        # A ratio per round (the two ran minutes apart at most), then their median: a machine whose load
-        # changes from one round to the next moves both sides of a round alike.
+        # A ratio per round (the sides ran minutes apart at most), then their median: a machine whose load
+        # changes from one round to the next moves the sides of a round alike.
         report: dict = {}
         for i, what in enumerate(("wall", "cpu")):
             for name, rounds in medians.items():
                 report[f"{name}_{what}_ms"] = round(statistics.median(r[i] for r in rounds) * 1e3, 2)
-            ratios = [lit[i] / own[i] for lit, own in zip(medians["lightning"], medians["dtcore"])]
-            report[f"{what}_ratio"] = round(statistics.median(ratios), 4)
-            report[f"{what}_ratios"] = [round(r, 3) for r in ratios]
+            for name in ("lightning", "accelerate"):
+                ratios = [theirs[i] / own[i] for theirs, own in zip(medians[name], medians["dtcore"])]
+                report[f"{name}_{what}_ratio"] = round(statistics.median(ratios), 4)
+                report[f"{name}_{what}_ratios"] = [round(r, 3) for r in ratios]
         print(json.dumps({**report, **vars(args)}), flush=True)
 
 
