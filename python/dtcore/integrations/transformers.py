@@ -31,8 +31,8 @@ The contract:
   checkpoint (optimizer.pt, the whole state) resumes too, cut into this rank's shards.
 - `save_model` (and each checkpoint's model.safetensors): whole weights, loadable by
   from_pretrained, gathered on every rank (a collective at zero=3) and written by the main one.
-  `evaluate`, `predict`: transformers', unchanged, on the plain model (at zero=3 its forward
-  gathers the parameters as in training).
+  `evaluate`, `predict`, `load_best_model_at_end`: transformers', unchanged, on the plain model
+  (at zero=3 its forward gathers the parameters as in training).
 - Refused with a ConfigError that names the value and the fix, as the Trainer is built:
   TrainingArguments with deepspeed, fsdp, parallelism_config, torch_compile, fp16 with zero>=1,
   ddp_broadcast_buffers or ddp_static_graph. ddp_backend="nccl" on a machine without GPUs never

@@ -42,6 +42,9 @@ def test_every_step_loss_at_every_zero_stage_equals_the_stock_trainers_ddp(repor
         for zero in (0, 2, 3):
             ours = r[f"zero{zero}"]["losses"]
             assert max_relative(ours, ddp["losses"]) < RTOL, (zero, ours, ddp["losses"])
+        accumulate = r["accumulate"]  # gradient_accumulation_steps=2
+        assert len(accumulate["ddp"]) == STEPS and accumulate["ddp"] != ddp["losses"], accumulate
+        assert max_relative(accumulate["zero2"], accumulate["ddp"]) < RTOL, accumulate
 
 
 @pytest.mark.multirank
@@ -66,6 +69,15 @@ def test_save_model_writes_whole_weights_and_evaluate_runs(reports):
             assert 0 < r[f"zero{zero}"]["eval_loss"] < r["ddp"]["losses"][0]
         assert reports[0][f"zero{zero}"]["eval_loss"] == reports[1][f"zero{zero}"]["eval_loss"]  # gathered
     assert reports[0]["zero3"]["eval_loss"] == pytest.approx(reports[0]["zero2"]["eval_loss"], rel=RTOL)
+
+
+@pytest.mark.multirank
+def test_load_best_model_at_end_brings_back_an_earlier_checkpoints_weights_at_zero_3(reports):
+    for r in reports:
+        best = r["best"]
+        assert best["checkpoint"] == f"checkpoint-{SAVE_EVERY}" and len(best["evaluated"]) == STEPS // SAVE_EVERY
+        assert best["evaluated"][0] == max(best["evaluated"]) > best["evaluated"][-1], best
+        assert best["eval_loss"] == pytest.approx(best["evaluated"][0], rel=RTOL), best
 
 
 @pytest.mark.parametrize(

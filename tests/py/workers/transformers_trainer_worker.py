@@ -7,8 +7,9 @@ ids and the same seed: the stock Trainer, with a checkpoint every 5 steps; dtcor
 torch DDP's options in TrainingArguments); dtcore at zero=2 and at zero=3, each with a checkpoint
 every 5 steps, then evaluate and save_model (loaded back with from_pretrained); then from
 checkpoint-5 (mid-epoch): dtcore at zero=2 from zero=2's, at zero=1 and zero=3 from zero=2's (other
-stages), and at zero=2 from the stock Trainer's (optimizer.pt). Each logs its loss at every step
-(logging_steps=1) and clips gradients (max_grad_norm).
+stages), and at zero=2 from the stock Trainer's (optimizer.pt); the stock Trainer and dtcore at zero=2
+with gradient accumulation; dtcore at zero=3 with load_best_model_at_end. Each logs its loss at
+every step (logging_steps=1) and clips gradients (max_grad_norm).
 """
 
 import json
@@ -128,6 +129,30 @@ def main() -> None:
 
     for zero in (2, 3):
         report[f"zero{zero}"] = sharded(out, zero, train, evaluation)
+
+    # Gradient accumulation: the Trainer's own, with no_sync on all but the last micro-batch
+    accumulate = dict(gradient_accumulation_steps=2)
+    stock = StockTrainer(
+        model=model(), args=arguments(os.path.join(out, "ddp_acc"), False, **accumulate), train_dataset=train
+    )
+    stock.train()
+    args = arguments(os.path.join(out, "zero2_acc"), False, **accumulate)
+    zero2 = Trainer(model=model(), args=args, train_dataset=train, dtcore_plugin=DtcorePlugin(zero=2))
+    zero2.train()
+    report["accumulate"] = {"ddp": losses(stock), "zero2": losses(zero2)}
+
+    # load_best_model_at_end at zero=3, told that the highest loss is best: the first checkpoint's weights come back
+    best = dict(eval_strategy="steps", eval_steps=SAVE_EVERY, load_best_model_at_end=True, greater_is_better=True)
+    args = arguments(os.path.join(out, "best3"), True, metric_for_best_model="eval_loss", **best)
+    zero3 = Trainer(
+        model=model(), args=args, train_dataset=train, eval_dataset=evaluation, dtcore_plugin=DtcorePlugin(zero=3)
+    )
+    zero3.train()
+    report["best"] = {
+        "evaluated": [e["eval_loss"] for e in zero3.state.log_history if "eval_loss" in e],
+        "checkpoint": os.path.basename(zero3.state.best_model_checkpoint),
+        "eval_loss": zero3.evaluate()["eval_loss"],
+    }
 
     checkpoint = os.path.join(out, "zero2", f"checkpoint-{SAVE_EVERY}")
     report["resumed"] = {
