@@ -51,6 +51,7 @@ import torch
 import transformers
 from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.utils import DistributedDataParallelKwargs
+from transformers.trainer import SCHEDULER_NAME  # the LR scheduler's file in a checkpoint folder
 
 import dtcore
 from dtcore.integrations.accelerate import Accelerator, DtcorePlugin
@@ -58,7 +59,6 @@ from dtcore.integrations.accelerate import Accelerator, DtcorePlugin
 __all__ = ["CHECKPOINT_FOLDER", "DtcorePlugin", "Trainer"]
 
 CHECKPOINT_FOLDER = "dtcore"  # in each checkpoint-<step> folder: the model and optimizer as a dtcore checkpoint
-SCHEDULER_NAME = "scheduler.pt"  # the Trainer's name for the LR scheduler's state in a checkpoint folder
 
 
 def _refuse(what: str, fix: str) -> dtcore.ConfigError:
@@ -179,6 +179,6 @@ class Trainer(transformers.Trainer):
         """transformers' _save (save_pretrained on the writer) of a dtcore model's whole weights, gathered by all."""
         if state_dict is None and isinstance(self.model_wrapped, dtcore.DistributedModel):
             # Every rank, before transformers' _save returns on all but the writer: at zero=3 the whole weights are
-            # an all-gather of each rank's shards, which the writer alone would wait on forever.
+            # an all-gather of each rank's shards, which the writer alone would wait in until dtcore's timeout.
             state_dict = self.accelerator.get_state_dict(self.model_wrapped)
         super()._save(output_dir, state_dict=state_dict)
