@@ -26,6 +26,7 @@ SUBMODULE_NAMES = [
     ("dtcore.integrations.accelerate", "Accelerator"),
     ("dtcore.integrations.accelerate", "DtcorePlugin"),
     ("dtcore.integrations.lightning", "DtcoreStrategy"),
+    ("dtcore.integrations.transformers", "Trainer"),
 ]
 # Values carry no docstring of their own: their meaning, said once here.
 VALUES = {
@@ -91,8 +92,8 @@ def api_markdown() -> str:
         "",
         "Every public name of `dtcore` (its `__all__`), the submodule functions scripts call, and the command",
         "lines. Each entry is the signature and the first paragraph of the docstring: `help(dtcore.NAME)` has",
-        "the rest. Regenerate with `python tools/api_reference.py docs/api.md`. Coming from torch DDP or",
-        "accelerate: [migration.md](migration.md).",
+        "the rest. Regenerate with `python tools/api_reference.py docs/api.md`. Coming from torch DDP,",
+        "accelerate, Hugging Face's Trainer or Lightning: [migration.md](migration.md).",
         "",
         "## `dtcore`",
         "",

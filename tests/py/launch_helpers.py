@@ -262,6 +262,12 @@ def describe(results: list[RankResult]) -> str:
     )
 
 
+def max_relative(ours: list[float], theirs: list[float]) -> float:
+    """The largest relative difference between two runs' per-step values (losses, norms) of the same length."""
+    assert len(ours) == len(theirs) > 0, (ours, theirs)
+    return max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(ours, theirs))
+
+
 def run_job(worker: str, world: int, *args: object, timeout: float = 120.0) -> list[dict]:
     """A torchrun-style job of `world` ranks that must succeed and leave no process behind: each
     rank's JSON report (its last stdout line), in rank order."""

@@ -17,16 +17,10 @@ from accelerate.utils import (
 import dtcore
 from dtcore.integrations.accelerate import Accelerator, DtcorePlugin
 
-from launch_helpers import WORKERS, clean_env, describe, free_port, leftover_processes, run_processes
+from launch_helpers import WORKERS, clean_env, describe, free_port, leftover_processes, max_relative, run_processes
 
 WORKER = str(WORKERS / "accelerate_prepare_worker.py")
 RTOL = 1e-6  # fp32: the same sums in another order (reduce-scatter and all-gather against one all-reduce)
-
-
-def _close(ours: list[float], theirs: list[float]) -> float:
-    """The largest relative difference; asserts that both have the same length."""
-    assert len(ours) == len(theirs) > 0, (ours, theirs)
-    return max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(ours, theirs))
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +57,9 @@ def test_every_zero_stage_trains_as_accelerates_ddp_under_accelerate_launch(laun
         ):
             run = r[f"zero{zero}"]
             assert (run["model"], run["optimizer"], run["scheduler_follows"]) == (model, optimizer, True), run
-            assert _close(run["losses"], ddp["losses"]) < RTOL, (zero, run["losses"], ddp["losses"])
-            assert _close(run["norms"], ddp["norms"]) < RTOL, (zero, run["norms"], ddp["norms"])  # clip_grad_norm_
+            assert max_relative(run["losses"], ddp["losses"]) < RTOL, (zero, run["losses"], ddp["losses"])
+            # clip_grad_norm_
+            assert max_relative(run["norms"], ddp["norms"]) < RTOL, (zero, run["norms"], ddp["norms"])
             assert run["state_max_diff"] < 1e-5 and run["lr"] == pytest.approx(0.02 / 3), run
             assert run["checkpointed"] == [zero in (1, 3)] * 2, run  # DtcorePlugin(activation_checkpointing="all")
     # dtcore checkpointed the model and its optimizer; accelerate the scheduler and the RNG states only
@@ -80,7 +75,7 @@ def test_save_state_of_two_ranks_resumes_at_one_with_the_same_losses(launched):
     assert results[0].returncode == 0, describe(results)
     resumed = json.loads((out / "resume_0.json").read_text())
     assert resumed["num_processes"] == 1 and resumed["checkpoint"]
-    assert _close(resumed["losses"], reports[0]["zero2"]["losses"][10:]) < RTOL, resumed["losses"]
+    assert max_relative(resumed["losses"], reports[0]["zero2"]["losses"][10:]) < RTOL, resumed["losses"]
     assert resumed["lr"] == pytest.approx(0.02 / 3)
     clip, lbfgs = resumed["errors"]["clip_some"], resumed["errors"]["lbfgs"]
     assert "clip_grad_norm_ got 1 of the 12 trainable parameters of a DtcorePlugin(zero=2)" in clip

@@ -1,0 +1,99 @@
+"""dtcore behind Hugging Face's Trainer (dtcore.integrations.transformers), against the stock Trainer's torch
+DDP: one 2-rank job on loopback (workers/transformers_trainer_worker.py) trains a GPT-2 of a small config
+each way (dtcore at zero=0, 2 and 3), checkpoints, resumes, evaluates and saves. TrainingArguments dtcore
+cannot honour are refused as the Trainer is built (in this process)."""
+
+import json
+
+import pytest
+from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+
+import dtcore
+from dtcore.integrations.transformers import DtcorePlugin, Trainer
+
+from launch_helpers import clean_env, describe, free_port, leftover_processes, max_relative, run_ranks, torchrun_style
+
+RTOL = 1e-6  # fp32: the same sums in another order (reduce-scatter and all-gather against one all-reduce)
+STEPS, SAVE_EVERY = 20, 5  # as the worker's
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    """Each rank's report of the job."""
+    out = tmp_path_factory.mktemp("trainer")
+    port = free_port()
+    envs = [clean_env(**torchrun_style(rank, 2, port)) for rank in range(2)]
+    results, sessions = run_ranks("transformers_trainer_worker.py", envs, args=(str(out),), timeout=150)
+    assert not leftover_processes(sessions)
+    assert all(r.returncode == 0 for r in results), describe(results)
+    return [json.loads((out / f"report_{rank}.json").read_text()) for rank in (0, 1)]
+
+
+@pytest.mark.multirank
+def test_every_step_loss_at_every_zero_stage_equals_the_stock_trainers_ddp(reports):
+    for r in reports:
+        ddp = r["ddp"]
+        assert ddp["model"] == "DistributedDataParallel" and len(ddp["losses"]) == STEPS
+        assert ddp["losses"][-1] < ddp["losses"][0] - 0.2  # it learns: the comparison is not of constants
+        assert r["zero0"]["model"] == "DistributedModel"
+        assert r["zero0"]["plugin"] == [0, True, 1.0]  # from ddp_find_unused_parameters=True, ddp_bucket_cap_mb=1
+        assert (r["zero2"]["model"], r["zero2"]["optimizer"]) == ("DistributedModel", "ShardedOptimizer")
+        assert (r["zero3"]["model"], r["zero3"]["optimizer"]) == ("FullyShardedModel", "ShardedOptimizer")
+        for zero in (0, 2, 3):
+            ours = r[f"zero{zero}"]["losses"]
+            assert max_relative(ours, ddp["losses"]) < RTOL, (zero, ours, ddp["losses"])
+        accumulate = r["accumulate"]  # gradient_accumulation_steps=2
+        assert len(accumulate["ddp"]) == STEPS and accumulate["ddp"] != ddp["losses"], accumulate
+        assert max_relative(accumulate["zero2"], accumulate["ddp"]) < RTOL, accumulate
+
+
+@pytest.mark.multirank
+def test_resume_from_a_mid_run_checkpoint_gives_the_uninterrupted_losses(reports):
+    for r in reports:
+        for zero in (2, 3):  # dtcore's sharded checkpoint sits in the Trainer's folder, in place of optimizer.pt
+            files = r[f"zero{zero}"]["checkpoint5"]
+            assert r[f"zero{zero}"]["dtcore_manifest"] and "optimizer.pt" not in files, (zero, files)
+            assert {"dtcore", "model.safetensors", "scheduler.pt", "trainer_state.json"} <= set(files), (zero, files)
+        after = r["zero2"]["losses"][SAVE_EVERY:]
+        # zero=2 from its own checkpoint, zero=1 and zero=3 from zero=2's, zero=2 from the stock Trainer's
+        assert sorted(r["resumed"]) == ["zero1", "zero2", "zero2_from_ddp", "zero3"]
+        for name, resumed in r["resumed"].items():
+            assert max_relative(resumed, after) < RTOL, (name, resumed, after)
+
+
+@pytest.mark.multirank
+def test_save_model_writes_whole_weights_and_evaluate_runs(reports):
+    for zero in (2, 3):
+        for r in reports:
+            assert r[f"zero{zero}"]["saved_mismatched"] == []  # from_pretrained of save_model's: the trained weights
+            assert 0 < r[f"zero{zero}"]["eval_loss"] < r["ddp"]["losses"][0]
+        assert reports[0][f"zero{zero}"]["eval_loss"] == reports[1][f"zero{zero}"]["eval_loss"]  # gathered
+    assert reports[0]["zero3"]["eval_loss"] == pytest.approx(reports[0]["zero2"]["eval_loss"], rel=RTOL)
+
+
+@pytest.mark.multirank
+def test_load_best_model_at_end_brings_back_an_earlier_checkpoints_weights_at_zero_3(reports):
+    for r in reports:
+        best = r["best"]
+        assert best["checkpoint"] == f"checkpoint-{SAVE_EVERY}" and len(best["evaluated"]) == STEPS // SAVE_EVERY
+        assert best["evaluated"][0] == max(best["evaluated"]) > best["evaluated"][-1], best
+        assert best["eval_loss"] == pytest.approx(best["evaluated"][0], rel=RTOL), best
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "zero", "expected"),
+    [
+        ({"fsdp": "full_shard"}, 0, "TrainingArguments(fsdp=True): it would wrap the model too. Fix: drop fsdp."),
+        ({"torch_compile": True}, 0, "TrainingArguments(torch_compile=True)"),
+        ({"fp16": True}, 1, "Fix: use bf16=True (no scaler), or DtcorePlugin(zero=0) for fp16."),
+        ({"ddp_static_graph": True}, 0, "Fix: leave ddp_static_graph unset."),
+        ({"ddp_broadcast_buffers": False}, 0, "Fix: leave ddp_broadcast_buffers unset."),
+    ],
+)
+def test_what_dtcore_cannot_honour_is_refused_as_the_trainer_is_built(tmp_path, kwargs, zero, expected):
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **kwargs)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=8))
+    with pytest.raises(dtcore.ConfigError, match="dtcore.integrations.transformers.Trainer with") as e:
+        Trainer(model=model, args=args, dtcore_plugin=DtcorePlugin(zero=zero))
+    assert expected in str(e.value)
+    assert not dtcore.is_initialized()  # refused before dtcore.init
