@@ -6,32 +6,27 @@ cannot honour is refused with the fix."""
 
 import os
 
+import lightning
 import pytest
 import torch
+from lightning.pytorch.demos import BoringModel
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+
+import dtcore
+from dtcore.integrations.lightning import DtcoreStrategy
 
 from launch_helpers import (
     clean_env,
     describe,
     free_port,
     leftover_processes,
+    max_relative,
     run_ranks,
     slurm_style,
     torchrun_style,
 )
 
-lightning = pytest.importorskip("lightning")
-from lightning.pytorch.demos import BoringModel  # noqa: E402
-from lightning.pytorch.plugins.precision import MixedPrecision, Precision  # noqa: E402
-
-import dtcore  # noqa: E402
-from dtcore.integrations.lightning import DtcoreStrategy  # noqa: E402
-
 FP32 = 1e-6  # relative: what two fp32 sums of the same numbers in another order may differ by
-
-
-def max_relative(a: list[float], b: list[float]) -> float:
-    assert len(a) == len(b) and a, (a, b)
-    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
 
 
 @pytest.mark.multirank
