@@ -33,7 +33,9 @@ The contract:
   dtcore model gives CPU copies, each tensor in a storage of its own: ZeRO keeps a bucket's
   parameters in one flat buffer, and accelerate's safetensors saving keeps one name per storage.
 - `clip_grad_norm_(model.parameters(), ...)` of a zero>=2 model: `dtcore.clip_grad_norm_`, since
-  each rank holds only its shard of the gradients; accelerate's otherwise.
+  each rank holds only its shard of the gradients; accelerate's otherwise. `clip_grad_value_` of
+  such a model is refused (there is no .grad to clip). At zero=3, `save_model` and
+  `get_state_dict` gather the weights: every rank calls them, not only the main process.
 - `save_state(dir)`: each dtcore model, with the optimizer over its parameters, is a dtcore
   checkpoint in `dir/dtcore_model_<i>` (safetensors shards, no pickle; loads at any number of
   ranks); accelerate saves the rest as usual (other models, schedulers, samplers, RNG states,
@@ -51,6 +53,7 @@ import contextlib
 import dataclasses
 import inspect
 import os
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -177,8 +180,14 @@ class Accelerator(accelerate.Accelerator):
             )
         self.dtcore_plugin = plugin
         # (the optimizer given, the ShardedOptimizer that replaced it): a scheduler over the first follows
-        # the second, in the same prepare() call or a later one. The pair keeps the first alive, so its id stays.
+        # the second, in the same prepare() call or a later one. The pair keeps the first alive, so its id stays;
+        # free_memory() lets them go.
         self._dtcore_replaced: list[tuple[torch.optim.Optimizer, dtcore.ShardedOptimizer]] = []
+        # Every dtcore model this Accelerator wrapped, while it lives. accelerate's free_memory() empties _models
+        # between two trainings, but a model trained again (transformers' Trainer.train() called twice: the model
+        # stays wrapped, only the optimizer is prepared again) must still be found by its parameters, for the
+        # shard-aware clipping and sharding of the optimizer.
+        self._dtcore_models: weakref.WeakSet[dtcore.DistributedModel] = weakref.WeakSet()
 
     # --- prepare ---------------------------------------------------------------------------------
 
@@ -221,6 +230,7 @@ class Accelerator(accelerate.Accelerator):
             # Before wrapping: blocks are found by their parameters' sizes, which zero=3 shards away.
             dtcore.checkpoint_activations(prepared, self.dtcore_plugin.activation_checkpointing)
         wrapped = dtcore.wrap(prepared, **self.dtcore_plugin.wrap_kwargs())
+        self._dtcore_models.add(wrapped)
         # accelerate's save_state, load_state and clip_grad_norm_ go through self._models: the dtcore
         # model stands there, as accelerate keeps its FSDP models.
         self._models[self._models.index(prepared)] = wrapped
@@ -255,10 +265,16 @@ class Accelerator(accelerate.Accelerator):
 
     def _model_of(self, params: set[int]) -> dtcore.DistributedModel | None:
         """The prepared dtcore model that holds any of `params` (by id), or None."""
-        for model in self._models:
-            if isinstance(model, dtcore.DistributedModel) and params & {id(p) for p in model.parameters()}:
+        prepared = [m for m in self._models if isinstance(m, dtcore.DistributedModel)]
+        for model in [*prepared, *self._dtcore_models]:
+            if params & {id(p) for p in model.parameters()}:
                 return model
         return None
+
+    def free_memory(self, *objects: Any) -> Any:
+        """accelerate's; also lets go of the optimizers prepare() replaced by ShardedOptimizers."""
+        self._dtcore_replaced.clear()
+        return super().free_memory(*objects)
 
     # --- the step ------------------------------------------------------------------------------
 
@@ -277,6 +293,19 @@ class Accelerator(accelerate.Accelerator):
                 "so only the whole model's norm exists. Fix: pass model.parameters()."
             )
         return dtcore.clip_grad_norm_(model, max_norm, norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """accelerate's; refused for a zero>=2 model, whose .grad is None (each rank holds a shard of its gradients)."""
+        params = list(parameters)
+        model = self._model_of({id(p) for p in params})
+        if model is not None and model.zero >= 2:
+            raise dtcore.ConfigError(
+                f"accelerator.clip_grad_value_ of a DtcorePlugin(zero={model.zero}) model: after backward its .grad "
+                "are None (each rank holds a shard of the gradients in its buckets), so clipping them by value would "
+                "clip nothing. Fix: clip by norm (accelerator.clip_grad_norm_(model.parameters(), max_norm)), or use "
+                "DtcorePlugin(zero=1), whose gradients are whole."
+            )
+        return super().clip_grad_value_(params, clip_value)
 
     # --- saving --------------------------------------------------------------------------------
 

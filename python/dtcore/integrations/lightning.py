@@ -216,6 +216,15 @@ class DtcoreStrategy(ParallelStrategy):
             self._distributed = dtcore.wrap(self.model, zero=self._zero, **self._wrap_options)
             self.model = self._distributed
             self.setup_optimizers(trainer)
+        elif trainer.state.fn == TrainerFn.PREDICTING and self._zero == 3:
+            # Lightning's predict sampler (UnrepeatedDistributedSamplerWrapper) gives the ranks different numbers
+            # of batches, and each zero=3 forward gathers the parameters from every rank: the rank with a batch
+            # more would wait in that gather until the timeout.
+            raise dtcore.ConfigError(
+                "trainer.predict with DtcoreStrategy(zero=3): the ranks get different numbers of batches to predict, "
+                "and every zero=3 forward is a collective. Fix: predict with DtcoreStrategy(zero=2) (a zero=3 "
+                "checkpoint loads there, resharded) or DDPStrategy."
+            )
         elif self._distributed is not None and self._distributed.module is self.model:
             # Evaluating what an earlier fit wrapped: through its wrapper, which under zero=3 holds the
             # parameters (in shards, gathered by its forward). Without gradients it reduces nothing.

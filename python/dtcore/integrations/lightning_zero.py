@@ -39,10 +39,11 @@ def _sharded(model: dtcore.DistributedModel, optimizer: torch.optim.Optimizer) -
     cls = type(optimizer)
     accepted = inspect.signature(cls).parameters
     defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-    # Copies of the groups keep every key a scheduler added (initial_lr, max_lr, ...).
-    groups = [dict(g) for g in optimizer.param_groups]
-    # (fp32 masters for bf16/fp16 parameters; fp32 and 64-true's fp64 ones are stepped as they are.)
-    return dtcore.ShardedOptimizer(model, cls, params=groups, **defaults)
+    # The very group dicts: every key a scheduler added (initial_lr, max_lr, ...) stays, and a learning rate set
+    # on them through the optimizer given (SequentialLR's and ChainedScheduler's inner schedulers, a reference
+    # the LightningModule kept) is the ShardedOptimizer's. (fp32 masters for bf16/fp16 parameters; fp32 and
+    # 64-true's fp64 ones are stepped as they are.)
+    return dtcore.ShardedOptimizer(model, cls, params=optimizer.param_groups, **defaults)
 
 
 class _ShardAwareClipping:
@@ -88,9 +89,12 @@ def checked_precision(plugin: Precision, zero: int) -> Precision:
 
 
 def _point_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> None:
-    """`scheduler` sets `optimizer`'s learning rates from now on. torch's schedulers mark their
-    optimizer's step to warn when scheduler.step() comes first; the new one's step is marked alike."""
+    """`scheduler` (and those it steps: SequentialLR's, ChainedScheduler's) sets `optimizer`'s learning rates
+    from now on. torch's schedulers mark their optimizer's step to warn when scheduler.step() comes first; the
+    new one's step is marked alike."""
     scheduler.optimizer = optimizer
+    for inner in getattr(scheduler, "_schedulers", ()):  # torch's composite schedulers keep them there
+        _point_scheduler(inner, optimizer)
     step = optimizer.step
     if hasattr(step, "_wrapped_by_lr_sched"):
         return

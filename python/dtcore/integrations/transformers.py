@@ -86,6 +86,12 @@ def _check(args: transformers.TrainingArguments, plugin: DtcorePlugin) -> None:
             "gradients, which a ShardedOptimizer does not hold",
             "use bf16=True (no scaler), or DtcorePlugin(zero=0) for fp16.",
         )
+    if args.auto_find_batch_size:
+        raise _refuse(
+            "TrainingArguments(auto_find_batch_size=True): its retry after an out-of-memory error wraps the model "
+            "again while the optimizer still steps the first wrapper's shards",
+            "set per_device_train_batch_size yourself (python -m dtcore.train's OOM report gives the cheapest fixes).",
+        )
     for name in ("ddp_broadcast_buffers", "ddp_static_graph"):
         if getattr(args, name) is not None:
             raise _refuse(
@@ -138,6 +144,10 @@ class Trainer(transformers.Trainer):
             h for h in built.get("kwargs_handlers") or () if not isinstance(h, DistributedDataParallelKwargs)
         ]
         self.dtcore_plugin = _plugin_with_ddp_options(self.dtcore_plugin, self.args)
+        if not dtcore.is_initialized():
+            # TrainingArguments(ddp_timeout=1800) is the stock Trainer's wait for its collectives (a long save on
+            # the main process while the others wait, for one); dtcore's init() makes it dtcore's.
+            dtcore.init(timeout=self.args.ddp_timeout)
         self.accelerator = Accelerator(dtcore_plugin=self.dtcore_plugin, **built)
         # As transformers binds it, to the accelerator that now stands.
         self.gather_function = self.accelerator.gather_for_metrics
@@ -177,8 +187,14 @@ class Trainer(transformers.Trainer):
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         """transformers' _save (save_pretrained on the writer) of a dtcore model's whole weights, gathered by all."""
-        if state_dict is None and isinstance(self.model_wrapped, dtcore.DistributedModel):
-            # Every rank, before transformers' _save returns on all but the writer: at zero=3 the whole weights are
+        model = self.model_wrapped
+        if (
+            state_dict is None
+            and isinstance(model, dtcore.DistributedModel)
+            and (model.zero == 3 or self.args.should_save)
+        ):
+            # At zero=3 every rank, before transformers' _save returns on all but the writer: the whole weights are
             # an all-gather of each rank's shards, which the writer alone would wait in until dtcore's timeout.
-            state_dict = self.accelerator.get_state_dict(self.model_wrapped)
+            # Below, the parameters are whole on every rank: the writer alone copies them.
+            state_dict = self.accelerator.get_state_dict(model)
         super()._save(output_dir, state_dict=state_dict)

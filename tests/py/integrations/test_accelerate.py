@@ -81,6 +81,9 @@ def test_save_state_of_two_ranks_resumes_at_one_with_the_same_losses(launched):
     assert "clip_grad_norm_ got 1 of the 12 trainable parameters of a DtcorePlugin(zero=2)" in clip
     assert "Fix: pass model.parameters()" in clip
     assert "cannot tell whether LBFGS updates each element on its own" in lbfgs
+    assert "clip_grad_value_ of a DtcorePlugin(zero=2) model" in resumed["errors"]["clip_value"]
+    assert "Fix: clip by norm" in resumed["errors"]["clip_value"]
+    assert resumed["errors"]["norm_after_free_memory"] > 0
 
 
 @pytest.mark.parametrize(

@@ -133,7 +133,7 @@ def test_devices_that_do_not_match_the_launcher_are_refused_before_any_rendezvou
 
 
 @pytest.mark.filterwarnings("ignore")  # Lightning's own (few workers, torch's pytree deprecation)
-def test_a_context_the_script_made_first_is_kept(fresh_dtcore, tmp_path):
+def test_a_context_the_script_made_first_is_kept_and_predict_at_zero3_is_refused(fresh_dtcore, tmp_path):
     ctx = dtcore.init(timeout=30)  # alone: a store on a free port, where Lightning would pick another
     saved = dict(os.environ)  # Lightning's launcher sets MASTER_PORT, WORLD_SIZE, ... in this process
     try:
@@ -141,6 +141,13 @@ def test_a_context_the_script_made_first_is_kept(fresh_dtcore, tmp_path):
             strategy=DtcoreStrategy(zero=1), accelerator="cpu", devices=1, max_steps=2, default_root_dir=tmp_path
         )
         trainer.fit(BoringModel())
+        # zero=3's forward is a collective, and predict gives the ranks different numbers of batches: refused
+        sharded = lightning.Trainer(
+            strategy=DtcoreStrategy(zero=3), accelerator="cpu", devices=1, max_steps=2, default_root_dir=tmp_path
+        )
+        sharded.fit(BoringModel())
+        with pytest.raises(dtcore.ConfigError, match=r"trainer.predict with DtcoreStrategy\(zero=3\).* Fix:"):
+            sharded.predict(sharded.lightning_module)
     finally:
         os.environ.clear()
         os.environ.update(saved)

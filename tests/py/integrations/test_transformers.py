@@ -88,6 +88,7 @@ def test_load_best_model_at_end_brings_back_an_earlier_checkpoints_weights_at_ze
         ({"fp16": True}, 1, "Fix: use bf16=True (no scaler), or DtcorePlugin(zero=0) for fp16."),
         ({"ddp_static_graph": True}, 0, "Fix: leave ddp_static_graph unset."),
         ({"ddp_broadcast_buffers": False}, 0, "Fix: leave ddp_broadcast_buffers unset."),
+        ({"auto_find_batch_size": True}, 2, "Fix: set per_device_train_batch_size yourself"),
     ],
 )
 def test_what_dtcore_cannot_honour_is_refused_as_the_trainer_is_built(tmp_path, kwargs, zero, expected):

@@ -163,6 +163,16 @@ def resume(out: str) -> dict:
         accelerator.clip_grad_norm_(list(result["model"].parameters())[:1], 1.0)
     except dtcore.ConfigError as e:
         errors["clip_some"] = str(e)
+    try:  # a zero=2 model has no .grad to clip by value
+        accelerator.clip_grad_value_(result["model"].parameters(), 1.0)
+    except dtcore.ConfigError as e:
+        errors["clip_value"] = str(e)
+    # accelerate's free_memory() (between two trainings) forgets the model; training it again still clips its
+    # shards: the norm is dtcore's, not accelerate's 0 over .grad that are None
+    accelerator.free_memory()
+    model = result["model"]
+    model(torch.ones(2, 16)).square().mean().backward()
+    errors["norm_after_free_memory"] = float(accelerator.clip_grad_norm_(model.parameters(), 1e9))
     try:  # LBFGS's update is not elementwise: it cannot be sharded
         net = Net()
         ours(1).prepare(net, torch.optim.LBFGS(net.parameters()))

@@ -36,7 +36,7 @@ LOGGED: list[float] = []  # the last step's train_loss, as logged with sync_dist
 
 
 class Net(L.LightningModule):
-    """A few Linear layers with a frozen one and a buffer; AdamW with a per-step StepLR."""
+    """A few Linear layers with a frozen one and a buffer; AdamW over two groups with a per-step SequentialLR."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -69,8 +69,13 @@ class Net(L.LightningModule):
         self.gathered_grad = x.grad.item()
 
     def configure_optimizers(self):
-        opt = torch.optim.AdamW(self.parameters(), lr=0.02, weight_decay=0.01)
-        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7)
+        # Two groups, and a warmup then a decay: SequentialLR steps its inner schedulers, which hold the
+        # optimizer given (under ZeRO the ShardedOptimizer must take their learning rates too).
+        groups = [{"params": self.body.parameters()}, {"params": self.head.parameters(), "lr": 0.01}]
+        opt = torch.optim.AdamW(groups, lr=0.02, weight_decay=0.01)
+        warmup = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.5, total_iters=2)
+        decay = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7)
+        sched = torch.optim.lr_scheduler.SequentialLR(opt, [warmup, decay], milestones=[2])
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
