@@ -44,7 +44,6 @@ class TorchBuild:
     cxx11_abi: bool
     nccl: str  # "2.27.5", or "" (a CPU build, or CUDA without NCCL)
     lib_dir: str  # torch's shared libraries
-    imported: bool  # False: read from its files (Note [The checker without torch's Python])
 
 
 # Set by prepare() when the checker runs without torch's Python (see the Note).
@@ -74,7 +73,6 @@ def _imported_build() -> TorchBuild:
         cxx11_abi=bool(torch._C._GLIBCXX_USE_CXX11_ABI),
         nccl=nccl,
         lib_dir=os.path.join(os.path.dirname(torch.__file__), "lib"),
-        imported=True,
     )
 
 
@@ -117,7 +115,6 @@ def _unimported_build() -> TorchBuild | None:
         cxx11_abi=bool(built.torch_cxx11_abi),
         nccl="",
         lib_dir=str(facts["lib_dir"]),
-        imported=False,
     )
 
 
