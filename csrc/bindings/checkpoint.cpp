@@ -1,17 +1,243 @@
-// dtcore._C bindings of csrc/dtcore/checkpoint: atomic files and safetensors writing. Bindings
-// only: tensors become TensorEntry views of their memory; the GIL is released while writing.
+// dtcore._C bindings of csrc/dtcore/checkpoint: atomic files, safetensors writing and copy plans
+// (tensors become TensorEntry views of their memory; the GIL is released while writing), and
+// encode_json, values.py's conversion of Python values into JSON text (a walk of Python objects,
+// so it lives with the bindings; its format is values.py's).
 #include <torch/csrc/utils/pybind.h>
+
+#include <torch/csrc/autograd/python_variable.h>
 
 #include <pybind11/stl.h>
 
+#include <charconv>
+#include <cmath>
+#include <string_view>
+#include <vector>
+
 #include "bindings/bindings.h"
 #include "dtcore/checkpoint/atomic_file.h"
+#include "dtcore/checkpoint/copy_plan.h"
 #include "dtcore/checkpoint/safetensors.h"
 #include "dtcore/common/error.h"
 
 namespace py = pybind11;
 
 namespace dtcore::bindings {
+
+namespace {
+
+// encode_json: python/dtcore/checkpoint/values.py's encoding of a Python value, as JSON text. The walk over
+// containers and plain values is here, for in-memory checkpoints encode their record at every step (a
+// Python walk cost tens of microseconds there); the leaves it does not know (NumPy's, torch.dtype, and the
+// error for what cannot be held) go to values.py's `other`, which gives their JSON text.
+class ValueEncoder {
+ public:
+  ValueEncoder(py::list tensors, py::object other) : tensors_(std::move(tensors)), other_(std::move(other)) {}
+
+  std::string encode(py::handle value, const std::string& where) {
+    where_ = where;
+    write(value.ptr());
+    return std::move(out_);
+  }
+
+ private:
+  // A step of the path from the top value to the one being written, made text only when a tensor's key or
+  // an error needs it (values.py's names: `where[0]`, `where['key']`, `where.key`).
+  struct Step {
+    enum Kind { kIndex, kKey, kItemKey } kind;
+    Py_ssize_t index = 0;
+    PyObject* key = nullptr;  // borrowed: its container is alive while the walk is below it
+  };
+  static constexpr std::size_t kMaxDepth = 500;
+
+  std::string where() const {
+    std::string text = where_;
+    for (const Step& step : path_) {
+      if (step.kind == Step::kIndex) {
+        text += "[" + std::to_string(step.index) + "]";
+      } else if (step.kind == Step::kItemKey) {
+        text += ".key";
+      } else {
+        text += "[" + py::repr(step.key).cast<std::string>() + "]";
+      }
+    }
+    return text;
+  }
+
+  void write(PyObject* value) {
+    if (value == Py_None) {
+      out_ += "null";
+    } else if (PyBool_Check(value)) {
+      out_ += value == Py_True ? "true" : "false";
+    } else if (PyLong_Check(value)) {
+      write_int(value);
+    } else if (PyFloat_Check(value)) {
+      write_float(PyFloat_AS_DOUBLE(value));
+    } else if (PyUnicode_Check(value)) {
+      write_string(value);
+    } else if (THPVariable_Check(value)) {
+      const std::string key = where();
+      at::Tensor tensor = THPVariable_Unpack(value).detach().to(at::kCPU).contiguous();
+      tensors_.append(py::make_tuple(key, py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(tensor)))));
+      out_ += "{\"__tensor__\": ";
+      write_text(key);
+      out_ += "}";
+    } else if (PyList_Check(value) || PyTuple_Check(value)) {
+      write_sequence(value);
+    } else if (PyDict_Check(value)) {
+      write_dict(value);
+    } else {
+      write_other(value);
+    }
+  }
+
+  void write_int(PyObject* value) {
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow == 0 && !(v == -1 && PyErr_Occurred())) {
+      char buffer[24];
+      out_.append(buffer, std::to_chars(buffer, buffer + sizeof(buffer), v).ptr);
+      return;
+    }
+    PyErr_Clear();
+    out_ += py::reinterpret_steal<py::object>(PyLong_Type.tp_repr(value)).cast<std::string>();  // int's own digits
+  }
+
+  void write_float(double v) {  // as Python's json module: float.__repr__, and its names for the rest
+    if (std::isnan(v)) {
+      out_ += "NaN";
+    } else if (std::isinf(v)) {
+      out_ += v > 0 ? "Infinity" : "-Infinity";
+    } else {
+      char* text = PyOS_double_to_string(v, 'r', 0, Py_DTSF_ADD_DOT_0, nullptr);
+      if (text == nullptr) throw py::error_already_set();
+      out_ += text;
+      PyMem_Free(text);
+    }
+  }
+
+  void write_string(PyObject* value) {  // as Python's json module with ensure_ascii: escapes outside ' '..'~'
+    if (PyUnicode_READY(value) != 0) throw py::error_already_set();
+    const int kind = PyUnicode_KIND(value);
+    const void* data = PyUnicode_DATA(value);
+    const Py_ssize_t length = PyUnicode_GET_LENGTH(value);
+    out_ += '"';
+    for (Py_ssize_t i = 0; i < length; ++i) write_code_point(PyUnicode_READ(kind, data, i));
+    out_ += '"';
+  }
+
+  void write_text(const std::string& text) {  // a key made here (ASCII but for a key's repr)
+    write_string(py::str(text).ptr());
+  }
+
+  void write_code_point(Py_UCS4 c) {
+    static constexpr char kHex[] = "0123456789abcdef";
+    switch (c) {
+      case '"': out_ += "\\\""; return;
+      case '\\': out_ += "\\\\"; return;
+      case '\n': out_ += "\\n"; return;
+      case '\r': out_ += "\\r"; return;
+      case '\t': out_ += "\\t"; return;
+      case '\b': out_ += "\\b"; return;
+      case '\f': out_ += "\\f"; return;
+      default: break;
+    }
+    if (c >= ' ' && c <= '~') {
+      out_ += static_cast<char>(c);
+      return;
+    }
+    if (c > 0xFFFF) {  // a surrogate pair, as JSON writes what is beyond 16 bits
+      c -= 0x10000;
+      write_code_point(0xD800 | ((c >> 10) & 0x3FF));
+      write_code_point(0xDC00 | (c & 0x3FF));
+      return;
+    }
+    out_ += "\\u";
+    for (int shift = 12; shift >= 0; shift -= 4) out_ += kHex[(c >> shift) & 0xF];
+  }
+
+  void descend() {
+    DTCORE_CHECK(path_.size() < kMaxDepth, CheckpointError, where(), " is nested more than ", kMaxDepth,
+                 " deep (a value that holds itself?). Fix: save plain values there.");
+  }
+
+  void write_sequence(PyObject* value) {
+    descend();
+    const bool tuple = PyTuple_Check(value);
+    py::object items = py::reinterpret_steal<py::object>(PySequence_Fast(value, "a list or tuple"));
+    if (!items) throw py::error_already_set();
+    out_ += tuple ? "{\"__tuple__\": [" : "[";
+    const Py_ssize_t size = PySequence_Fast_GET_SIZE(items.ptr());
+    for (Py_ssize_t i = 0; i < size; ++i) {
+      if (i > 0) out_ += ", ";
+      path_.push_back({Step::kIndex, i});
+      write(PySequence_Fast_GET_ITEM(items.ptr(), i));
+      path_.pop_back();
+    }
+    out_ += tuple ? "]}" : "]";
+  }
+
+  static bool is_tag(PyObject* key) {
+    static constexpr std::string_view kTags[] = {"__tuple__", "__items__", "__tensor__", "__ndarray__", "__dtype__"};
+    Py_ssize_t size = 0;
+    const char* text = PyUnicode_AsUTF8AndSize(key, &size);
+    if (text == nullptr) {
+      PyErr_Clear();  // (a lone surrogate: not a tag)
+      return false;
+    }
+    for (std::string_view tag : kTags) {
+      if (tag == std::string_view(text, size)) return true;
+    }
+    return false;
+  }
+
+  void write_dict(PyObject* value) {
+    descend();
+    py::dict dict = py::reinterpret_borrow<py::dict>(value);
+    bool plain = true;  // every key a str, none of them a tag
+    for (auto [key, item] : dict) {
+      if (!PyUnicode_Check(key.ptr()) || is_tag(key.ptr())) {
+        plain = false;
+        break;
+      }
+    }
+    out_ += plain ? "{" : "{\"__items__\": [";
+    bool first = true;
+    for (auto [key, item] : dict) {
+      if (!first) out_ += ", ";
+      first = false;
+      if (plain) {
+        write_string(key.ptr());
+        out_ += ": ";
+      } else {
+        out_ += "[";
+        path_.push_back({Step::kItemKey});
+        write(key.ptr());
+        path_.pop_back();
+        out_ += ", ";
+      }
+      path_.push_back({Step::kKey, 0, key.ptr()});
+      write(item.ptr());
+      path_.pop_back();
+      if (!plain) out_ += "]";
+    }
+    out_ += plain ? "}" : "]}";
+  }
+
+  void write_other(PyObject* value) {  // values.py's leaves: it gives their JSON text
+    py::object text = other_(py::handle(value), tensors_, where());
+    DTCORE_CHECK(PyUnicode_Check(text.ptr()), CheckpointError, "values.py's encoding of ", where(), " gave a ",
+                 Py_TYPE(text.ptr())->tp_name, " (a dtcore bug: it gives JSON text).");
+    out_ += text.cast<std::string>();
+  }
+
+  py::list tensors_;
+  py::object other_;
+  std::string where_;
+  std::vector<Step> path_;
+  std::string out_;
+};
+
+}  // namespace
 
 void bind_checkpoint(py::module_& m) {
   using checkpoint::FileDigest;
@@ -46,6 +272,21 @@ void bind_checkpoint(py::module_& m) {
         return checkpoint::write_file_atomic(path, data);
       },
       py::arg("path"), py::arg("data"), "Writes `data` to `path` through a temporary name, fsync and rename");
+  m.def(
+      "encode_json",
+      [](py::handle value, py::list tensors, const std::string& where, py::object other) {
+        return ValueEncoder(std::move(tensors), std::move(other)).encode(value, where);
+      },
+      py::arg("value"), py::arg("tensors"), py::arg("where"), py::arg("other"),
+      "values.py's encoding of `value` as JSON text; its tensors appended to `tensors` as (key, CPU tensor); "
+      "`other(value, tensors, where)` gives the JSON text of what is not a container, tensor or plain value");
+  using checkpoint::CopyPlan;
+  py::class_<CopyPlan>(m, "CopyPlan")
+      .def(py::init<std::vector<at::Tensor>, std::vector<at::Tensor>>(), py::arg("destinations"), py::arg("sources"))
+      .def("run", &CopyPlan::run, py::arg("tail"), py::call_guard<py::gil_scoped_release>(),
+           "Copies every source into its destination, then `tail` into the destinations left")
+      .def_property_readonly("tail_size", &CopyPlan::tail_size)
+      .def_property_readonly("bytes", &CopyPlan::bytes);
   m.def("digest_file", &checkpoint::digest_file, py::arg("path"), py::call_guard<py::gil_scoped_release>(),
         "Size and SHA-256 of a file (CheckpointError naming it when it cannot be read)");
 }

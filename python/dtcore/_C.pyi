@@ -398,3 +398,20 @@ def write_safetensors(path: str, tensors: list[tuple[str, torch.Tensor]], metada
 
 def write_file_atomic(path: str, data: str) -> FileDigest: ...
 def digest_file(path: str) -> FileDigest: ...
+
+def encode_json(
+    value: object,
+    tensors: list[tuple[str, torch.Tensor]],
+    where: str,
+    other: Callable[[object, list[tuple[str, torch.Tensor]], str], str],
+) -> str:
+    """checkpoint/values.py's encoding of `value` as JSON text (see values.encode_json)."""
+
+class CopyPlan:
+    """An in-memory checkpoint's byte copies (csrc/dtcore/checkpoint/copy_plan.h): destination i receives
+    source i; the destinations after the sources receive run()'s `tail`, in order."""
+
+    tail_size: int
+    bytes: int
+    def __init__(self, destinations: list[torch.Tensor], sources: list[torch.Tensor]) -> None: ...
+    def run(self, tail: list[torch.Tensor]) -> None: ...

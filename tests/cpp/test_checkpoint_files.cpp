@@ -1,5 +1,5 @@
 // Checkpoint files: atomic writes (whole or nothing, no temporary left behind), their digests,
-// and the safetensors header (layout, alignment, escaping, refusals).
+// the safetensors header (layout, alignment, escaping, refusals), and copy plans.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,7 +10,10 @@
 #include <sstream>
 #include <string>
 
+#include <ATen/ATen.h>
+
 #include "dtcore/checkpoint/atomic_file.h"
+#include "dtcore/checkpoint/copy_plan.h"
 #include "dtcore/checkpoint/safetensors.h"
 #include "dtcore/common/error.h"
 #include "dtcore/common/json.h"
@@ -123,4 +126,33 @@ TEST(Safetensors, DtypeCodes) {
   EXPECT_EQ(safetensors_dtype(c10::ScalarType::Bool), "BOOL");
   expect_contains(error_of<CheckpointError>([] { safetensors_dtype(c10::ScalarType::ComplexFloat); }),
                   {"torch.complex64", "view_as_real"});
+}
+
+TEST(CopyPlan, CopiesItsSourcesThenTheTailIntoTheDestinations) {
+  const at::Tensor file = at::zeros({24}, at::kByte);
+  const at::Tensor a = at::arange(4, at::kFloat);  // 16 bytes
+  const at::Tensor b = at::full({4}, 7, at::kByte);
+  const CopyPlan plan({file.slice(0, 0, 16), file.slice(0, 16, 20), file.slice(0, 20, 24)}, {a.view(at::kByte), b});
+  EXPECT_EQ(plan.tail_size(), 1u);
+  EXPECT_EQ(plan.bytes(), 24u);
+  a.add_(1);  // a copy takes the state as it is when it runs, not as it was laid out
+  plan.run({at::full({4}, 9, at::kByte)});
+  EXPECT_TRUE(at::equal(file.slice(0, 0, 16).view(at::kFloat), a));
+  EXPECT_TRUE(at::equal(file.slice(0, 16, 20), b));
+  EXPECT_TRUE(at::equal(file.slice(0, 20, 24), at::full({4}, 9, at::kByte)));
+}
+
+TEST(CopyPlan, RefusesWhatDoesNotFitItsPlace) {
+  const at::Tensor file = at::zeros({8}, at::kByte);
+  expect_contains(error_of<CheckpointError>([&] { CopyPlan({file.slice(0, 0, 4)}, {at::zeros({5}, at::kByte)}); }),
+                  {"copy 0 has a source of 5 bytes for a destination of 4"});
+  const CopyPlan plan({file.slice(0, 0, 4), file.slice(0, 4, 8)}, {at::zeros({4}, at::kByte)});
+  expect_contains(error_of<CheckpointError>([&] { plan.run({}); }), {"0 tensors taken at this save for 1 places"});
+  expect_contains(error_of<CheckpointError>([&] { plan.run({at::zeros({2, 4}, at::kByte).t()}); }),
+                  {"copy 1 has a source of 8 bytes (not contiguous) for a destination of 4"});
+  // A source whose storage shrank since (a buffer freed) is refused, never read past its end.
+  at::Tensor shrinking = at::zeros({4}, at::kByte);
+  const CopyPlan held({file.slice(0, 0, 4)}, {shrinking.view({4})});
+  shrinking.storage().unsafeGetStorageImpl()->set_nbytes(2);
+  expect_contains(error_of<CheckpointError>([&] { held.run({}); }), {"source ends at byte 4 of a storage of 2"});
 }

@@ -18,7 +18,7 @@ and on rank 0 the schedule and the optimizer's hyperparameters: the same checkpo
 Cheap enough for every step:
 - Two slots per rank, each one file (slots.py) written once (when the state's layout is first seen,
   or changes: an optimizer state created late, a buffer replaced) and mapped into memory. A save is one
-  copy of the state's bytes into the mapping (torch._foreach_copy_), then a small record in the same
+  copy of the state's bytes into the mapping (a CopyPlan: one memcpy per tensor), then a small record in the same
   file naming the step (the RNG states, the schedule, the hyperparameters), written through the
   mapping: no collective and no system call. The record's marker is cleared before the copy
   starts and set after the record is written, so that a rank killed in the middle of a save leaves
@@ -50,9 +50,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import operator
 import os
 import subprocess
 import sys
+from itertools import repeat
 from typing import Any
 
 import torch
@@ -170,7 +172,7 @@ class MemoryCheckpoints:
         self._meta: str | None = None  # rank 0: the optimizer's part a step does not change: JSON, open
         self._cuda = False  # whether the state copied is on a GPU
         self._scalars: list[tuple[str, torch.Tensor]] = []  # rank 0: its live scalar tensors, copied each save
-        self._sources: list[torch.Tensor] = []  # the live tensors (chunks of), in the files' order
+        self._plans: list[_C.CopyPlan] = []  # each slot's copies: from the live tensors (chunks of) into its file
         self._extra_keys: list[tuple[str, tuple, torch.dtype]] = []
         self._refresh: list[tuple[int, torch.Tensor, int, int]] = []
         self._layouts = 0
@@ -196,13 +198,12 @@ class MemoryCheckpoints:
             self.replicas.wait()  # the last save's file is no longer being sent: it may be laid out again
         fresh = self._slots is None or not self._watch.same(optimizer)
         per_step: list[tuple[str, torch.Tensor]] = []
-        record: dict[str, Any] = {"step": step, "rank_extra": values.encode(rank_extra, per_step, "rank_extra")}
+        # The record, as JSON text made in parts (the optimizer's static part is kept as text).
+        record = f'{{"step": {int(step)}, "rank_extra": {values.encode_json(rank_extra, per_step, "rank_extra")}'
         if self.rank == 0:
-            record["extra"] = values.encode(extra, per_step, "extra")
-            text = json.dumps(record)  # the optimizer's part is JSON already (its static part is kept as such)
-            payload = f'{text[:-1]}, "optimizer": {self._optimizer_json(model, optimizer, per_step, fresh)}}}'.encode()
-        else:
-            payload = json.dumps(record).encode()
+            record += f', "extra": {values.encode_json(extra, per_step, "extra")}'
+            record += f', "optimizer": {self._optimizer_json(model, optimizer, per_step, fresh)}'
+        payload = (record + "}").encode()
         extra_keys = [(k, tuple(t.shape), t.dtype) for k, t in per_step]
         if fresh or extra_keys != self._extra_keys or len(payload) > self._slots[0].record_room:
             self._lay_out(model, optimizer, per_step, record_room=4 * len(payload))
@@ -213,10 +214,8 @@ class MemoryCheckpoints:
             remove_file(os.path.join(self.slot_directory(slot), manifest.MANIFEST))
             self._manifests.discard(slot)
         target.clear()  # from here until the record is written, this slot holds no step
-        sources = self._sources + [_bytes(t) for _, t in per_step]
-        for i, source, lo, hi in self._refresh:
-            sources[i] = _bytes(source.detach().reshape(-1)[lo:hi])
-        torch._foreach_copy_(target.views[: len(sources)], sources)
+        taken = [source.detach().reshape(-1)[lo:hi] for _, source, lo, hi in self._refresh]
+        self._plans[slot].run(taken + [t for _, t in per_step])
         if self._cuda:
             torch.cuda.synchronize()  # the copies into the mapping are done before the record says so
         target.commit(step, payload)
@@ -249,8 +248,8 @@ class MemoryCheckpoints:
             self._scalars = found if static else []
         if self._meta is None:
             return json.dumps(collecting.optimizer_meta(optimizer, model, per_step))
-        groups = values.encode(collecting.param_groups(optimizer), per_step, "optimizer.param_groups")
-        return f'{self._meta}"param_groups": {json.dumps(groups)}}}'
+        groups = values.encode_json(collecting.param_groups(optimizer), per_step, "optimizer.param_groups")
+        return f'{self._meta}"param_groups": {groups}}}'
 
     def _lay_out(self, model: torch.nn.Module, optimizer: Any, per_step: list, record_room: int) -> None:
         """Collects the state (collect.py), writes both slots' files whole (with room for a record of at least
@@ -269,7 +268,6 @@ class MemoryCheckpoints:
         entries = chunks + [(k, t) for k, t in per_step] + [(slots.RECORD, room)]
         host = [(k, to_host(t, copy=False)) for k, t in entries]
         nbytes = sum(t.numel() * t.element_size() for _, t in host)
-        self._sources = [_bytes(t) for _, t in chunks]
         self._cuda = any(t.is_cuda for _, t in chunks)
         static = {  # the report's parts that change only with the layout
             "rank": self.rank,
@@ -310,6 +308,12 @@ class MemoryCheckpoints:
                 "give the node's shared memory more room (a container's --shm-size), point DTCORE_MEMORY_DIR at a "
                 "larger tmpfs, or set checkpoint.memory_every=0 (disk checkpoints only)."
             ) from None
+        # The copies: the chunks that are views of the live tensors, then (at each save) the others taken anew
+        # and the values of the step (per_step), in that order.
+        taken = {i for i, *_ in self._refresh}
+        fixed = [i for i in range(len(chunks)) if i not in taken]
+        order = fixed + [i for i, *_ in self._refresh] + list(range(len(chunks), len(chunks) + len(per_step)))
+        self._plans = [_C.CopyPlan([f.views[i] for i in order], [chunks[i][1] for i in fixed]) for f in files]
         self._slots = files
         log.info(
             "in-memory checkpoints: %s per copy on rank %d, 2 copies in %s",
@@ -396,35 +400,48 @@ class MemoryCheckpoints:
 class _Watch:
     """Whether the state's layout is still the one the slots were laid out for: every parameter and buffer the
     same tensor in the same place, and the optimizer's state the same tensors in the same place (a tensor
-    replaced, a state created or loaded since: another layout). Checked each save, so it must be cheap:
-    a parameter is looked up in its module's own table (not a walk of the module tree)."""
+    replaced, a state created or loaded since: another layout). Checked each save, so it must be cheap: each
+    tensor is looked up in the table that holds it (its module's, or its optimizer state's entry), with no walk
+    of the module tree, and the lookups and comparisons are C loops (map) rather than Python ones."""
 
     def __init__(self, model: torch.nn.Module, optimizer: Any) -> None:
-        tables = [table for module in model.modules() for table in (module._parameters, module._buffers)]
-        self.slots = [(table, name, t, t.data_ptr()) for table in tables for name, t in table.items() if t is not None]
-        self.tables = [(table, len(table)) for table in tables]  # a tensor registered since
-        self.empty = [(table, name) for table in tables for name, t in table.items() if t is None]  # set since?
-        self.optimizer = self._optimizer(optimizer)
+        tables: list[dict[str, Any]] = [t for module in model.modules() for t in (module._parameters, module._buffers)]
+        self.sharded = isinstance(optimizer, ShardedOptimizer)
+        self.state = optimizer.state if optimizer is not None and not self.sharded else None
+        self.entries = list(self.state.values()) if self.state is not None else []
+        tables += self.entries  # a torch optimizer's state entries are tables too
+        self.tables, self.sizes = tables, [len(t) for t in tables]  # (a tensor registered since)
+        held = [(table, name, t) for table in tables for name, t in table.items() if isinstance(t, torch.Tensor)]
+        self.owners, self.names, self.tensors = [h[0] for h in held], [h[1] for h in held], [h[2] for h in held]
+        self.where = list(map(torch.Tensor.data_ptr, self.tensors))
+        empty = [(table, name) for table in tables for name, t in table.items() if t is None]  # set since?
+        self.empty_owners, self.empty_names = [e[0] for e in empty], [e[1] for e in empty]
+        self.pieces = self._pieces(optimizer) if self.sharded else ()
 
     @staticmethod
-    def _optimizer(optimizer: Any) -> tuple:
-        if optimizer is None:
-            return ()
+    def _pieces(optimizer: Any) -> tuple:
+        """A ShardedOptimizer's state, as its tensors' addresses and its entries' sizes."""
         tensors = collecting.optimizer_tensors(optimizer)
         lengths = tuple(len(entry) for entry in optimizer.state.values())
         return tuple(t.data_ptr() for t in tensors) + lengths
 
     def same(self, optimizer: Any) -> bool:
-        for table, size in self.tables:
-            if len(table) != size:
+        if isinstance(optimizer, ShardedOptimizer) != self.sharded:
+            return False
+        if self.sharded:
+            if self._pieces(optimizer) != self.pieces:
                 return False
-        for table, name in self.empty:
-            if table.get(name) is not None:
-                return False
-        for table, name, t, where in self.slots:
-            if table.get(name) is not t or t.data_ptr() != where:
-                return False
-        return self._optimizer(optimizer) == self.optimizer
+        elif (optimizer.state if optimizer is not None else None) is not self.state or (
+            self.state is not None
+            and (len(self.state) != len(self.entries) or not all(map(operator.is_, self.state.values(), self.entries)))
+        ):
+            return False
+        return (
+            list(map(len, self.tables)) == self.sizes
+            and all(map(operator.is_, map(dict.get, self.owners, self.names), self.tensors))
+            and list(map(torch.Tensor.data_ptr, self.tensors)) == self.where
+            and all(map(operator.is_, map(dict.get, self.empty_owners, self.empty_names), repeat(None)))
+        )
 
 
 def _tensors_only(value: Any) -> bool:
@@ -434,11 +451,6 @@ def _tensors_only(value: Any) -> bool:
     if isinstance(value, list):
         return all(_tensors_only(v) for v in value)
     return False
-
-
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    """The flat bytes of a contiguous tensor (a view)."""
-    return t.detach().reshape(-1).view(torch.uint8) if t.dim() else t.detach().reshape(1).view(torch.uint8)
 
 
 def _read_text(path: str) -> str | None:

@@ -18,15 +18,13 @@ could only be saved by pickling it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from .. import _C
-
-_TAGS = ("__tuple__", "__items__", "__tensor__", "__ndarray__", "__dtype__")
-_PLAIN = (int, float, str, bool, type(None))  # exactly these types (not subclasses, not NumPy scalars)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -42,36 +40,29 @@ def dtype_of(name: str) -> torch.dtype:
 
 def encode(value: Any, tensors: list[tuple[str, torch.Tensor]], where: str) -> Any:
     """`value` as JSON; its tensors are appended to `tensors` as (key, contiguous CPU copy or view)."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, torch.Tensor):
-        key = f"{where}"
-        tensors.append((key, value.detach().to("cpu").contiguous()))
-        return {"__tensor__": key}
+    return json.loads(encode_json(value, tensors, where))
+
+
+def encode_json(value: Any, tensors: list[tuple[str, torch.Tensor]], where: str) -> str:
+    """encode(value, tensors, where) as JSON text, as json.dumps would write it. The walk over containers and
+    plain values is dtcore._C's (an in-memory checkpoint encodes its record at every step); the rest is
+    _leaf's, here. Keys: `where`, then `[i]` for an item of a list or tuple, `[repr(key)]` for a dict's value
+    and `.key` for a key that is not a string."""
+    return _C.encode_json(value, tensors, where, _leaf)
+
+
+def _leaf(value: Any, tensors: list[tuple[str, torch.Tensor]], where: str) -> str:
+    """The JSON text of what encode_json's walk leaves here: a torch.dtype, NumPy's arrays and scalars, and
+    the error for anything else."""
     if isinstance(value, torch.dtype):
-        return {"__dtype__": dtype_name(value)}
-    if isinstance(value, (list, tuple)):
-        if all(type(v) in _PLAIN for v in value):  # a long list of numbers (Python's RNG state): as it is
-            return list(value) if isinstance(value, list) else {"__tuple__": list(value)}
-        items = [v if type(v) in _PLAIN else encode(v, tensors, f"{where}[{i}]") for i, v in enumerate(value)]
-        return {"__tuple__": items} if isinstance(value, tuple) else items
-    if isinstance(value, dict):
-        if all(isinstance(k, str) for k in value) and not any(k in _TAGS for k in value):
-            # (a plain value is itself: neither a call nor its `where` made for it, a save taken every step)
-            return {k: v if type(v) in _PLAIN else encode(v, tensors, f"{where}[{k!r}]") for k, v in value.items()}
-        return {
-            "__items__": [
-                [encode(k, tensors, f"{where}.key"), encode(v, tensors, f"{where}[{k!r}]")] for k, v in value.items()
-            ]
-        }
+        return json.dumps({"__dtype__": dtype_name(value)})
     numpy = _numpy()
     if numpy is not None:
         if isinstance(value, numpy.ndarray):
-            key = f"{where}"
-            tensors.append((key, torch.from_numpy(numpy.ascontiguousarray(value)).clone()))
-            return {"__ndarray__": key}
+            tensors.append((where, torch.from_numpy(numpy.ascontiguousarray(value)).clone()))
+            return json.dumps({"__ndarray__": where})
         if isinstance(value, numpy.generic):
-            return value.item()  # a NumPy scalar comes back as the Python number it holds
+            return json.dumps(value.item())  # a NumPy scalar comes back as the Python number it holds
     raise _C.CheckpointError(
         f"{where} is a {type(value).__module__}.{type(value).__qualname__}, which a checkpoint cannot hold without "
         "pickle (dtcore never pickles). Fix: save plain values there (numbers, strings, lists, dicts, tensors, "

@@ -184,3 +184,33 @@ def test_zero3_training_stops_and_resumes_bit_identical(tmp_path):
     resumed = _finish(_start(run_dir, *args, "--checkpoint.resume=auto"))
     assert [code for code, _ in resumed] == [0, 0], resumed
     _same_after([_losses(whole, rank) for rank in (0, 1)], run_dir, stop)
+
+
+def test_rng_state_reads_numpys_state_as_numpy_gives_it_after_every_kind_of_draw():
+    # rng_state() skips numpy.random.get_state() while NumPy's words are those of its last full read; a Gaussian
+    # cached (and then used up, which leaves the words as they were) and a state set must still be seen.
+    import numpy
+
+    from dtcore.train.resume import rng_state, set_rng_state
+
+    def numpy_state():
+        kind, keys, pos, has_gauss, gauss = numpy.random.get_state()
+        return [kind, keys.tolist(), int(pos), int(has_gauss), float(gauss)]
+
+    draws = [
+        lambda: None,
+        lambda: numpy.random.rand(3),
+        lambda: numpy.random.standard_normal(),  # one Gaussian drawn, its pair's other cached
+        lambda: numpy.random.standard_normal(),  # the cached one used: the words do not move
+        lambda: numpy.random.seed(3),
+        lambda: numpy.random.randint(0, 5, 700),  # past the end of the 624 words: all of them anew
+    ]
+    for draw in draws * 3:
+        draw()
+        ours = rng_state()["numpy"]
+        assert [ours[0], ours[1].tolist(), *ours[2:]] == numpy_state()
+    taken = rng_state()
+    numpy.random.standard_normal()
+    set_rng_state(taken)
+    ours = rng_state()["numpy"]
+    assert [ours[0], ours[1].tolist(), *ours[2:]] == numpy_state()

@@ -1,0 +1,109 @@
+"""Values that ride along in a checkpoint (dtcore/checkpoint/values.py): the JSON text of encode_json (a
+walk in dtcore._C) against a plain Python walk of the same rules, the round trip through decode, and the
+refusals, which name where the value is."""
+
+from __future__ import annotations
+
+import collections
+import enum
+import json
+import math
+
+import numpy
+import pytest
+import torch
+
+import dtcore
+from dtcore.checkpoint import values
+
+TAGS = ("__tuple__", "__items__", "__tensor__", "__ndarray__", "__dtype__")
+
+
+def reference(value, tensors, where):
+    """values.py's rules, walked in Python (the format's docstring, line by line)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.Tensor):
+        tensors.append((where, value.detach().contiguous()))
+        return {"__tensor__": where}
+    if isinstance(value, torch.dtype):
+        return {"__dtype__": str(value).removeprefix("torch.")}
+    if isinstance(value, (list, tuple)):
+        items = [reference(v, tensors, f"{where}[{i}]") for i, v in enumerate(value)]
+        return {"__tuple__": items} if isinstance(value, tuple) else items
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value) and not any(k in TAGS for k in value):
+            return {k: reference(v, tensors, f"{where}[{k!r}]") for k, v in value.items()}
+        return {
+            "__items__": [
+                [reference(k, tensors, f"{where}.key"), reference(v, tensors, f"{where}[{k!r}]")]
+                for k, v in value.items()
+            ]
+        }
+    if isinstance(value, numpy.ndarray):
+        tensors.append((where, torch.from_numpy(value)))
+        return {"__ndarray__": where}
+    if isinstance(value, numpy.generic):
+        return value.item()
+    raise AssertionError(value)
+
+
+class Color(enum.IntEnum):
+    RED = 3
+
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+def _value():
+    return {
+        "plain": [None, True, False, 0, -1, 2**70, -(2**64), Color.RED, 0.1, -0.0, 100.0, 1e16, 1e-7, 2.5e-300],
+        "odd floats": [math.inf, -math.inf, numpy.float64(0.25)],
+        "text": ['quote " back \\ slash', "tab\tnew\nline\r\x00\x1f\x7f", "é ü ß", "𝄞 and \ud800 alone", ""],
+        "rng": {"python": [3, torch.arange(5), None], "numpy": ["MT19937", numpy.arange(4, dtype=numpy.uint32), 2]},
+        "tuples": (1, (2.0, "x"), Pair(4, [5]), torch.Size([2, 3]), ()),
+        "keys": {1: "int", (2, "t"): {"__tensor__": "not a tag's value"}, None: [torch.ones(2, dtype=torch.bfloat16)]},
+        "tag as key": {"__tuple__": 1},
+        "containers": collections.OrderedDict(b=collections.defaultdict(list, x=[1]), a={}),
+        "dtype": [torch.float32, torch.bfloat16],
+        "numpy scalars": [numpy.int64(7), numpy.bool_(True), numpy.float32(0.5)],
+        'a "key"\n': torch.zeros(2, 3).t(),  # not contiguous: stored contiguous
+        "nested": [[[{"deep": torch.tensor(1.5)}]]],
+    }
+
+
+def test_the_json_text_is_that_of_the_rules_walked_in_python():
+    ours, theirs = [], []
+    text = values.encode_json(_value(), ours, "extra")
+    assert text == json.dumps(reference(_value(), theirs, "extra"))
+    assert [k for k, _ in ours] == [k for k, _ in theirs]
+    assert "extra['keys'][None][0]" in [k for k, _ in ours] and "extra['a \"key\"\\n']" in [k for k, _ in ours]
+    for (_, a), (_, b) in zip(ours, theirs):
+        assert a.is_contiguous() and a.dtype == b.dtype and a.tolist() == b.tolist()
+
+
+def test_decode_gives_back_what_was_encoded():
+    tensors: list = []
+    encoded = values.encode(_value(), tensors, "extra")
+    found = dict(tensors)
+    back = values.decode(encoded, lambda key: found[key])
+    value = _value()
+    assert back["plain"] == value["plain"] and back["text"] == value["text"]
+    assert back["tuples"][:2] == (1, (2.0, "x")) and back["tuples"][2] == (4, [5]) and back["tuples"][4] == ()
+    assert back["keys"][1] == "int" and back["keys"][(2, "t")] == {"__tensor__": "not a tag's value"}
+    assert torch.equal(back["keys"][None][0], value["keys"][None][0]) and back["tag as key"] == {"__tuple__": 1}
+    assert back["dtype"] == [torch.float32, torch.bfloat16] and back["numpy scalars"] == [7, True, 0.5]
+    assert isinstance(back["rng"]["numpy"][1], numpy.ndarray) and back["rng"]["numpy"][1].tolist() == [0, 1, 2, 3]
+    assert math.copysign(1, back["plain"][9]) == -1 and back["plain"][5] == 2**70
+    assert torch.equal(back['a "key"\n'], value['a "key"\n']) and back["nested"][0][0][0]["deep"].item() == 1.5
+
+
+def test_what_needs_pickle_is_refused_naming_where_it_is():
+    with pytest.raises(dtcore.CheckpointError, match=r"extra\['a'\]\[1\]\.key is a builtins.object"):
+        values.encode_json({"a": [0, {object(): 1}]}, [], "extra")
+    with pytest.raises(dtcore.CheckpointError, match=r"extra\['f'\]\[\(1, 'x'\)\] is a builtins.function"):
+        values.encode_json({"f": {(1, "x"): lambda: 0}}, [], "extra")
+    loop: list = []
+    loop.append(loop)
+    with pytest.raises(dtcore.CheckpointError, match=r"extra(\[0\])+ is nested more than 500 deep"):
+        values.encode_json(loop, [], "extra")
