@@ -1,7 +1,8 @@
 """dtcore behind Hugging Face's Trainer (dtcore.integrations.transformers), against the stock Trainer's torch
 DDP: one 2-rank job on loopback (workers/transformers_trainer_worker.py) trains a GPT-2 of a small config
-each way (dtcore at zero=0, 2 and 3), checkpoints, resumes, evaluates and saves; one process resumes its
-checkpoints. TrainingArguments dtcore cannot honour are refused as the Trainer is built (in this process)."""
+each way (dtcore at zero=0, 2 and 3, fp32 and bf16), checkpoints, resumes, evaluates and saves; one process
+resumes its checkpoints; `accelerate launch` starts the Trainer on dtcore. TrainingArguments dtcore cannot
+honour are refused as the Trainer is built (in this process)."""
 
 import json
 import sys
@@ -14,6 +15,7 @@ from dtcore.integrations.transformers import DtcorePlugin, Trainer
 
 from launch_helpers import (
     WORKERS,
+    accelerate_launch,
     clean_env,
     describe,
     free_port,
@@ -26,6 +28,10 @@ from launch_helpers import (
 
 WORKER = str(WORKERS / "transformers_trainer_worker.py")
 RTOL = 1e-6  # fp32: the same sums in another order (reduce-scatter and all-gather against one all-reduce)
+# bf16 autocast: matmuls round their inputs to 8 bits (2^-8 = 3.9e-3 relative). The step-1 losses are bitwise
+# equal; from step 2, fp32 gradients reduced in another order (1e-7 apart) flip some of those roundings: measured
+# 3e-5 over 20 steps, bounded at 2e-4 (5 % of one bf16 rounding). A run without autocast is caught at step 1.
+RTOL_BF16 = 2e-4
 STEPS, SAVE_EVERY = 20, 5  # as the worker's
 
 
@@ -104,6 +110,14 @@ def test_load_best_model_at_end_brings_back_an_earlier_checkpoints_weights_at_ze
 
 
 @pytest.mark.multirank
+def test_bf16_at_zero_2_follows_the_stock_trainers_bf16(reports):
+    for r in reports:
+        bf16, fp32 = r["bf16"], r["ddp"]["losses"]
+        assert bf16["ddp"][0] != fp32[0] and bf16["zero2"][0] == bf16["ddp"][0], (bf16, fp32)  # autocast, both
+        assert max_relative(bf16["zero2"], bf16["ddp"]) < RTOL_BF16, bf16
+
+
+@pytest.mark.multirank
 def test_a_checkpoint_of_two_ranks_resumes_at_one_process_with_the_uninterrupted_losses(job):
     reports, out = job
     results, sessions = run_processes([[sys.executable, WORKER, str(out), "alone"]], [clean_env()], timeout=60)
@@ -122,6 +136,22 @@ def test_a_checkpoint_of_two_ranks_resumes_at_one_process_with_the_uninterrupted
     assert batch.endswith("Fix: gradient_accumulation_steps=2, which gives the global batch of 8."), batch
     assert "an epoch was 10 optimizer steps there and is 11 here" in epoch, epoch
     assert "Fix: resume at 2 processes with the same dataset, or give the dataset a multiple of 8 samples." in epoch
+
+
+@pytest.mark.multirank
+def test_accelerate_launch_starts_the_trainer_on_dtcore(job, tmp_path):
+    reports, _ = job
+    cmd = [*accelerate_launch(tmp_path), WORKER, str(tmp_path), "launched"]
+    results, sessions = run_processes([cmd], [clean_env()], timeout=90)
+    assert not leftover_processes(sessions)
+    assert results[0].returncode == 0, describe(results)
+    for rank in (0, 1):
+        launched = json.loads((tmp_path / f"launched_{rank}.json").read_text())
+        assert launched["distributed_type"] == "DistributedType.MULTI_CPU" and launched["num_processes"] == 2
+        assert "ACCELERATE_MIXED_PRECISION" in launched["accelerate_env"], launched  # accelerate launch's, not ours
+        assert (launched["model"], launched["optimizer"]) == ("DistributedModel", "ShardedOptimizer"), launched
+        # the same losses as the torchrun-style job's zero=2 run
+        assert max_relative(launched["losses"], reports[rank]["zero2"]["losses"]) < RTOL, launched["losses"]
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,8 @@
 """Hugging Face's Trainer with dtcore (dtcore.integrations.transformers) against the stock Trainer (torch DDP).
 
     transformers_trainer_worker.py OUT           2 ranks, torchrun-style env: each rank writes OUT/report_<rank>.json
+    transformers_trainer_worker.py OUT launched  2 ranks under `accelerate launch`: dtcore at zero=2, as in the first
+                                                 job; each rank writes OUT/launched_<rank>.json
     transformers_trainer_worker.py OUT alone     1 process, after the first job: its checkpoints resumed at one
                                                  process (and two refused); writes OUT/alone.json
 
@@ -10,7 +12,7 @@ torch DDP's options in TrainingArguments); dtcore at zero=2 and at zero=3, each 
 every 5 steps, then evaluate and save_model (loaded back with from_pretrained); then from
 checkpoint-5 (mid-epoch): dtcore at zero=2 from zero=2's, at zero=1 and zero=3 from zero=2's (other
 stages), and at zero=2 from the stock Trainer's (optimizer.pt); the stock Trainer and dtcore at zero=2
-with gradient accumulation; dtcore at zero=3 with
+with gradient accumulation; the stock Trainer and dtcore at zero=2 with bf16=True; dtcore at zero=3 with
 load_best_model_at_end. Each logs its loss at every step (logging_steps=1) and clips gradients (max_grad_norm).
 """
 
@@ -110,6 +112,27 @@ def sharded(out: str, zero: int, train: Tokens, evaluation: Tokens) -> dict:
     }
 
 
+def launched(out: str, train: Tokens) -> None:
+    """dtcore at zero=2 under `accelerate launch`, as the first job's zero=2 run (without its checkpoints)."""
+    trainer = Trainer(
+        model=model(),
+        args=arguments(os.path.join(out, "launched"), False),
+        train_dataset=train,
+        dtcore_plugin=DtcorePlugin(zero=2),
+    )
+    trainer.train()
+    report = {
+        "losses": losses(trainer),
+        "model": type(trainer.model_wrapped).__name__,
+        "optimizer": type(trainer.optimizer.optimizer).__name__,
+        "distributed_type": str(trainer.accelerator.distributed_type),
+        "num_processes": trainer.accelerator.num_processes,
+        "accelerate_env": sorted(k for k in os.environ if k.startswith("ACCELERATE_")),
+    }
+    with open(os.path.join(out, f"launched_{dtcore.get_context().rank}.json"), "w", encoding="utf-8") as f:
+        json.dump(report, f)
+
+
 class Records(logging.Handler):
     """The WARNING records of dtcore's Trainer integration."""
 
@@ -154,7 +177,7 @@ def main() -> None:
     train, evaluation = Tokens(80), Tokens(16, offset=1000)
     mode = sys.argv[2] if len(sys.argv) > 2 else "compare"
     if mode != "compare":
-        {"alone": alone}[mode](out, train)
+        {"launched": launched, "alone": alone}[mode](out, train)
         dtcore.shutdown()
         return
     report = {}
@@ -187,6 +210,15 @@ def main() -> None:
     zero2 = Trainer(model=model(), args=args, train_dataset=train, dtcore_plugin=DtcorePlugin(zero=2))
     zero2.train()
     report["accumulate"] = {"ddp": losses(stock), "zero2": losses(zero2)}
+
+    # bf16 autocast (CPU), the stock Trainer's torch DDP against dtcore at zero=2
+    bf16 = {}
+    for name, cls, kwargs in (("ddp", StockTrainer, {}), ("zero2", Trainer, {"dtcore_plugin": DtcorePlugin(zero=2)})):
+        args = arguments(os.path.join(out, f"{name}_bf16"), False, bf16=True)
+        trainer = cls(model=model(), args=args, train_dataset=train, **kwargs)
+        trainer.train()
+        bf16[name] = losses(trainer)
+    report["bf16"] = bf16
 
     # load_best_model_at_end at zero=3, told that the highest loss is best: the first checkpoint's weights come back
     # (from its dtcore folder, the model alone: save_only_model)
