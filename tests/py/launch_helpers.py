@@ -117,6 +117,19 @@ def accelerate_style(rank: int, world: int, port: int) -> dict[str, str]:
     return dict(torchrun_style(rank, world, port), ACCELERATE_MIXED_PRECISION="no")
 
 
+def accelerate_launch(folder: Path, processes: int = 2) -> list[str]:
+    """The real `accelerate launch` with a config file it writes into `folder`: the ordinary multi-process config
+    the docs give for dtcore (distributed_type MULTI_GPU: torchrun underneath, also without GPUs), `processes` on
+    this host at a free port. The script and its arguments follow."""
+    config = Path(folder) / "accelerate_config.yaml"
+    config.write_text(
+        f"compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_processes: {processes}\n"
+        "num_machines: 1\nmachine_rank: 0\nmixed_precision: 'no'\nuse_cpu: false\nmain_process_ip: 127.0.0.1\n"
+        f"main_process_port: {free_port()}\nrdzv_backend: static\nsame_network: true\n"
+    )
+    return [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--config_file", str(config)]
+
+
 @dataclasses.dataclass
 class RankResult:
     returncode: int | None  # None: killed at the timeout

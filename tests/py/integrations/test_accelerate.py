@@ -17,7 +17,15 @@ from accelerate.utils import (
 import dtcore
 from dtcore.integrations.accelerate import Accelerator, DtcorePlugin
 
-from launch_helpers import WORKERS, clean_env, describe, free_port, leftover_processes, max_relative, run_processes
+from launch_helpers import (
+    WORKERS,
+    accelerate_launch,
+    clean_env,
+    describe,
+    leftover_processes,
+    max_relative,
+    run_processes,
+)
 
 WORKER = str(WORKERS / "accelerate_prepare_worker.py")
 RTOL = 1e-6  # fp32: the same sums in another order (reduce-scatter and all-gather against one all-reduce)
@@ -27,14 +35,7 @@ RTOL = 1e-6  # fp32: the same sums in another order (reduce-scatter and all-gath
 def launched(tmp_path_factory):
     """The train job's report of each rank, and its output folder."""
     out = tmp_path_factory.mktemp("accelerate")
-    config = out / "config.yaml"
-    config.write_text(
-        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_processes: 2\nnum_machines: 1\n"
-        f"machine_rank: 0\nmixed_precision: 'no'\nuse_cpu: false\nmain_process_ip: 127.0.0.1\n"
-        f"main_process_port: {free_port()}\nrdzv_backend: static\nsame_network: true\n"
-    )
-    cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--config_file", str(config)]
-    results, sessions = run_processes([[*cmd, WORKER, "train", str(out)]], [clean_env()], timeout=90)
+    results, sessions = run_processes([[*accelerate_launch(out), WORKER, "train", str(out)]], [clean_env()], timeout=90)
     assert not leftover_processes(sessions)
     assert results[0].returncode == 0, describe(results)
     return [json.loads((out / f"train_{rank}.json").read_text()) for rank in (0, 1)], out

@@ -1,6 +1,10 @@
 """Hugging Face's Trainer with dtcore (dtcore.integrations.transformers) against the stock Trainer (torch DDP).
 
-    transformers_trainer_worker.py OUT   2 ranks, torchrun-style env: each rank writes OUT/report_<rank>.json
+    transformers_trainer_worker.py OUT           2 ranks, torchrun-style env: each rank writes OUT/report_<rank>.json
+    transformers_trainer_worker.py OUT launched  2 ranks under `accelerate launch`: dtcore at zero=2, as in the first
+                                                 job; each rank writes OUT/launched_<rank>.json
+    transformers_trainer_worker.py OUT alone     1 process, after the first job: its checkpoints resumed at one
+                                                 process (and two refused); writes OUT/alone.json
 
 The runs, on a GPT-2 of a small config built from it (no download), a deterministic dataset of token
 ids and the same seed: the stock Trainer, with a checkpoint every 5 steps; dtcore at zero=0 (with
@@ -8,11 +12,12 @@ torch DDP's options in TrainingArguments); dtcore at zero=2 and at zero=3, each 
 every 5 steps, then evaluate and save_model (loaded back with from_pretrained); then from
 checkpoint-5 (mid-epoch): dtcore at zero=2 from zero=2's, at zero=1 and zero=3 from zero=2's (other
 stages), and at zero=2 from the stock Trainer's (optimizer.pt); the stock Trainer and dtcore at zero=2
-with gradient accumulation; dtcore at zero=3 with load_best_model_at_end. Each logs its loss at
-every step (logging_steps=1) and clips gradients (max_grad_norm).
+with gradient accumulation; the stock Trainer and dtcore at zero=2 with bf16=True; dtcore at zero=3 with
+load_best_model_at_end. Each logs its loss at every step (logging_steps=1) and clips gradients (max_grad_norm).
 """
 
 import json
+import logging
 import os
 import sys
 
@@ -75,8 +80,8 @@ def losses(trainer, after: int = 0) -> list[float]:
     return [e["loss"] for e in trainer.state.log_history if "loss" in e and e["step"] > after]
 
 
-def resume(out: str, name: str, checkpoint: str, zero: int, train: Tokens) -> list[float]:
-    args = arguments(os.path.join(out, name), False)
+def resume(out: str, name: str, checkpoint: str, zero: int, train: Tokens, **more) -> list[float]:
+    args = arguments(os.path.join(out, name), False, **more)
     trainer = Trainer(model=model(), args=args, train_dataset=train, dtcore_plugin=DtcorePlugin(zero=zero))
     trainer.train(resume_from_checkpoint=checkpoint)
     return losses(trainer, after=SAVE_EVERY)
@@ -107,9 +112,74 @@ def sharded(out: str, zero: int, train: Tokens, evaluation: Tokens) -> dict:
     }
 
 
+def launched(out: str, train: Tokens) -> None:
+    """dtcore at zero=2 under `accelerate launch`, as the first job's zero=2 run (without its checkpoints)."""
+    trainer = Trainer(
+        model=model(),
+        args=arguments(os.path.join(out, "launched"), False),
+        train_dataset=train,
+        dtcore_plugin=DtcorePlugin(zero=2),
+    )
+    trainer.train()
+    report = {
+        "losses": losses(trainer),
+        "model": type(trainer.model_wrapped).__name__,
+        "optimizer": type(trainer.optimizer.optimizer).__name__,
+        "distributed_type": str(trainer.accelerator.distributed_type),
+        "num_processes": trainer.accelerator.num_processes,
+        "accelerate_env": sorted(k for k in os.environ if k.startswith("ACCELERATE_")),
+    }
+    with open(os.path.join(out, f"launched_{dtcore.get_context().rank}.json"), "w", encoding="utf-8") as f:
+        json.dump(report, f)
+
+
+class Records(logging.Handler):
+    """The WARNING records of dtcore's Trainer integration."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+ONE_PROCESS = dict(gradient_accumulation_steps=2)  # at one process, the global batch of 2 ranks' 4 each: 8
+
+
+def alone(out: str, train: Tokens) -> None:
+    """One process, from the 2-rank job's checkpoints (global batch 8 = 2 x 4 there): refused with
+    gradient_accumulation_steps=1 (a global batch of 4) and with an epoch of other steps; with
+    gradient_accumulation_steps=2, zero=2's checkpoint at zero=2, and zero=3's (its weights only in its dtcore
+    folder) at zero=0."""
+    warnings = Records()
+    logging.getLogger("dtcore.integrations.transformers").addHandler(warnings)
+    checkpoint = {zero: os.path.join(out, f"zero{zero}", f"checkpoint-{SAVE_EVERY}") for zero in (2, 3)}
+    report = {"world_size": dtcore.init().world_size, "refused": {}}
+    refusals = {
+        "batch": (checkpoint[2], train, {}),
+        "epoch": (os.path.join(out, "zero2", f"checkpoint-{3 * SAVE_EVERY}"), Tokens(84), ONE_PROCESS),
+    }
+    for name, (folder, data, more) in refusals.items():
+        try:
+            resume(out, f"alone_refused_{name}", folder, 2, data, **more)
+        except dtcore.ConfigError as e:
+            report["refused"][name] = str(e)
+    report["zero2"] = resume(out, "alone2", checkpoint[2], 2, train, **ONE_PROCESS)
+    report["zero3"] = resume(out, "alone3", checkpoint[3], 0, train, **ONE_PROCESS)
+    report["warnings"] = warnings.messages
+    with open(os.path.join(out, "alone.json"), "w", encoding="utf-8") as f:
+        json.dump(report, f)
+
+
 def main() -> None:
     out = sys.argv[1]
     train, evaluation = Tokens(80), Tokens(16, offset=1000)
+    mode = sys.argv[2] if len(sys.argv) > 2 else "compare"
+    if mode != "compare":
+        {"launched": launched, "alone": alone}[mode](out, train)
+        dtcore.shutdown()
+        return
     report = {}
 
     stock = StockTrainer(model=model(), args=arguments(os.path.join(out, "ddp"), True), train_dataset=train)
@@ -141,9 +211,19 @@ def main() -> None:
     zero2.train()
     report["accumulate"] = {"ddp": losses(stock), "zero2": losses(zero2)}
 
+    # bf16 autocast (CPU), the stock Trainer's torch DDP against dtcore at zero=2
+    bf16 = {}
+    for name, cls, kwargs in (("ddp", StockTrainer, {}), ("zero2", Trainer, {"dtcore_plugin": DtcorePlugin(zero=2)})):
+        args = arguments(os.path.join(out, f"{name}_bf16"), False, bf16=True)
+        trainer = cls(model=model(), args=args, train_dataset=train, **kwargs)
+        trainer.train()
+        bf16[name] = losses(trainer)
+    report["bf16"] = bf16
+
     # load_best_model_at_end at zero=3, told that the highest loss is best: the first checkpoint's weights come back
+    # (from its dtcore folder, the model alone: save_only_model)
     best = dict(eval_strategy="steps", eval_steps=SAVE_EVERY, load_best_model_at_end=True, greater_is_better=True)
-    args = arguments(os.path.join(out, "best3"), True, metric_for_best_model="eval_loss", **best)
+    args = arguments(os.path.join(out, "best3"), True, metric_for_best_model="eval_loss", save_only_model=True, **best)
     zero3 = Trainer(
         model=model(), args=args, train_dataset=train, eval_dataset=evaluation, dtcore_plugin=DtcorePlugin(zero=3)
     )
@@ -152,6 +232,7 @@ def main() -> None:
         "evaluated": [e["eval_loss"] for e in zero3.state.log_history if "eval_loss" in e],
         "checkpoint": os.path.basename(zero3.state.best_model_checkpoint),
         "eval_loss": zero3.evaluate()["eval_loss"],
+        "checkpoint5": sorted(os.listdir(os.path.join(out, "best3", f"checkpoint-{SAVE_EVERY}"))),
     }
 
     checkpoint = os.path.join(out, "zero2", f"checkpoint-{SAVE_EVERY}")
