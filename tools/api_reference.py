@@ -19,6 +19,7 @@ SUBMODULE_NAMES = [
     ("dtcore.checkpoint", "latest"),
     ("dtcore.checkpoint", "wait"),
     ("dtcore.checkpoint", "export"),
+    ("dtcore.checkpoint", "check_extra"),
     ("dtcore.check", "run"),
     ("dtcore.train", "Trainer"),
     ("dtcore.train", "TrainConfig"),

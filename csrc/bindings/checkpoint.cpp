@@ -31,7 +31,10 @@ namespace {
 // error for what cannot be held) go to values.py's `other`, which gives their JSON text.
 class ValueEncoder {
  public:
-  ValueEncoder(py::list tensors, py::object other) : tensors_(std::move(tensors)), other_(std::move(other)) {}
+  // `tensors`: a list, or None (nothing appended: a check only). `exact`: every value of exactly a type the walk
+  // knows, or handed to `other` (which refuses what would come back as its base type).
+  ValueEncoder(py::object tensors, py::object other, bool exact)
+      : tensors_(std::move(tensors)), other_(std::move(other)), exact_(exact) {}
 
   std::string encode(py::handle value, const std::string& where) {
     where_ = where;
@@ -63,8 +66,17 @@ class ValueEncoder {
     return text;
   }
 
+  // Whether `value`'s type is exactly one the walk writes (not a subclass, which comes back as its base).
+  static bool exactly_known(PyObject* value) {
+    return value == Py_None || PyBool_Check(value) || PyLong_CheckExact(value) || PyFloat_CheckExact(value) ||
+           PyUnicode_CheckExact(value) || PyList_CheckExact(value) || PyTuple_CheckExact(value) ||
+           PyDict_CheckExact(value) || Py_TYPE(value) == reinterpret_cast<PyTypeObject*>(THPVariableClass);
+  }
+
   void write(PyObject* value) {
-    if (value == Py_None) {
+    if (exact_ && !exactly_known(value)) {
+      write_other(value);
+    } else if (value == Py_None) {
       out_ += "null";
     } else if (PyBool_Check(value)) {
       out_ += value == Py_True ? "true" : "false";
@@ -74,10 +86,13 @@ class ValueEncoder {
       write_float(PyFloat_AS_DOUBLE(value));
     } else if (PyUnicode_Check(value)) {
       write_string(value);
-    } else if (THPVariable_Check(value)) {
+    } else if (THPVariable_Check(value) && !THPVariable_Unpack(value).is_meta()) {  // (a meta one: refused there)
       const std::string key = where();
-      at::Tensor tensor = THPVariable_Unpack(value).detach().to(at::kCPU).contiguous();
-      tensors_.append(py::make_tuple(key, py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(tensor)))));
+      if (!tensors_.is_none()) {
+        at::Tensor tensor = THPVariable_Unpack(value).detach().to(at::kCPU).contiguous();
+        py::tuple entry = py::make_tuple(key, py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(tensor))));
+        if (PyList_Append(tensors_.ptr(), entry.ptr()) != 0) throw py::error_already_set();
+      }
       out_ += "{\"__tensor__\": ";
       write_text(key);
       out_ += "}";
@@ -177,7 +192,8 @@ class ValueEncoder {
   }
 
   static bool is_tag(PyObject* key) {
-    static constexpr std::string_view kTags[] = {"__tuple__", "__items__", "__tensor__", "__ndarray__", "__dtype__"};
+    static constexpr std::string_view kTags[] = {"__tuple__",   "__items__", "__tensor__",
+                                                 "__ndarray__", "__dtype__", "__namespace__"};
     Py_ssize_t size = 0;
     const char* text = PyUnicode_AsUTF8AndSize(key, &size);
     if (text == nullptr) {
@@ -230,8 +246,9 @@ class ValueEncoder {
     out_ += text.cast<std::string>();
   }
 
-  py::list tensors_;
+  py::object tensors_;
   py::object other_;
+  bool exact_;
   std::string where_;
   std::vector<Step> path_;
   std::string out_;
@@ -274,11 +291,14 @@ void bind_checkpoint(py::module_& m) {
       py::arg("path"), py::arg("data"), "Writes `data` to `path` through a temporary name, fsync and rename");
   m.def(
       "encode_json",
-      [](py::handle value, py::list tensors, const std::string& where, py::object other) {
-        return ValueEncoder(std::move(tensors), std::move(other)).encode(value, where);
+      [](py::handle value, py::object tensors, const std::string& where, py::object other, bool exact) {
+        DTCORE_CHECK(tensors.is_none() || PyList_Check(tensors.ptr()), ConfigError,
+                     "encode_json: tensors must be a list or None (a dtcore bug).");
+        return ValueEncoder(std::move(tensors), std::move(other), exact).encode(value, where);
       },
-      py::arg("value"), py::arg("tensors"), py::arg("where"), py::arg("other"),
-      "values.py's encoding of `value` as JSON text; its tensors appended to `tensors` as (key, CPU tensor); "
+      py::arg("value"), py::arg("tensors"), py::arg("where"), py::arg("other"), py::arg("exact") = false,
+      "values.py's encoding of `value` as JSON text; its tensors appended to `tensors` (a list, or None) as (key, CPU "
+      "tensor); with `exact`, every value not of exactly a known type goes to `other`; "
       "`other(value, tensors, where)` gives the JSON text of what is not a container, tensor or plain value");
   using checkpoint::CopyPlan;
   py::class_<CopyPlan>(m, "CopyPlan")

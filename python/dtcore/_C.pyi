@@ -398,7 +398,6 @@ def write_safetensors(path: str, tensors: list[tuple[str, torch.Tensor]], metada
 
 def write_file_atomic(path: str, data: str) -> FileDigest: ...
 def digest_file(path: str) -> FileDigest: ...
-
 def encode_json(
     value: object,
     tensors: list[tuple[str, torch.Tensor]],

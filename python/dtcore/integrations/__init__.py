@@ -6,6 +6,7 @@
                      (from dtcore.integrations.transformers import Trainer, DtcorePlugin)
     lightning.py     DtcoreStrategy: Lightning's Trainer(strategy=DtcoreStrategy(zero=2)), or strategy="dtcore"
                      (lightning_zero.py: its sharded optimizers, schedulers and clipping)
+                     (lightning_checkpoint.py: the hyperparameters and state_dict its checkpoints check)
 
 Each adapter is imported by its own module path, so that `import dtcore` never needs the library it
 adapts; nothing in dtcore imports them.

@@ -25,7 +25,9 @@ the strategy hands each piece that touches other ranks to dtcore's public API:
   the path Lightning chose, written by every rank, holding the model, the optimizer (each rank its
   shard) and, as `extra`, everything else Lightning put in its checkpoint dict (epoch, global step,
   loops, callbacks, LR schedulers, hyperparameters). It loads at any number of ranks and ZeRO stage
-  (resharded). A Lightning checkpoint file (e.g. saved by DDPStrategy) loads too.
+  (resharded). A Lightning checkpoint file (e.g. saved by DDPStrategy) loads too. Hyperparameters a
+  checkpoint would not give back as they are, and hooks that edit checkpoint["state_dict"] of a dtcore
+  checkpoint, are refused (lightning_checkpoint.py).
 
 Refused, with the fix: devices= and num_nodes= that do not match the ranks the launcher made (Lightning
 checks only their product); precision plugins other than Lightning's 32/64-true, 16/bf16-true and
@@ -56,7 +58,7 @@ from lightning_utilities.core.rank_zero import rank_zero_only as utils_rank_zero
 
 import dtcore
 
-from . import lightning_zero
+from . import lightning_checkpoint, lightning_zero
 
 _OPS = {"sum": "sum", "mean": "avg", "avg": "avg", "max": "max", "min": "min"}
 
@@ -105,6 +107,9 @@ class DtcoreStrategy(ParallelStrategy):
         # (trainer.save_checkpoint) must still reach the ZeRO optimizer's model through it.
         self._distributed: dtcore.DistributedModel | None = None
         self._layers_synced = False  # Lightning's LayerSync applied by setup(), reverted by teardown()
+        # The dtcore checkpoint directory load_checkpoint() loaded the weights from (before the hooks ran), or None
+        # for a Lightning checkpoint file, whose weights load_model_state_dict() loads (after the hooks).
+        self._loaded_directory: Path | None = None
 
     @property
     def zero(self) -> int:
@@ -207,6 +212,9 @@ class DtcoreStrategy(ParallelStrategy):
         assert self.accelerator is not None and self.model is not None
         self.accelerator.setup(trainer)
         fitting = trainer.state.fn == TrainerFn.FITTING
+        if fitting and trainer.checkpoint_callbacks:
+            # Before any step, rather than at the first save: See lightning_checkpoint.py.
+            lightning_checkpoint.check_hyperparameters(trainer)
         if fitting and self._layer_sync:  # Trainer(sync_batchnorm=True): on torch's group, which dtcore.init set up
             self.model = self._layer_sync.apply(self.model)
             self._layers_synced = True
@@ -347,8 +355,11 @@ class DtcoreStrategy(ParallelStrategy):
         return False  # load_checkpoint restores the optimizer (resharded) itself
 
     def lightning_module_state_dict(self) -> dict[str, Any]:
-        """Empty: the weights go from the model straight into dtcore's files, with no copy in the dict."""
-        return {}
+        """For the hooks: the model's state_dict as views (zero=3: meta tensors). The weights go from the model
+        straight into dtcore's files; save_checkpoint refuses a hook's edit of this dict (lightning_checkpoint.py)."""
+        module = self.lightning_module
+        assert module is not None
+        return lightning_checkpoint.model_state(module, self._distributed)
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """Empty: each rank writes its own shard, where a state_dict() here would gather the whole state."""
@@ -362,6 +373,11 @@ class DtcoreStrategy(ParallelStrategy):
                 "path, without a CheckpointIO. Fix: drop storage_options."
             )
         path = Path(filepath)
+        module = self.lightning_module
+        assert module is not None
+        trainer = module.trainer
+        lightning_checkpoint.check_hyperparameters(trainer)
+        lightning_checkpoint.check_unedited_for_save(checkpoint, self.lightning_module_state_dict(), trainer, path)
         extra = dict(checkpoint)
         extra.pop("state_dict", None)
         states = extra.pop("optimizer_states", None)  # absent: a weights-only checkpoint
@@ -379,34 +395,41 @@ class DtcoreStrategy(ParallelStrategy):
         path = Path(checkpoint_path)
         fitting = module.trainer.state.fn == TrainerFn.FITTING
         if path.is_file():  # a Lightning checkpoint file, e.g. DDPStrategy's
-            return self._load_file(path, weights_only, fitting)
+            return self._load_file(path, weights_only)
         optimizer = self._checkpointed_optimizer("load", path) if fitting else None
         got = dtcore.load_checkpoint(path, model=self._saved_model(), optimizer=optimizer, strict=module.strict_loading)
         checkpoint = dict(got["extra"])
-        # For on_load_checkpoint hooks: the loaded weights (not at zero=3, whose state_dict() gathers them whole).
-        checkpoint["state_dict"] = module.state_dict() if self._zero < 3 else {}
+        # For on_load_checkpoint hooks: the loaded weights (zero=3: meta tensors), which they must leave as they are.
+        checkpoint["state_dict"] = lightning_checkpoint.model_state(module, self._distributed)
+        self._loaded_directory = path
         return checkpoint
 
-    def _load_file(self, path: Path, weights_only: bool | None, fitting: bool) -> dict[str, Any]:
+    def _load_file(self, path: Path, weights_only: bool | None) -> dict[str, Any]:
         if self._zero == 3:
             raise dtcore.ConfigError(
                 f"{path} is a Lightning checkpoint file, whose whole weights a zero=3 model cannot take on each rank. "
                 "Fix: resume it with DtcoreStrategy(zero=2) (or 0/1) once; its checkpoints then load at zero=3."
             )
-        checkpoint = self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
-        module = self.lightning_module
-        assert module is not None
-        module.load_state_dict(checkpoint["state_dict"], strict=module.strict_loading)
-        if fitting and "optimizer_states" in checkpoint:
-            for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"]):
-                optimizer.load_state_dict(state)  # a ShardedOptimizer cuts its shard of the whole state
-        return checkpoint
+        self._loaded_directory = None  # its weights load after the hooks, which may edit them (load_model_state_dict)
+        return self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
 
     def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
-        """Nothing: load_checkpoint loaded the weights."""
+        """Called after the LightningModule's on_load_checkpoint: a Lightning checkpoint file's weights (as the hook
+        left them, as under DDPStrategy) and optimizer states; a dtcore checkpoint's were loaded by load_checkpoint,
+        so a change the hook made to checkpoint["state_dict"] is refused (lightning_checkpoint.py)."""
+        module = self.lightning_module
+        assert module is not None
+        if self._loaded_directory is not None:
+            ours = lightning_checkpoint.model_state(module, self._distributed)
+            lightning_checkpoint.check_unedited_after_load(checkpoint, ours, module, self._loaded_directory)
+            return
+        module.load_state_dict(checkpoint["state_dict"], strict=strict)
+        if module.trainer.state.fn == TrainerFn.FITTING and "optimizer_states" in checkpoint:
+            for optimizer, state in zip(self.optimizers, checkpoint["optimizer_states"]):
+                optimizer.load_state_dict(state)  # a ShardedOptimizer cuts its shard of the whole state
 
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
-        """Nothing: load_checkpoint loaded the optimizer."""
+        """Nothing: load_checkpoint (a dtcore checkpoint) or load_model_state_dict (a file) loaded the optimizer."""
 
     def _saved_model(self) -> torch.nn.Module:
         """The wrapper of this LightningModule's last fit (a ZeRO optimizer's model), else the module."""

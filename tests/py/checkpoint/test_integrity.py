@@ -1,6 +1,8 @@
 """What a checkpoint refuses: incomplete, truncated, altered and pickle-carrying files, models and
 optimizers that do not fit, values that would need pickle. In one process (no launcher: world 1)."""
 
+import argparse
+import collections
 import json
 import os
 import pickle
@@ -137,6 +139,18 @@ def test_values_that_need_pickle_are_refused_by_key(tmp_path):
         dtcore.save_checkpoint(tmp_path / "c", model=model, step=0, extra={"scheduler": {"fn": lambda s: s}})
     with pytest.raises(dtcore.ConfigError, match=r"step must be an int"):
         dtcore.save_checkpoint(tmp_path / "c", model=model, step="5")
+    with pytest.raises(dtcore.CheckpointError, match=r"extra\['shape'\] is a meta tensor \(a shape and dtype without"):
+        dtcore.save_checkpoint(tmp_path / "c", model=model, step=0, extra={"shape": torch.empty(2, device="meta")})
+    # an argparse.Namespace comes back as one; exact=True refuses what would come back as its base type
+    args = argparse.Namespace(lr=0.1, sizes=(4, 8), sub=argparse.Namespace(scale=torch.ones(2)))
+    dtcore.save_checkpoint(tmp_path / "ns", model=model, step=0, extra={"args": args})
+    back = dtcore.load_checkpoint(tmp_path / "ns", model=model)["extra"]["args"]
+    assert type(back) is argparse.Namespace and type(back.sub) is argparse.Namespace
+    assert (back.lr, back.sizes) == (0.1, (4, 8)) and torch.equal(back.sub.scale, torch.ones(2))
+    dtcore.checkpoint.check_extra({"args": args}, "hp", exact=True)
+    with pytest.raises(dtcore.CheckpointError, match=r"hp\['o'\] is a collections.OrderedDict, which"):
+        dtcore.checkpoint.check_extra({"o": collections.OrderedDict(a=1)}, "hp", exact=True)
+    dtcore.checkpoint.check_extra({"o": collections.OrderedDict(a=1)}, "hp")  # held, as a dict
 
 
 def test_tied_weights_are_stored_once_and_export_gives_a_plain_state_dict(tmp_path):

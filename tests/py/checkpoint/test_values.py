@@ -4,6 +4,7 @@ refusals, which name where the value is."""
 
 from __future__ import annotations
 
+import argparse
 import collections
 import enum
 import json
@@ -16,7 +17,7 @@ import torch
 import dtcore
 from dtcore.checkpoint import values
 
-TAGS = ("__tuple__", "__items__", "__tensor__", "__ndarray__", "__dtype__")
+TAGS = ("__tuple__", "__items__", "__tensor__", "__ndarray__", "__dtype__", "__namespace__")
 
 
 def reference(value, tensors, where):
@@ -28,6 +29,8 @@ def reference(value, tensors, where):
         return {"__tensor__": where}
     if isinstance(value, torch.dtype):
         return {"__dtype__": str(value).removeprefix("torch.")}
+    if isinstance(value, argparse.Namespace):
+        return {"__namespace__": reference(vars(value), tensors, where)}
     if isinstance(value, (list, tuple)):
         items = [reference(v, tensors, f"{where}[{i}]") for i, v in enumerate(value)]
         return {"__tuple__": items} if isinstance(value, tuple) else items
@@ -64,6 +67,8 @@ def _value():
         "tuples": (1, (2.0, "x"), Pair(4, [5]), torch.Size([2, 3]), ()),
         "keys": {1: "int", (2, "t"): {"__tensor__": "not a tag's value"}, None: [torch.ones(2, dtype=torch.bfloat16)]},
         "tag as key": {"__tuple__": 1},
+        "tags as keys": [{tag: 0} for tag in TAGS],
+        "args": argparse.Namespace(lr=0.1, sub=argparse.Namespace(scale=torch.ones(2)), sizes=(4, 8)),
         "containers": collections.OrderedDict(b=collections.defaultdict(list, x=[1]), a={}),
         "dtype": [torch.float32, torch.bfloat16],
         "numpy scalars": [numpy.int64(7), numpy.bool_(True), numpy.float32(0.5)],
@@ -96,6 +101,8 @@ def test_decode_gives_back_what_was_encoded():
     assert isinstance(back["rng"]["numpy"][1], numpy.ndarray) and back["rng"]["numpy"][1].tolist() == [0, 1, 2, 3]
     assert math.copysign(1, back["plain"][9]) == -1 and back["plain"][5] == 2**70
     assert torch.equal(back['a "key"\n'], value['a "key"\n']) and back["nested"][0][0][0]["deep"].item() == 1.5
+    assert back["tags as keys"] == value["tags as keys"] and type(back["args"].sub) is argparse.Namespace
+    assert (back["args"].lr, back["args"].sizes) == (0.1, (4, 8)) and torch.equal(back["args"].sub.scale, torch.ones(2))
 
 
 def test_what_needs_pickle_is_refused_naming_where_it_is():
@@ -107,3 +114,37 @@ def test_what_needs_pickle_is_refused_naming_where_it_is():
     loop.append(loop)
     with pytest.raises(dtcore.CheckpointError, match=r"extra(\[0\])+ is nested more than 500 deep"):
         values.encode_json(loop, [], "extra")
+
+
+@pytest.mark.parametrize(
+    "value, held_as",
+    [
+        (Color.RED, "int"),
+        (numpy.float64(0.5), "float"),
+        (numpy.int64(3), "int"),
+        (Pair(1, 2), "tuple"),
+        (torch.Size([2]), "tuple"),
+        (collections.OrderedDict(a=1), "dict"),
+        (torch.nn.Parameter(torch.ones(1)), "torch.Tensor"),
+    ],
+)
+def test_exact_refuses_what_comes_back_as_its_base_type_and_only_that(value, held_as):
+    values.check_extra({"x": [value]}, "hp")  # held, as its base type
+    with pytest.raises(
+        dtcore.CheckpointError,
+        match=rf"hp\['x'\]\[0\] is a .*, which a checkpoint gives back as a "
+        rf"plain {held_as}, not as the type it was saved as. Fix: drop it",
+    ):
+        values.check_extra({"x": [value]}, "hp", exact=True, fix="drop it")
+    values.check_extra({"x": [1, 0.5, "s", None, True, (1,), {"a": torch.ones(1)}, numpy.ones(2)]}, "hp", exact=True)
+    values.check_extra(argparse.Namespace(a=[1]), "hp", exact=True)
+
+
+def test_a_meta_tensor_is_refused_and_a_check_needs_no_list_of_tensors():
+    for exact in (False, True):
+        with pytest.raises(
+            dtcore.CheckpointError, match=r"hp\['m'\] is a meta tensor .* Fix: save a tensor with values"
+        ):
+            values.check_extra({"m": torch.empty(2, device="meta")}, "hp", exact=exact)
+    text = values.encode_json({"t": torch.ones(2)}, None, "hp")  # a check (check_extra): no list to append to
+    assert json.loads(text) == {"t": {"__tensor__": "hp['t']"}}

@@ -2,14 +2,19 @@
 zero=0, 2 (gradient accumulation and clipping; manual optimization) and 3, and the same validation loss
 after each fit; a resumed fit gives the uninterrupted run's losses,
 at 2 ranks and, resharded, at 1; Lightning's own launcher (devices=2) starts the ranks; what the strategy
-cannot honour is refused with the fix."""
+cannot honour is refused with the fix: hyperparameters a checkpoint would not give back as they are (before
+the first step), and hooks that edit checkpoint["state_dict"] of a dtcore checkpoint."""
 
+import argparse
 import os
+from collections import OrderedDict
 
 import lightning
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.demos import BoringModel
+from lightning.pytorch.demos.boring_classes import BoringDataModule
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 
 import dtcore
@@ -132,25 +137,40 @@ def test_devices_that_do_not_match_the_launcher_are_refused_before_any_rendezvou
     assert not dtcore.is_initialized()
 
 
+@pytest.fixture
+def one_rank(fresh_dtcore, tmp_path):
+    """trainer(**args): a 1-rank CPU Trainer with DtcoreStrategy, in this process (whose environment, which
+    Lightning's launcher sets, is restored afterwards)."""
+    saved = dict(os.environ)
+
+    def trainer(strategy=None, **args):
+        defaults = dict(max_epochs=1, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0)
+        return lightning.Trainer(
+            strategy=strategy or DtcoreStrategy(),
+            accelerator="cpu",
+            devices=1,
+            default_root_dir=tmp_path,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            **(defaults | args),
+        )
+
+    yield trainer
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.mark.filterwarnings("ignore")  # Lightning's own (few workers, torch's pytree deprecation)
-def test_a_context_the_script_made_first_is_kept_and_predict_at_zero3_is_refused(fresh_dtcore, tmp_path):
+def test_a_context_the_script_made_first_is_kept_and_predict_at_zero3_is_refused(one_rank):
     ctx = dtcore.init(timeout=30)  # alone: a store on a free port, where Lightning would pick another
-    saved = dict(os.environ)  # Lightning's launcher sets MASTER_PORT, WORLD_SIZE, ... in this process
-    try:
-        trainer = lightning.Trainer(
-            strategy=DtcoreStrategy(zero=1), accelerator="cpu", devices=1, max_steps=2, default_root_dir=tmp_path
-        )
-        trainer.fit(BoringModel())
-        # zero=3's forward is a collective, and predict gives the ranks different numbers of batches: refused
-        sharded = lightning.Trainer(
-            strategy=DtcoreStrategy(zero=3), accelerator="cpu", devices=1, max_steps=2, default_root_dir=tmp_path
-        )
-        sharded.fit(BoringModel())
-        with pytest.raises(dtcore.ConfigError, match=r"trainer.predict with DtcoreStrategy\(zero=3\).* Fix:"):
-            sharded.predict(sharded.lightning_module)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    trainer = one_rank(DtcoreStrategy(zero=1), max_steps=2)
+    trainer.fit(BoringModel())
+    # zero=3's forward is a collective, and predict gives the ranks different numbers of batches: refused
+    sharded = one_rank(DtcoreStrategy(zero=3), max_steps=2)
+    sharded.fit(BoringModel())
+    with pytest.raises(dtcore.ConfigError, match=r"trainer.predict with DtcoreStrategy\(zero=3\).* Fix:"):
+        sharded.predict(sharded.lightning_module)
     assert dtcore.get_context() is ctx and trainer.global_step == 2
 
 
@@ -158,3 +178,115 @@ def test_the_strategy_names_are_registered():
     for name, zero in (("dtcore", 0), ("dtcore_zero1", 1), ("dtcore_zero2", 2), ("dtcore_zero3", 3)):
         trainer = lightning.Trainer(strategy=name, accelerator="cpu", devices=1, logger=False)
         assert isinstance(trainer.strategy, DtcoreStrategy) and trainer.strategy.zero == zero
+
+
+class WithHparams(BoringModel):
+    """save_hyperparameters() of its arguments, as scripts do; counts its training steps."""
+
+    def __init__(self, args, root=None, options=None):
+        super().__init__()
+        self.save_hyperparameters()
+        self.steps = 0
+
+    def training_step(self, batch, batch_idx):
+        self.steps += 1
+        return super().training_step(batch, batch_idx)
+
+
+class PathData(BoringDataModule):
+    def __init__(self, root):
+        super().__init__()
+        self.save_hyperparameters()
+
+
+@pytest.mark.filterwarnings("ignore")  # Lightning's own (few workers, no validation loop)
+def test_hyperparameters_a_checkpoint_cannot_give_back_are_refused_before_the_first_step(one_rank, tmp_path):
+    args = argparse.Namespace(lr=0.1, layers=[4, 8])  # what argparse scripts pass to their module
+    fix = r"Fix: save_hyperparameters\(ignore=\['root'\]\) to leave it out"
+    model = WithHparams(args, root=tmp_path)
+    with pytest.raises(dtcore.CheckpointError, match=r"WithHparams.hparams\['root'\] is a pathlib.PosixPath, .*" + fix):
+        one_rank().fit(model)  # the default ModelCheckpoint would save at the epoch's end
+    assert model.steps == 0
+    with pytest.raises(dtcore.CheckpointError, match=r"\['options'\]\['o'\] is a collections.OrderedDict, which"):
+        one_rank().fit(WithHparams(args, options={"o": OrderedDict(a=1)}))  # it would come back as a dict
+    with pytest.raises(dtcore.CheckpointError, match=r"PathData.hparams\['root'\] is a pathlib.PosixPath"):
+        one_rank().fit(WithHparams(args), datamodule=PathData(tmp_path))  # Lightning saves the datamodule's too
+
+    # No checkpointing: not refused; a save asked for all the same gets the same error
+    trainer, model = one_rank(enable_checkpointing=False), WithHparams(args, root=tmp_path)
+    trainer.fit(model)
+    assert model.steps == 2
+    with pytest.raises(dtcore.CheckpointError, match=r"WithHparams.hparams\['root'\] is a pathlib.PosixPath"):
+        trainer.save_checkpoint(tmp_path / "asked.ckpt")
+
+    # A Namespace comes back as a Namespace (a tuple as a tuple): the module builds again from what was saved
+    saver = ModelCheckpoint(dirpath=tmp_path / "saved", filename="last")
+    one_rank(callbacks=[saver]).fit(WithHparams(args, options={"sizes": (4, 8)}))
+    path = tmp_path / "saved" / "last.ckpt"
+    hparams = dtcore.load_checkpoint(path, model=BoringModel())["extra"]["hyper_parameters"]
+    assert type(hparams["args"]) is argparse.Namespace and hparams["args"] == args
+    rebuilt = WithHparams(**hparams)  # as load_from_checkpoint builds it
+    assert rebuilt.hparams.options == {"sizes": (4, 8)}
+    one_rank(max_epochs=2).fit(rebuilt, ckpt_path=path)
+    assert rebuilt.steps == 2  # the second epoch only
+
+
+class Noted(BoringModel):
+    """Keeps a note of its own in each checkpoint; records what its hooks see; `rename` edits the loaded weights."""
+
+    def __init__(self, rename=False):
+        super().__init__()
+        self.rename, self.saved_keys, self.loaded = rename, None, None
+
+    def on_save_checkpoint(self, checkpoint):
+        self.saved_keys = sorted(checkpoint["state_dict"])
+        checkpoint["note"] = {"scale": torch.full((3,), 2.0), "count": 3}
+
+    def on_load_checkpoint(self, checkpoint):
+        self.loaded = (checkpoint["note"], sorted(checkpoint["state_dict"]))
+        if self.rename:  # as a hook that maps an older model's names would
+            checkpoint["state_dict"]["renamed.weight"] = checkpoint["state_dict"].pop("layer.weight")
+
+
+class DropBias(Callback):
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        del checkpoint["state_dict"]["layer.bias"]  # as a hook that leaves frozen weights out would
+
+
+class ZeroBiasOnLoad(BoringModel):
+    def on_load_checkpoint(self, checkpoint):
+        checkpoint["state_dict"]["layer.bias"] = torch.zeros(2)
+
+
+@pytest.mark.filterwarnings("ignore")  # Lightning's own (few workers, no validation loop)
+def test_hooks_keep_their_own_keys_and_an_edit_of_the_state_dict_is_refused_or_honoured(one_rank, tmp_path):
+    keys = ["layer.bias", "layer.weight"]
+    for zero in (1, 3):  # zero=3: the hooks see meta tensors (each rank holds shards), under the same keys
+        model, folder = Noted(), tmp_path / f"zero{zero}"
+        one_rank(DtcoreStrategy(zero=zero), callbacks=[ModelCheckpoint(dirpath=folder, filename="last")]).fit(model)
+        assert model.saved_keys == keys and (folder / "last.ckpt" / "manifest.json").is_file()
+        resumed = Noted()
+        one_rank(DtcoreStrategy(zero=zero), max_epochs=2).fit(resumed, ckpt_path=folder / "last.ckpt")
+        note, loaded_keys = resumed.loaded
+        assert note["count"] == 3 and torch.equal(note["scale"], torch.full((3,), 2.0)) and loaded_keys == keys
+        saver = ModelCheckpoint(dirpath=folder / "dropped")
+        with pytest.raises(
+            dtcore.CheckpointError,
+            match=r"DropBias.on_save_checkpoint changed checkpoint\['state_dict'\] \(removed or renamed: 'layer.bias'\)"
+            r".* Fix: leave checkpoint\['state_dict'\] as it is",
+        ):
+            one_rank(DtcoreStrategy(zero=zero), callbacks=[DropBias(), saver]).fit(BoringModel())
+    with pytest.raises(
+        dtcore.CheckpointError,
+        match=r"Noted.on_load_checkpoint changed checkpoint\['state_dict'\] \(removed or renamed: 'layer.weight'; "
+        r"added: 'renamed.weight'\) of the dtcore checkpoint .* Fix:",
+    ):
+        one_rank(max_epochs=2).fit(Noted(rename=True), ckpt_path=tmp_path / "zero1" / "last.ckpt")
+
+    # A Lightning checkpoint file loads after the hook, as under DDPStrategy: its edit is honoured
+    plain = one_rank("auto", callbacks=[ModelCheckpoint(dirpath=tmp_path / "file", filename="last")])
+    plain.fit(BoringModel())
+    model = ZeroBiasOnLoad()
+    one_rank().validate(model, ckpt_path=tmp_path / "file" / "last.ckpt", verbose=False)
+    assert torch.equal(model.layer.bias, torch.zeros(2))
+    assert torch.equal(model.layer.weight, plain.lightning_module.layer.weight)
