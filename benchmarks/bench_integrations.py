@@ -4,18 +4,24 @@
 
 One job of --world ranks on loopback (torchrun's variables). Every rank runs, --rounds times, in an
 order that rotates each round, --steps steps of each side:
-  dtcore      the hand-written loop: dtcore.wrap + dtcore.ShardedOptimizer (AdamW at zero=0) over a
-              DistributedSampler'd DataLoader;
-  lightning   Lightning's Trainer(strategy=DtcoreStrategy(zero=...)) over a LightningModule around the
-              same model (no logger, progress bar or checkpoints);
-  accelerate  dtcore.integrations.accelerate's Accelerator(dtcore_plugin=DtcorePlugin(zero=...)):
-              prepare(model, optimizer, loader), accelerator.backward, step, zero_grad.
+  dtcore        the hand-written loop: dtcore.wrap + dtcore.ShardedOptimizer (AdamW at zero=0) over a
+                DistributedSampler'd DataLoader;
+  lightning     Lightning's Trainer(strategy=DtcoreStrategy(zero=...)) over a LightningModule around the
+                same model (no logger, progress bar or checkpoints);
+  accelerate    dtcore.integrations.accelerate's Accelerator(dtcore_plugin=DtcorePlugin(zero=...)):
+                prepare(model, optimizer, loader), accelerator.backward, step, zero_grad;
+  transformers  Hugging Face's Trainer as dtcore.integrations.transformers.Trainer(dtcore_plugin=
+                DtcorePlugin(zero=...)) over a module around the same model whose forward returns
+                {"loss": ...}: a Dataset of dicts, the Trainer's default collator, the optimizer passed in
+                with a constant LR scheduler (no clipping, logging, evaluation, checkpoints or progress bar).
 The model is the demo GPT (--preset), AdamW (foreach=False). A step is the time from one batch's
 start to the next's (data, forward, backward, optimizer step, and the integration's hooks), in wall
 time and in the process's CPU time (which other processes on the machine disturb less); the first two
 of each run are left out (the buckets' first plan, the optimizer's shards cut). Rank 0 prints each
 side's median, and for each integration its ratio over the hand-written loop per round and the
 median of those ratios.
+dtcore.init() runs once per rank, first; each side's objects (the Trainers, Accelerators, wrapped models)
+are built afresh each round and find that context.
 """
 
 from __future__ import annotations
@@ -23,15 +29,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+import transformers
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
 
 import dtcore
 from dtcore.integrations.accelerate import Accelerator, DtcorePlugin
 from dtcore.integrations.lightning import DtcoreStrategy
+from dtcore.integrations.transformers import Trainer
 from dtcore.train.config import SHAPES
 from dtcore.train.demo.gpt import GPT, shape
 
@@ -75,6 +84,47 @@ class Clock(L.Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.marks.append(now())
+
+
+class LMGPT(torch.nn.Module):
+    """The demo GPT as the Trainer calls a model: keyword batches in, {"loss": ...} out (GPT's forward returns
+    the loss alone)."""
+
+    def __init__(self, gpt: torch.nn.Module) -> None:
+        super().__init__()
+        self.gpt = gpt
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": self.gpt(input_ids, labels)}
+
+
+class TrainerClock(transformers.TrainerCallback):
+    """Clock's marks from the Trainer's events: when each optimizer step starts, and when training ends. The Trainer
+    takes a step's batch from its loader just before on_step_begin: one mark to the next is still one batch's data,
+    forward, backward and optimizer step."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[float, float]] = []
+
+    def on_step_begin(self, args, state, control, **kwargs) -> None:
+        self.marks.append(now())
+
+    def on_train_end(self, args, state, control, **kwargs) -> None:
+        self.marks.append(now())
+
+
+class Dicts(Dataset):
+    """data()'s samples as the Trainer takes them: {"input_ids", "labels"}, stacked by its default collator."""
+
+    def __init__(self, tensors: TensorDataset) -> None:
+        self.tensors = tensors
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        x, y = self.tensors[i]
+        return {"input_ids": x, "labels": y}
 
 
 def data(args) -> TensorDataset:
@@ -141,13 +191,69 @@ def accelerate_steps(args) -> list[tuple[float, float]]:
     return steps_between(marks)
 
 
+def transformers_steps(args) -> list[tuple[float, float]]:
+    cpu = not torch.cuda.is_available()
+    clock = TrainerClock()
+    net = LMGPT(model(args))
+    opt = torch.optim.AdamW(net.parameters(), lr=3e-4, foreach=False)
+    # The others step no scheduler. At zero>=1 torch warns once "lr_scheduler.step() before optimizer.step()": the
+    # Trainer prepares the optimizer (a ShardedOptimizer steps) but not a scheduler passed in, which watches
+    # `opt`; the LR still reaches the ShardedOptimizer, whose param_groups are opt's very dicts.
+    constant = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    with tempfile.TemporaryDirectory() as out:  # nothing is saved there (save_strategy="no")
+        training_args = transformers.TrainingArguments(
+            output_dir=out,
+            use_cpu=cpu,
+            ddp_backend="gloo" if cpu else None,
+            per_device_train_batch_size=args.batch,
+            max_steps=args.steps,
+            max_grad_norm=0,  # no clipping, as the other sides
+            # No shuffling, as the other sides (the Trainer's default shuffles): accelerate deals consecutive batches
+            # to the ranks, the hand-written loop's samples at --batch 1. The tokens are random, so the order would
+            # not change a step's time anyway.
+            train_sampling_strategy="sequential",
+            dataloader_num_workers=0,
+            dataloader_pin_memory=False,  # the other sides' loaders do not pin
+            eval_strategy="no",
+            save_strategy="no",
+            logging_strategy="no",
+            report_to=[],
+            disable_tqdm=True,
+        )
+        trainer = Trainer(
+            model=net,
+            args=training_args,
+            train_dataset=Dicts(data(args)),
+            optimizers=(opt, constant),
+            callbacks=[clock],
+            dtcore_plugin=DtcorePlugin(zero=args.zero),
+        )
+        # disable_tqdm's stand-in prints the train() summary on rank 0: stdout is this script's report.
+        trainer.remove_callback(transformers.PrinterCallback)
+        trainer.train()
+    # The Trainer trained through dtcore: a dtcore model, a ShardedOptimizer under accelerate's wrapper at zero>=1.
+    sharded = isinstance(trainer.optimizer.optimizer, dtcore.ShardedOptimizer)
+    if not isinstance(trainer.model_wrapped, dtcore.DistributedModel) or sharded != (args.zero >= 1):
+        raise SystemExit(
+            f"the Trainer trained {type(trainer.model_wrapped).__name__} with "
+            f"{type(trainer.optimizer.optimizer).__name__} at zero={args.zero}, not through dtcore"
+        )
+    return steps_between(clock.marks)
+
+
 def worker(args) -> None:
     dtcore.init(timeout=600)  # the integrations' init() then find this context, with the same world
-    runs = {"dtcore": hand_steps, "lightning": lightning_steps, "accelerate": accelerate_steps}
+    runs = {
+        "dtcore": hand_steps,
+        "lightning": lightning_steps,
+        "accelerate": accelerate_steps,
+        "transformers": transformers_steps,
+    }
     names = list(runs)
     medians: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}  # per round: (wall, CPU)
     for round_ in range(args.rounds):
-        for name in names[round_ % 3 :] + names[: round_ % 3]:  # each goes first in turn
+        first = round_ % len(names)
+        for name in names[first:] + names[:first]:  # each goes first in turn
             steps = runs[name](args)
             medians[name].append(tuple(statistics.median(s[i] for s in steps) for i in (0, 1)))
     if dtcore.get_context().rank == 0:
@@ -157,7 +263,7 @@ def worker(args) -> None:
         for i, what in enumerate(("wall", "cpu")):
             for name, rounds in medians.items():
                 report[f"{name}_{what}_ms"] = round(statistics.median(r[i] for r in rounds) * 1e3, 2)
-            for name in ("lightning", "accelerate"):
+            for name in names[1:]:
                 ratios = [theirs[i] / own[i] for theirs, own in zip(medians[name], medians["dtcore"])]
                 report[f"{name}_{what}_ratio"] = round(statistics.median(ratios), 4)
                 report[f"{name}_{what}_ratios"] = [round(r, 3) for r in ratios]
