@@ -1,7 +1,8 @@
 // dtcore._C bindings of csrc/dtcore/checkpoint: atomic files, safetensors writing and copy plans
-// (tensors become TensorEntry views of their memory; the GIL is released while writing), and
-// encode_json, values.py's conversion of Python values into JSON text (a walk of Python objects,
-// so it lives with the bindings; its format is values.py's).
+// (tensors become TensorEntry views of their memory; the GIL is released while writing); and two
+// walks of Python objects for in-memory checkpoints, which take one at every step (so they live
+// with the bindings): encode_json, values.py's conversion of Python values into JSON text (its
+// format is values.py's), and TensorWatch, memory.py's check that the state is where it was.
 #include <torch/csrc/utils/pybind.h>
 
 #include <torch/csrc/autograd/python_variable.h>
@@ -254,6 +255,67 @@ class ValueEncoder {
   std::string out_;
 };
 
+// TensorWatch: whether tensors are still where a layout found them (memory.py's _Watch, at every save): each
+// (table, name) entry still the very tensor object, at the same address, each table (a module's _parameters or
+// _buffers, an optimizer state's entry) of the same size, and each name that held None still without a tensor.
+class TensorWatch {
+ public:
+  TensorWatch(const py::list& tables, const py::list& owners, const py::list& names, const py::list& tensors,
+              const py::list& empty_owners, const py::list& empty_names) {
+    DTCORE_CHECK(
+        owners.size() == names.size() && names.size() == tensors.size() && empty_owners.size() == empty_names.size(),
+        ConfigError, "TensorWatch: lists of different lengths (a dtcore bug).");
+    for (py::handle table : tables) tables_.emplace_back(dict(table), PyDict_Size(table.ptr()));
+    for (std::size_t i = 0; i < owners.size(); ++i) {
+      DTCORE_CHECK(THPVariable_Check(tensors[i].ptr()), ConfigError, "TensorWatch: not a tensor (a dtcore bug).");
+      entries_.push_back({dict(owners[i]), py::reinterpret_borrow<py::object>(names[i]),
+                          py::reinterpret_borrow<py::object>(tensors[i]), address(tensors[i].ptr())});
+    }
+    for (std::size_t i = 0; i < empty_owners.size(); ++i) {
+      empty_.emplace_back(dict(empty_owners[i]), py::reinterpret_borrow<py::object>(empty_names[i]));
+    }
+  }
+
+  bool same() const {
+    for (const auto& [table, size] : tables_) {
+      if (PyDict_Size(table.ptr()) != size) return false;
+    }
+    for (const Entry& entry : entries_) {
+      if (lookup(entry.owner, entry.name) != entry.tensor.ptr() || address(entry.tensor.ptr()) != entry.address) {
+        return false;
+      }
+    }
+    for (const auto& [owner, name] : empty_) {
+      PyObject* found = lookup(owner, name);
+      if (found != nullptr && found != Py_None) return false;
+    }
+    return true;
+  }
+
+ private:
+  static py::object dict(py::handle table) {
+    DTCORE_CHECK(PyDict_Check(table.ptr()), ConfigError, "TensorWatch: a table that is not a dict (a dtcore bug).");
+    return py::reinterpret_borrow<py::object>(table);
+  }
+  static PyObject* lookup(const py::object& owner, const py::object& name) {  // borrowed; nullptr: absent
+    PyObject* found = PyDict_GetItemWithError(owner.ptr(), name.ptr());
+    if (found == nullptr && PyErr_Occurred()) throw py::error_already_set();
+    return found;
+  }
+  static const void* address(PyObject* tensor) {  // as Tensor.data_ptr(), 0 without storage
+    const at::Tensor& t = THPVariable_Unpack(tensor);
+    return t.has_storage() ? t.const_data_ptr() : nullptr;
+  }
+
+  struct Entry {
+    py::object owner, name, tensor;
+    const void* address;
+  };
+  std::vector<std::pair<py::object, Py_ssize_t>> tables_;
+  std::vector<Entry> entries_;
+  std::vector<std::pair<py::object, py::object>> empty_;
+};
+
 }  // namespace
 
 void bind_checkpoint(py::module_& m) {
@@ -300,6 +362,14 @@ void bind_checkpoint(py::module_& m) {
       "values.py's encoding of `value` as JSON text; its tensors appended to `tensors` (a list, or None) as (key, CPU "
       "tensor); with `exact`, every value not of exactly a known type goes to `other`; "
       "`other(value, tensors, where)` gives the JSON text of what is not a container, tensor or plain value");
+  py::class_<TensorWatch>(m, "TensorWatch")
+      .def(py::init<const py::list&, const py::list&, const py::list&, const py::list&, const py::list&,
+                    const py::list&>(),
+           py::arg("tables"), py::arg("owners"), py::arg("names"), py::arg("tensors"), py::arg("empty_owners"),
+           py::arg("empty_names"))
+      .def("same", &TensorWatch::same,
+           "Whether every table has its size, every (owner, name) its tensor at its address, and every empty name "
+           "no tensor");
   using checkpoint::CopyPlan;
   py::class_<CopyPlan>(m, "CopyPlan")
       .def(py::init<std::vector<at::Tensor>, std::vector<at::Tensor>>(), py::arg("destinations"), py::arg("sources"))

@@ -406,6 +406,21 @@ def encode_json(
 ) -> str:
     """checkpoint/values.py's encoding of `value` as JSON text (see values.encode_json)."""
 
+class TensorWatch:
+    """Whether tensors are where a layout found them (memory.py's _Watch): every table of its size, every (owner,
+    name) entry its very tensor at its address, every empty name without a tensor."""
+
+    def __init__(
+        self,
+        tables: list[dict[str, Any]],
+        owners: list[dict[str, Any]],
+        names: list[str],
+        tensors: list[torch.Tensor],
+        empty_owners: list[dict[str, Any]],
+        empty_names: list[str],
+    ) -> None: ...
+    def same(self) -> bool: ...
+
 class CopyPlan:
     """An in-memory checkpoint's byte copies (csrc/dtcore/checkpoint/copy_plan.h): destination i receives
     source i; the destinations after the sources receive run()'s `tail`, in order."""

@@ -150,9 +150,10 @@ TEST(CopyPlan, RefusesWhatDoesNotFitItsPlace) {
   expect_contains(error_of<CheckpointError>([&] { plan.run({}); }), {"0 tensors taken at this save for 1 places"});
   expect_contains(error_of<CheckpointError>([&] { plan.run({at::zeros({2, 4}, at::kByte).t()}); }),
                   {"copy 1 has a source of 8 bytes (not contiguous) for a destination of 4"});
-  // A source whose storage shrank since (a buffer freed) is refused, never read past its end.
-  at::Tensor shrinking = at::zeros({4}, at::kByte);
-  const CopyPlan held({file.slice(0, 0, 4)}, {shrinking.view({4})});
-  shrinking.storage().unsafeGetStorageImpl()->set_nbytes(2);
-  expect_contains(error_of<CheckpointError>([&] { held.run({}); }), {"source ends at byte 4 of a storage of 2"});
+  // A source whose storage was allocated anew since (a tensor resized) is refused, never read where it was.
+  at::Tensor growing = at::zeros({4}, at::kByte);
+  const CopyPlan held({file.slice(0, 0, 4)}, {growing.view({4})});
+  growing.resize_({1 << 20});
+  expect_contains(error_of<CheckpointError>([&] { held.run({}); }),
+                  {"(4 bytes when laid out) is now of 1048576 bytes at another address"});
 }

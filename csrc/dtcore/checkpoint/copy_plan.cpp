@@ -31,7 +31,18 @@ CopyPlan::CopyPlan(std::vector<at::Tensor> destinations, std::vector<at::Tensor>
     : destinations_(std::move(destinations)), sources_(std::move(sources)) {
   DTCORE_CHECK(sources_.size() <= destinations_.size(), CheckpointError, "in-memory checkpoint: ", sources_.size(),
                " sources for ", destinations_.size(), " destinations (a dtcore bug).");
-  for (std::size_t i = 0; i < sources_.size(); ++i) check_pair(destinations_[i], sources_[i], i);
+  for (std::size_t i = 0; i < sources_.size(); ++i) {
+    const at::Tensor& source = sources_[i];
+    check_pair(destinations_[i], source, i);
+    if (!source.device().is_cpu()) {
+      device_sources_.push_back(i);
+      continue;
+    }
+    const c10::StorageImpl* storage = source.storage().unsafeGetStorageImpl();
+    spans_.push_back({static_cast<std::uint8_t*>(destinations_[i].data_ptr()),
+                      static_cast<const std::uint8_t*>(source.const_data_ptr()), source.nbytes(), storage,
+                      storage->data(), storage->nbytes()});
+  }
 }
 
 void CopyPlan::copy(const at::Tensor& destination, const at::Tensor& source, std::size_t index) {
@@ -46,7 +57,16 @@ void CopyPlan::copy(const at::Tensor& destination, const at::Tensor& source, std
 void CopyPlan::run(const std::vector<at::Tensor>& tail) const {
   DTCORE_CHECK(tail.size() == tail_size(), CheckpointError, "in-memory checkpoint: ", tail.size(),
                " tensors taken at this save for ", tail_size(), " places (a dtcore bug).");
-  for (std::size_t i = 0; i < sources_.size(); ++i) copy(destinations_[i], sources_[i], i);
+  for (std::size_t i = 0; i < spans_.size(); ++i) {
+    const Span& span = spans_[i];
+    DTCORE_CHECK(span.storage->data() == span.base && span.storage->nbytes() == span.storage_bytes, CheckpointError,
+                 "in-memory checkpoint: a source's storage (", span.storage_bytes, " bytes when laid out) is now of ",
+                 span.storage->nbytes(),
+                 " bytes at another address: freed and allocated anew, which the layout "
+                 "check missed (a dtcore bug).");
+    std::memcpy(span.to, span.from, span.bytes);
+  }
+  for (std::size_t i : device_sources_) copy(destinations_[i], sources_[i], i);
   for (std::size_t j = 0; j < tail.size(); ++j) copy(destinations_[sources_.size() + j], tail[j], sources_.size() + j);
 }
 

@@ -6,8 +6,13 @@
 // 0.6 us of dispatch per tensor, twice the time of copying the bytes themselves on a small model
 // taken every step; here a CPU pair is one memcpy. The plan holds its tensors (views of the live
 // state and of the mapping), so their memory stays valid while it exists; whether they are still
-// the state's tensors is the caller's check (memory.py's _Watch), before each run(); each pair's
-// sizes are checked again at every run() (a storage resized since is an error, never a read past it).
+// the state's tensors is the caller's check (memory.py's _Watch), before each run().
+//
+// The sources' addresses are taken once, at construction: a save runs right after a step's compute,
+// when the tensors' own structures are out of the cache, and reading a hundred of them cost as much
+// as the copy (tens of microseconds on a small model). At each run() only each source's storage is
+// read again, to check that it still has the address and size it had (a storage resized since, as a
+// parameter freed and allocated anew, is an error: never a read of freed memory).
 //
 // Pairs: destination i receives source i for every source given to the constructor; the
 // destinations after those receive, in order, the tensors given to run() (what is taken anew at
@@ -21,6 +26,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -44,6 +50,16 @@ class CopyPlan {
 
   std::vector<at::Tensor> destinations_;
   std::vector<at::Tensor> sources_;
+  struct Span {  // a CPU source's copy, as laid out
+    std::uint8_t* to;
+    const std::uint8_t* from;
+    std::size_t bytes;
+    const c10::StorageImpl* storage;  // the source's (kept alive by sources_)
+    const void* base;                 // storage->data() and storage->nbytes() when laid out
+    std::size_t storage_bytes;
+  };
+  std::vector<Span> spans_;                  // one per CPU source (GPU sources go through copy())
+  std::vector<std::size_t> device_sources_;  // the indices of the others
 };
 
 }  // namespace dtcore::checkpoint

@@ -54,7 +54,6 @@ import operator
 import os
 import subprocess
 import sys
-from itertools import repeat
 from typing import Any
 
 import torch
@@ -402,7 +401,7 @@ class _Watch:
     same tensor in the same place, and the optimizer's state the same tensors in the same place (a tensor
     replaced, a state created or loaded since: another layout). Checked each save, so it must be cheap: each
     tensor is looked up in the table that holds it (its module's, or its optimizer state's entry), with no walk
-    of the module tree, and the lookups and comparisons are C loops (map) rather than Python ones."""
+    of the module tree, by a _C.TensorWatch."""
 
     def __init__(self, model: torch.nn.Module, optimizer: Any) -> None:
         tables: list[dict[str, Any]] = [t for module in model.modules() for t in (module._parameters, module._buffers)]
@@ -410,12 +409,16 @@ class _Watch:
         self.state = optimizer.state if optimizer is not None and not self.sharded else None
         self.entries = list(self.state.values()) if self.state is not None else []
         tables += self.entries  # a torch optimizer's state entries are tables too
-        self.tables, self.sizes = tables, [len(t) for t in tables]  # (a tensor registered since)
         held = [(table, name, t) for table in tables for name, t in table.items() if isinstance(t, torch.Tensor)]
-        self.owners, self.names, self.tensors = [h[0] for h in held], [h[1] for h in held], [h[2] for h in held]
-        self.where = list(map(torch.Tensor.data_ptr, self.tensors))
         empty = [(table, name) for table in tables for name, t in table.items() if t is None]  # set since?
-        self.empty_owners, self.empty_names = [e[0] for e in empty], [e[1] for e in empty]
+        self.watch = _C.TensorWatch(
+            tables,
+            [h[0] for h in held],
+            [h[1] for h in held],
+            [h[2] for h in held],
+            [e[0] for e in empty],
+            [e[1] for e in empty],
+        )
         self.pieces = self._pieces(optimizer) if self.sharded else ()
 
     @staticmethod
@@ -436,12 +439,7 @@ class _Watch:
             and (len(self.state) != len(self.entries) or not all(map(operator.is_, self.state.values(), self.entries)))
         ):
             return False
-        return (
-            list(map(len, self.tables)) == self.sizes
-            and all(map(operator.is_, map(dict.get, self.owners, self.names), self.tensors))
-            and list(map(torch.Tensor.data_ptr, self.tensors)) == self.where
-            and all(map(operator.is_, map(dict.get, self.empty_owners, self.empty_names), repeat(None)))
-        )
+        return self.watch.same()
 
 
 def _tensors_only(value: Any) -> bool:

@@ -26,7 +26,8 @@ The contract:
   wherever they stand among them.
 - `prepare(optimizer)` of a zero>=1 model's parameters: a `dtcore.ShardedOptimizer` of the same
   class over the same param groups (the very dicts, so hyperparameters edited on either reach the
-  one that steps) and state. An LR scheduler built over the optimizer given is pointed at it. An
+  one that steps) and state. An LR scheduler built over the optimizer given is pointed at it (one
+  given to prepare(), or to `accelerator.follow(scheduler)` where it does not go through it). An
   optimizer class that cannot be sharded by element is ShardedOptimizer's ConfigError.
 - `backward`, `accumulate`, `no_sync`, `trigger_sync_in_backward`, `unwrap_model`, `save_model`:
   accelerate's, unchanged (a dtcore model is a torch DDP to isinstance). `get_state_dict` of a
@@ -209,7 +210,7 @@ class Accelerator(accelerate.Accelerator):
                     items[i], placement[i] = sharded, False
         for item in items:
             if isinstance(item, torch.optim.lr_scheduler.LRScheduler):
-                self._follow(item)
+                self.follow(item)
         return super().prepare(*items, device_placement=placement)
 
     def prepare_model(
@@ -252,8 +253,10 @@ class Accelerator(accelerate.Accelerator):
         self._dtcore_replaced.append((optimizer, sharded))
         return sharded
 
-    def _follow(self, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
-        """Points a scheduler built over a replaced optimizer at its ShardedOptimizer."""
+    def follow(self, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+        """Points a scheduler built over an optimizer that prepare() replaced at its ShardedOptimizer (prepare()
+        does it for the schedulers it is given; this is for one that does not go through prepare(), as a
+        scheduler given to transformers' Trainer). Any other scheduler is left as it is."""
         sharded = next((new for old, new in self._dtcore_replaced if scheduler.optimizer is old), None)
         if sharded is None:
             return

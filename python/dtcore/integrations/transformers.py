@@ -302,6 +302,16 @@ class Trainer(transformers.Trainer):
                 self.gather_function, use_gather_object=self.args.eval_use_gather_object
             )
 
+    def create_scheduler(
+        self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None
+    ) -> torch.optim.lr_scheduler.LRScheduler:
+        """transformers' (called once the optimizer is prepared); a scheduler the script gave (Trainer(optimizers=))
+        was built over the optimizer a zero>=1 model's ShardedOptimizer replaced, and is pointed at it."""
+        scheduler = super().create_scheduler(num_training_steps, optimizer)
+        if isinstance(self.accelerator, Accelerator):
+            self.accelerator.follow(scheduler)
+        return scheduler
+
     # --- checkpoints -------------------------------------------------------------------------------
     # See Note [Resuming at another world size] and Note [Weights in a checkpoint at zero=3] in the module docstring.
 

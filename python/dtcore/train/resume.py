@@ -38,7 +38,7 @@ def rng_state() -> dict[str, Any]:
     words = _python_words[1]
     state: dict[str, Any] = {"python": [version, words, gauss]}
     state["torch"] = torch.get_rng_state()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # (which a machine without CUDA never is)
         state["cuda"] = torch.cuda.get_rng_state_all()
     try:
         import numpy
@@ -51,9 +51,9 @@ def rng_state() -> dict[str, Any]:
 class _NumpyLast:
     """NumPy's global generator's state as rng_state() last read it in full, and a live view of its words."""
 
-    def __init__(self, generator: Any, live: torch.Tensor | None, state: list[Any]) -> None:
+    def __init__(self, generator: Any, live: Any, state: list[Any]) -> None:
         self.generator, self.live, self.state = generator, live, state
-        self.words = live.clone() if live is not None else None
+        self.words = live.tobytes() if live is not None else None
 
 
 _numpy_last: _NumpyLast | None = None
@@ -79,30 +79,29 @@ def _numpy_state(numpy: Any) -> list[Any]:
         and last.live is not None
         and last.generator is generator
         and last.state[3] == 0
-        and torch.equal(last.live, last.words)
+        and last.live.tobytes() == last.words
     ):
         return last.state
     kind, keys, pos, has_gauss, cached = numpy.random.get_state()
     state = [kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached)]
     live = last.live if last is not None and last.generator is generator else _numpy_words(numpy, generator)
-    if live is not None and not (torch.equal(live[:624], state[1].to(torch.int32)) and int(live[624]) == pos):
+    if live is not None and not (live[:624].tobytes() == keys.astype("uint32").tobytes() and int(live[624]) == pos):
         live = None  # not the layout assumed: full reads from now on
     _numpy_last = _NumpyLast(generator, live, state)
     return state
 
 
-def _numpy_words(numpy: Any, generator: Any) -> torch.Tensor | None:
-    """A live view of an MT19937 generator's state (624 words, then the position), or None."""
+def _numpy_words(numpy: Any, generator: Any) -> Any:
+    """A live view of an MT19937 generator's state (624 words, then the position: a NumPy array), or None."""
     if generator is None or type(generator).__name__ != "MT19937":
         return None
     try:
         import ctypes
 
         address = generator.ctypes.state_address
-        words = numpy.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(ctypes.c_int32)), shape=(625,))
+        return numpy.ctypeslib.as_array(ctypes.cast(address, ctypes.POINTER(ctypes.c_uint32)), shape=(625,))
     except (AttributeError, TypeError, ValueError):
         return None
-    return torch.from_numpy(words)
 
 
 def set_rng_state(state: dict[str, Any]) -> None:

@@ -386,6 +386,7 @@ class Trainer:
                     self._save(run_dir, complete=last)
                 if self.in_memory is not None and self.step % c.checkpoint.memory_every == 0 and not last:
                     self.in_memory.save(self.step, model=self.model, optimizer=self.optimizer, **self._state_extras())
+                record.publish()  # the step's scalars to the trackers, after its checkpoints (MetricsProcessor)
             status = "FINISHED"
         except Exception as e:
             e.dtcore_step = in_progress  # type: ignore[attr-defined]  (the launcher's test for a bug)

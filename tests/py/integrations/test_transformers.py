@@ -65,9 +65,11 @@ def test_every_step_loss_at_every_zero_stage_equals_the_stock_trainers_ddp(repor
         for zero in (0, 2, 3):
             ours = r[f"zero{zero}"]["losses"]
             assert max_relative(ours, ddp["losses"]) < RTOL, (zero, ours, ddp["losses"])
-        accumulate = r["accumulate"]  # gradient_accumulation_steps=2
+        accumulate = r["accumulate"]  # gradient_accumulation_steps=2, the script's own optimizer and scheduler
         assert len(accumulate["ddp"]) == STEPS and accumulate["ddp"] != ddp["losses"], accumulate
         assert max_relative(accumulate["zero2"], accumulate["ddp"]) < RTOL, accumulate
+        # the scheduler steps the ShardedOptimizer that replaced the optimizer it was built over, and torch sees it
+        assert accumulate["scheduler_over"] == "ShardedOptimizer" and not accumulate["warned"], accumulate
 
 
 @pytest.mark.multirank

@@ -49,6 +49,39 @@ def test_a_steps_measurements_become_its_train_line_and_an_evaluation_its_eval_l
     assert list(record.own_times) == pytest.approx([0.4, 0.4])  # the last `window` steps, less their wait
 
 
+def test_the_trackers_get_a_steps_scalars_when_published_in_order_and_the_rest_at_close(tmp_path):
+    class Recording(Trackers):  # the trackers' side, recorded: what reaches TensorBoard and MLflow, and when
+        def __init__(self):
+            super().__init__(False, str(tmp_path), tensorboard=False, mlflow=False, params={})
+            self.got = []
+
+        def scalars(self, step, values):
+            self.got.append((step, sorted(values)))
+
+    trackers = Recording()
+    record = MetricsProcessor(
+        str(tmp_path),
+        rank=0,
+        host="h0",
+        world=1,
+        device=torch.device("cpu"),
+        flops_per_token=6e6,
+        peak_flops=None,
+        window=2,
+        progress=Progress(enabled=False, bar=False, total=10, initial=0, log_every=0),
+        trackers=trackers,
+    )
+    record.train(1, loss=2.0, job_loss=2.0, lr=1e-3, step_time_s=0.5, wait_s=0.1, tokens=100, job_tokens=100.0)
+    record.eval(1, 1.5)
+    assert trackers.got == []  # not while the step's checkpoints may still be taken
+    record.publish()
+    train = (1, ["train/loss", "train/mfu", "train/tokens_per_s"])
+    assert trackers.got == [train, (1, ["eval/loss"])]
+    record.train(2, loss=2.0, job_loss=2.0, lr=1e-3, step_time_s=0.5, wait_s=0.1, tokens=100, job_tokens=100.0)
+    record.close("FINISHED")  # a run that ends (or fails) before publishing loses no scalar
+    assert trackers.got[2:] == [(2, train[1])]
+
+
 def test_stragglers_are_ranks_above_the_ratio_of_the_job_median():
     slow = stragglers([0.10, 0.10, 0.12, 0.10], ["a", "b", "c", "d"], 1.1)
     assert slow == [

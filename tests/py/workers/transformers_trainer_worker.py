@@ -20,9 +20,10 @@ import json
 import logging
 import os
 import sys
+import warnings
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments, get_linear_schedule_with_warmup
 from transformers import Trainer as StockTrainer
 
 import dtcore
@@ -73,6 +74,12 @@ def arguments(out: str, save: bool, **more) -> TrainingArguments:
         dataloader_num_workers=0,
         disable_tqdm=True,
     )
+
+
+def own_optimizer(net: torch.nn.Module) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
+    """An optimizer and scheduler a script builds itself, as arguments() would have the Trainer build them."""
+    optimizer = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=0.0)
+    return optimizer, get_linear_schedule_with_warmup(optimizer, 3, STEPS)
 
 
 def losses(trainer, after: int = 0) -> list[float]:
@@ -200,16 +207,32 @@ def main() -> None:
     for zero in (2, 3):
         report[f"zero{zero}"] = sharded(out, zero, train, evaluation)
 
-    # Gradient accumulation: the Trainer's own, with no_sync on all but the last micro-batch
+    # Gradient accumulation: the Trainer's own, with no_sync on all but the last micro-batch. The optimizer and its
+    # scheduler are the script's own (Trainer(optimizers=...)): at zero=2 the scheduler must follow the
+    # ShardedOptimizer that replaces the optimizer it was built over.
     accumulate = dict(gradient_accumulation_steps=2)
+    net = model()
     stock = StockTrainer(
-        model=model(), args=arguments(os.path.join(out, "ddp_acc"), False, **accumulate), train_dataset=train
+        model=net,
+        args=arguments(os.path.join(out, "ddp_acc"), False, **accumulate),
+        train_dataset=train,
+        optimizers=own_optimizer(net),
     )
     stock.train()
     args = arguments(os.path.join(out, "zero2_acc"), False, **accumulate)
-    zero2 = Trainer(model=model(), args=args, train_dataset=train, dtcore_plugin=DtcorePlugin(zero=2))
-    zero2.train()
-    report["accumulate"] = {"ddp": losses(stock), "zero2": losses(zero2)}
+    net = model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        zero2 = Trainer(
+            model=net, args=args, train_dataset=train, dtcore_plugin=DtcorePlugin(zero=2), optimizers=own_optimizer(net)
+        )
+        zero2.train()
+    report["accumulate"] = {
+        "ddp": losses(stock),
+        "zero2": losses(zero2),
+        "scheduler_over": type(zero2.lr_scheduler.optimizer).__name__,
+        "warned": [str(w.message) for w in caught if "lr_scheduler.step()" in str(w.message)],
+    }
 
     # bf16 autocast (CPU), the stock Trainer's torch DDP against dtcore at zero=2
     bf16 = {}
