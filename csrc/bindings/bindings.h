@@ -1,6 +1,8 @@
 // The binding files of dtcore._C: module.cpp defines the module and calls one bind_<area>() per
 // csrc/dtcore/<area>, each in its own csrc/bindings/<area>.cpp. Bindings only, no logic: what a
-// binding needs beyond converting values belongs in the area it binds.
+// binding needs beyond converting values belongs in the area it binds. (Walks of Python objects
+// themselves, which only a binding can make, are the exception: checkpoint.cpp's encode_json, which
+// converts a value into JSON, and TensorWatch.)
 #pragma once
 
 #include <torch/csrc/utils/pybind.h>

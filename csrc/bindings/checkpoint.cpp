@@ -11,7 +11,6 @@
 
 #include <charconv>
 #include <cmath>
-#include <string_view>
 #include <vector>
 
 #include "bindings/bindings.h"
@@ -34,8 +33,10 @@ class ValueEncoder {
  public:
   // `tensors`: a list, or None (nothing appended: a check only). `exact`: every value of exactly a type the walk
   // knows, or handed to `other` (which refuses what would come back as its base type).
-  ValueEncoder(py::object tensors, py::object other, bool exact)
-      : tensors_(std::move(tensors)), other_(std::move(other)), exact_(exact) {}
+  ValueEncoder(py::object tensors, py::object other, py::object tags, bool exact)
+      : tensors_(std::move(tensors)), other_(std::move(other)), tags_(std::move(tags)), exact_(exact) {
+    DTCORE_CHECK(PyFrozenSet_Check(tags_.ptr()), ConfigError, "encode_json: tags must be a frozenset (a dtcore bug).");
+  }
 
   std::string encode(py::handle value, const std::string& where) {
     where_ = where;
@@ -49,7 +50,7 @@ class ValueEncoder {
   struct Step {
     enum Kind { kIndex, kKey, kItemKey } kind;
     Py_ssize_t index = 0;
-    PyObject* key = nullptr;  // borrowed: its container is alive while the walk is below it
+    PyObject* key = nullptr;  // borrowed from the walk's own snapshot of the dict's items, alive below it
   };
   static constexpr std::size_t kMaxDepth = 500;
 
@@ -87,7 +88,7 @@ class ValueEncoder {
       write_float(PyFloat_AS_DOUBLE(value));
     } else if (PyUnicode_Check(value)) {
       write_string(value);
-    } else if (THPVariable_Check(value) && !THPVariable_Unpack(value).is_meta()) {  // (a meta one: refused there)
+    } else if (THPVariable_Check(value) && plain_tensor(THPVariable_Unpack(value))) {
       const std::string key = where();
       if (!tensors_.is_none()) {
         at::Tensor tensor = THPVariable_Unpack(value).detach().to(at::kCPU).contiguous();
@@ -106,6 +107,13 @@ class ValueEncoder {
     }
   }
 
+  // A tensor whose values are its own, on a device: not a meta tensor, nor a subclass whose operations run Python
+  // (DTensor's, a __torch_dispatch__ one), whose bytes a CopyPlan could not copy without the GIL; other's to
+  // refuse.
+  static bool plain_tensor(const at::Tensor& t) {
+    return !t.is_meta() && !t.unsafeGetTensorImpl()->is_python_dispatch();
+  }
+
   void write_int(PyObject* value) {
     int overflow = 0;
     const long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
@@ -115,7 +123,9 @@ class ValueEncoder {
       return;
     }
     PyErr_Clear();
-    out_ += py::reinterpret_steal<py::object>(PyLong_Type.tp_repr(value)).cast<std::string>();  // int's own digits
+    PyObject* digits = PyLong_Type.tp_repr(value);  // int's own (NULL past sys.get_int_max_str_digits())
+    if (digits == nullptr) throw py::error_already_set();
+    out_ += py::reinterpret_steal<py::object>(digits).cast<std::string>();
   }
 
   void write_float(double v) {  // as Python's json module: float.__repr__, and its names for the rest
@@ -179,61 +189,60 @@ class ValueEncoder {
   void write_sequence(PyObject* value) {
     descend();
     const bool tuple = PyTuple_Check(value);
-    py::object items = py::reinterpret_steal<py::object>(PySequence_Fast(value, "a list or tuple"));
+    // A tuple of the items, as iterating gives them (a subclass's own order): the walk's own references, whatever
+    // a callback (a key's repr, values.py's leaves) does to the list.
+    py::object items = py::reinterpret_steal<py::object>(PySequence_Tuple(value));
     if (!items) throw py::error_already_set();
     out_ += tuple ? "{\"__tuple__\": [" : "[";
-    const Py_ssize_t size = PySequence_Fast_GET_SIZE(items.ptr());
+    const Py_ssize_t size = PyTuple_GET_SIZE(items.ptr());
     for (Py_ssize_t i = 0; i < size; ++i) {
       if (i > 0) out_ += ", ";
       path_.push_back({Step::kIndex, i});
-      write(PySequence_Fast_GET_ITEM(items.ptr(), i));
+      write(PyTuple_GET_ITEM(items.ptr(), i));
       path_.pop_back();
     }
     out_ += tuple ? "]}" : "]";
   }
 
-  static bool is_tag(PyObject* key) {
-    static constexpr std::string_view kTags[] = {"__tuple__",   "__items__", "__tensor__",
-                                                 "__ndarray__", "__dtype__", "__namespace__"};
-    Py_ssize_t size = 0;
-    const char* text = PyUnicode_AsUTF8AndSize(key, &size);
-    if (text == nullptr) {
-      PyErr_Clear();  // (a lone surrogate: not a tag)
-      return false;
-    }
-    for (std::string_view tag : kTags) {
-      if (tag == std::string_view(text, size)) return true;
-    }
-    return false;
+  bool is_tag(PyObject* key) const {  // one of values.py's TAGS
+    const int found = PySet_Contains(tags_.ptr(), key);
+    if (found < 0) throw py::error_already_set();
+    return found == 1;
   }
 
   void write_dict(PyObject* value) {
     descend();
-    py::dict dict = py::reinterpret_borrow<py::dict>(value);
+    // Its items, as items() gives them (a subclass's own order: an OrderedDict moved around), in a list of the
+    // walk's own, whatever a callback does to the dict.
+    py::object items = py::reinterpret_steal<py::object>(PyMapping_Items(value));
+    if (!items) throw py::error_already_set();
     bool plain = true;  // every key a str, none of them a tag
-    for (auto [key, item] : dict) {
-      if (!PyUnicode_Check(key.ptr()) || is_tag(key.ptr())) {
+    for (py::handle pair : items) {
+      PyObject* key = PyTuple_GET_ITEM(pair.ptr(), 0);
+      if (!PyUnicode_Check(key) || is_tag(key)) {
         plain = false;
         break;
       }
     }
     out_ += plain ? "{" : "{\"__items__\": [";
     bool first = true;
-    for (auto [key, item] : dict) {
+    for (py::handle pair : items) {
+      PyObject* key = PyTuple_GET_ITEM(pair.ptr(), 0);
+      PyObject* item = PyTuple_GET_ITEM(pair.ptr(), 1);
       if (!first) out_ += ", ";
       first = false;
       if (plain) {
-        write_string(key.ptr());
+        write_string(key);
         out_ += ": ";
       } else {
         out_ += "[";
         path_.push_back({Step::kItemKey});
-        write(key.ptr());
+        write(key);
         path_.pop_back();
         out_ += ", ";
       }
-      path_.push_back({Step::kKey, 0, key.ptr()});
-      write(item.ptr());
+      path_.push_back({Step::kKey, 0, key});
+      write(item);
       path_.pop_back();
       if (!plain) out_ += "]";
     }
@@ -249,6 +258,7 @@ class ValueEncoder {
 
   py::object tensors_;
   py::object other_;
+  py::object tags_;
   bool exact_;
   std::string where_;
   std::vector<Step> path_;
@@ -256,8 +266,9 @@ class ValueEncoder {
 };
 
 // TensorWatch: whether tensors are still where a layout found them (memory.py's _Watch, at every save): each
-// (table, name) entry still the very tensor object, at the same address, each table (a module's _parameters or
-// _buffers, an optimizer state's entry) of the same size, and each name that held None still without a tensor.
+// (table, name) entry still the very object (a tensor: at the same address too), each table (a module's
+// _parameters, _buffers or _modules, an optimizer state's entry) of the same size, and each name that held None
+// still without a value.
 class TensorWatch {
  public:
   TensorWatch(const py::list& tables, const py::list& owners, const py::list& names, const py::list& tensors,
@@ -267,7 +278,6 @@ class TensorWatch {
         ConfigError, "TensorWatch: lists of different lengths (a dtcore bug).");
     for (py::handle table : tables) tables_.emplace_back(dict(table), PyDict_Size(table.ptr()));
     for (std::size_t i = 0; i < owners.size(); ++i) {
-      DTCORE_CHECK(THPVariable_Check(tensors[i].ptr()), ConfigError, "TensorWatch: not a tensor (a dtcore bug).");
       entries_.push_back({dict(owners[i]), py::reinterpret_borrow<py::object>(names[i]),
                           py::reinterpret_borrow<py::object>(tensors[i]), address(tensors[i].ptr())});
     }
@@ -302,7 +312,8 @@ class TensorWatch {
     if (found == nullptr && PyErr_Occurred()) throw py::error_already_set();
     return found;
   }
-  static const void* address(PyObject* tensor) {  // as Tensor.data_ptr(), 0 without storage
+  static const void* address(PyObject* tensor) {  // as Tensor.data_ptr(), 0 without storage (or not a tensor)
+    if (!THPVariable_Check(tensor)) return nullptr;
     const at::Tensor& t = THPVariable_Unpack(tensor);
     return t.has_storage() ? t.const_data_ptr() : nullptr;
   }
@@ -353,14 +364,17 @@ void bind_checkpoint(py::module_& m) {
       py::arg("path"), py::arg("data"), "Writes `data` to `path` through a temporary name, fsync and rename");
   m.def(
       "encode_json",
-      [](py::handle value, py::object tensors, const std::string& where, py::object other, bool exact) {
+      [](py::handle value, py::object tensors, const std::string& where, py::object other, py::object tags,
+         bool exact) {
         DTCORE_CHECK(tensors.is_none() || PyList_Check(tensors.ptr()), ConfigError,
                      "encode_json: tensors must be a list or None (a dtcore bug).");
-        return ValueEncoder(std::move(tensors), std::move(other), exact).encode(value, where);
+        return ValueEncoder(std::move(tensors), std::move(other), std::move(tags), exact).encode(value, where);
       },
-      py::arg("value"), py::arg("tensors"), py::arg("where"), py::arg("other"), py::arg("exact") = false,
+      py::arg("value"), py::arg("tensors"), py::arg("where"), py::arg("other"), py::arg("tags"),
+      py::arg("exact") = false,
       "values.py's encoding of `value` as JSON text; its tensors appended to `tensors` (a list, or None) as (key, CPU "
-      "tensor); with `exact`, every value not of exactly a known type goes to `other`; "
+      "tensor); a dict with a key in `tags` (a frozenset) is written as __items__; with `exact`, every value not "
+      "of exactly a known type goes to `other`; "
       "`other(value, tensors, where)` gives the JSON text of what is not a container, tensor or plain value");
   py::class_<TensorWatch>(m, "TensorWatch")
       .def(py::init<const py::list&, const py::list&, const py::list&, const py::list&, const py::list&,

@@ -400,22 +400,24 @@ def write_file_atomic(path: str, data: str) -> FileDigest: ...
 def digest_file(path: str) -> FileDigest: ...
 def encode_json(
     value: object,
-    tensors: list[tuple[str, torch.Tensor]],
+    tensors: list[tuple[str, torch.Tensor]] | None,
     where: str,
-    other: Callable[[object, list[tuple[str, torch.Tensor]], str], str],
+    other: Callable[[object, list[tuple[str, torch.Tensor]] | None, str], str],
+    tags: frozenset[str],
+    exact: bool = False,
 ) -> str:
     """checkpoint/values.py's encoding of `value` as JSON text (see values.encode_json)."""
 
 class TensorWatch:
     """Whether tensors are where a layout found them (memory.py's _Watch): every table of its size, every (owner,
-    name) entry its very tensor at its address, every empty name without a tensor."""
+    name) entry its very object (a tensor at its address), every empty name without a value."""
 
     def __init__(
         self,
         tables: list[dict[str, Any]],
         owners: list[dict[str, Any]],
         names: list[str],
-        tensors: list[torch.Tensor],
+        tensors: list[object],
         empty_owners: list[dict[str, Any]],
         empty_names: list[str],
     ) -> None: ...

@@ -57,6 +57,7 @@ import sys
 from typing import Any
 
 import torch
+from torch.nn import Module
 
 from .. import _C
 from ..comm import agree, barrier
@@ -284,7 +285,8 @@ class MemoryCheckpoints:
                 "value of another shape each time?)",
                 self.rank,
             )
-        self._slots = None  # the old mappings go before the new files are written: never more than 2 copies
+        # The old mappings go before the new files are written (the plans hold views of them): never more than 2 copies.
+        self._slots, self._plans = None, []
         files = []
         try:
             for slot in range(SLOTS):
@@ -404,12 +406,17 @@ class _Watch:
     of the module tree, by a _C.TensorWatch."""
 
     def __init__(self, model: torch.nn.Module, optimizer: Any) -> None:
-        tables: list[dict[str, Any]] = [t for module in model.modules() for t in (module._parameters, module._buffers)]
+        # (a module's children too: a submodule replaced is other tensors, which no table of the old one's shows)
+        tables: list[dict[str, Any]] = [
+            t for module in model.modules() for t in (module._parameters, module._buffers, module._modules)
+        ]
         self.sharded = isinstance(optimizer, ShardedOptimizer)
         self.state = optimizer.state if optimizer is not None and not self.sharded else None
         self.entries = list(self.state.values()) if self.state is not None else []
         tables += self.entries  # a torch optimizer's state entries are tables too
-        held = [(table, name, t) for table in tables for name, t in table.items() if isinstance(t, torch.Tensor)]
+        held = [
+            (table, name, t) for table in tables for name, t in table.items() if isinstance(t, (torch.Tensor, Module))
+        ]
         empty = [(table, name) for table in tables for name, t in table.items() if t is None]  # set since?
         self.watch = _C.TensorWatch(
             tables,

@@ -21,8 +21,7 @@ check_extra(value, where, exact=True) refuses it instead, for values whose type 
 
 The walk over containers and plain values is dtcore._C.encode_json's (an in-memory checkpoint encodes
 its record at every step, where a walk in Python cost tens of microseconds); it hands the rest to
-_leaf, here, which gives its JSON text. The tags are written in both (encode_json's list of the keys
-that make a dict one of __items__).
+_leaf, here, which gives its JSON text, and takes the tags from TAGS.
 """
 
 from __future__ import annotations
@@ -36,6 +35,10 @@ from typing import Any
 import torch
 
 from .. import _C
+
+# The keys of the tagged values above: a dict of str keys among which one of these is written as __items__, so that
+# decode() never takes it for a tagged value.
+TAGS = frozenset(("__tuple__", "__items__", "__tensor__", "__ndarray__", "__dtype__", "__namespace__"))
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -73,7 +76,7 @@ def encode_json(
     `tensors` is None: check_extra). Keys: `where`, then `[i]` for an item of a list or tuple, `[repr(key)]` for
     a dict's value and `.key` for a key that is not a string. `exact` and `fix`: see check_extra()."""
     leaf = functools.partial(_leaf, exact=exact, fix=fix) if exact or fix else _leaf
-    return _C.encode_json(value, tensors, where, leaf, exact)
+    return _C.encode_json(value, tensors, where, leaf, TAGS, exact)
 
 
 _HELD_AS_BASE = (bool, int, float, str, list, tuple, dict)  # their subclasses come back as these
@@ -93,9 +96,15 @@ def _leaf(
     if isinstance(value, torch.Tensor):
         if exact and type(value) is not torch.Tensor:
             _not_exactly(value, torch.Tensor, where, fix)
+        if value.is_meta:
+            raise _C.CheckpointError(
+                f"{where} is a meta tensor (a shape and dtype without values), which a checkpoint cannot hold. Fix: "
+                + (fix or "save a tensor with values there.")
+            )
         raise _C.CheckpointError(  # (the walk takes every other tensor)
-            f"{where} is a meta tensor (a shape and dtype without values), which a checkpoint cannot hold. Fix: "
-            + (fix or "save a tensor with values there.")
+            f"{where} is a {_type_name(type(value))}, a tensor whose operations run Python (a DTensor's, a "
+            "__torch_dispatch__ subclass's), which a checkpoint cannot hold as it is. Fix: "
+            + (fix or "save a plain tensor there (a DTensor's full_tensor(), or its to_local() in a rank_extra=).")
         )
     if exact and isinstance(value, _HELD_AS_BASE):
         _not_exactly(value, next(t for t in _HELD_AS_BASE if isinstance(value, t)), where, fix)
@@ -114,9 +123,15 @@ def _leaf(
                 tensors.append((where, torch.from_numpy(numpy.ascontiguousarray(value)).clone()))
             return json.dumps({"__ndarray__": where})
         if isinstance(value, numpy.generic):  # a NumPy scalar comes back as the Python number it holds
+            item = value.item()
+            if type(item) not in (bool, int, float):  # bytes, a datetime, a complex number: no JSON number
+                raise _C.CheckpointError(
+                    f"{where} is a {_type_name(type(value))} ({item!r}), which a checkpoint cannot hold. Fix: "
+                    + (fix or "save a number, a string or an array there.")
+                )
             if exact:
-                _not_exactly(value, type(value.item()), where, fix)
-            return json.dumps(value.item())
+                _not_exactly(value, type(item), where, fix)
+            return json.dumps(item)
     raise _C.CheckpointError(
         f"{where} is a {_type_name(type(value))}, which a checkpoint cannot hold without pickle (dtcore never "
         "pickles). Fix: "

@@ -36,7 +36,8 @@ from ..reducer import DistributedModel
 from ..zero import ShardedOptimizer, clip_grad_norm_, wrap
 from . import memory, metrics, restarts
 from .config import TrainConfig
-from .resume import EXIT_PREEMPTED, Preemption, rng_state, set_rng_state
+from .resume import EXIT_PREEMPTED, Preemption
+from .rng import rng_state, set_rng_state
 
 log = logging.getLogger("dtcore.train")
 

@@ -195,6 +195,25 @@ def test_tensors_that_are_no_views_and_tensors_set_after_the_layout_are_copied_a
     _same(_state(fresh, fresh_opt), expected)
 
 
+@pytest.mark.parametrize("change", ["submodule", "data"])
+def test_a_submodule_or_a_parameters_data_replaced_after_the_layout_is_copied_as_it_is_now(tmp_path, change):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    copies = mem.MemoryCheckpoints(str(tmp_path / "node"), rank=0, world=1)
+    copies.save(0, model=model, optimizer=None)
+    if change == "submodule":
+        model[1] = torch.nn.Linear(4, 2)  # a head replaced: no table of the old one's changes
+    else:
+        model[0].weight.data = torch.randn(4, 4)  # the same Parameter, other memory
+    copies.save(1, model=model, optimizer=None)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    _, directory = copies.newest()
+    fresh = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    load_checkpoint(directory, model=fresh)
+    for key, value in fresh.state_dict().items():
+        assert torch.equal(value, expected[key]), key
+
+
 def test_a_directory_of_another_launch_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("DTCORE_MEMORY_DIR", str(tmp_path))
     directory = mem.node_directory("agent:a")

@@ -17,7 +17,7 @@ import torch
 import dtcore
 from dtcore.checkpoint import values
 
-TAGS = ("__tuple__", "__items__", "__tensor__", "__ndarray__", "__dtype__", "__namespace__")
+TAGS = values.TAGS  # each of them decode() must give back as a key
 
 
 def reference(value, tensors, where):
@@ -58,6 +58,27 @@ class Color(enum.IntEnum):
 Pair = collections.namedtuple("Pair", "a b")
 
 
+class Dispatching(torch.Tensor):
+    """A tensor subclass whose operations run Python (as DTensor's)."""
+
+    @staticmethod
+    def __new__(cls, inner):
+        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, dtype=inner.dtype)
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        unwrap = lambda t: t.inner if isinstance(t, Dispatching) else t  # noqa: E731
+        return func(*[unwrap(a) for a in args], **{k: unwrap(v) for k, v in (kwargs or {}).items()})
+
+
+def _moved(ordered: collections.OrderedDict) -> collections.OrderedDict:
+    ordered.move_to_end("b")  # items() now gives another order than the dict's own storage
+    return ordered
+
+
 def _value():
     return {
         "plain": [None, True, False, 0, -1, 2**70, -(2**64), Color.RED, 0.1, -0.0, 100.0, 1e16, 1e-7, 2.5e-300],
@@ -67,9 +88,9 @@ def _value():
         "tuples": (1, (2.0, "x"), Pair(4, [5]), torch.Size([2, 3]), ()),
         "keys": {1: "int", (2, "t"): {"__tensor__": "not a tag's value"}, None: [torch.ones(2, dtype=torch.bfloat16)]},
         "tag as key": {"__tuple__": 1},
-        "tags as keys": [{tag: 0} for tag in TAGS],
+        "tags as keys": [{tag: 0} for tag in sorted(TAGS)],
         "args": argparse.Namespace(lr=0.1, sub=argparse.Namespace(scale=torch.ones(2)), sizes=(4, 8)),
-        "containers": collections.OrderedDict(b=collections.defaultdict(list, x=[1]), a={}),
+        "containers": _moved(collections.OrderedDict(b=collections.defaultdict(list, x=[1]), a={}, c=[2])),
         "dtype": [torch.float32, torch.bfloat16],
         "numpy scalars": [numpy.int64(7), numpy.bool_(True), numpy.float32(0.5)],
         'a "key"\n': torch.zeros(2, 3).t(),  # not contiguous: stored contiguous
@@ -110,6 +131,12 @@ def test_what_needs_pickle_is_refused_naming_where_it_is():
         values.encode_json({"a": [0, {object(): 1}]}, [], "extra")
     with pytest.raises(dtcore.CheckpointError, match=r"extra\['f'\]\[\(1, 'x'\)\] is a builtins.function"):
         values.encode_json({"f": {(1, "x"): lambda: 0}}, [], "extra")
+    with pytest.raises(dtcore.CheckpointError, match=r"extra\['t'\] is a numpy.datetime64 \(.*\), which a checkpoint"):
+        values.encode_json({"t": numpy.datetime64("2026-01-01")}, [], "extra")
+    with pytest.raises(dtcore.CheckpointError, match=r"extra\['d'\] is a .*Dispatching, a tensor whose operations"):
+        values.encode_json({"d": Dispatching(torch.ones(2))}, [], "extra")
+    with pytest.raises(ValueError, match="4300"):  # Python's own limit on an int's digits, as json.dumps says it
+        values.encode_json({"big": 10**5000}, [], "extra")
     loop: list = []
     loop.append(loop)
     with pytest.raises(dtcore.CheckpointError, match=r"extra(\[0\])+ is nested more than 500 deep"):

@@ -8,20 +8,26 @@ import torch
 from dtcore.train.metrics import MetricsProcessor, Progress, Trackers, stragglers
 
 
-def test_a_steps_measurements_become_its_train_line_and_an_evaluation_its_eval_line(tmp_path):
-    off = dict(enabled=False)
-    record = MetricsProcessor(
+def _processor(tmp_path, trackers: Trackers, *, rank: int, world: int, peak_flops: float | None) -> MetricsProcessor:
+    """A rank's metrics on the CPU, without a progress bar: lines in tmp_path/metrics."""
+    progress = Progress(enabled=False, bar=False, total=10, initial=0, log_every=0)
+    return MetricsProcessor(
         str(tmp_path),
-        rank=1,
-        host="h1",
-        world=2,
+        rank=rank,
+        host=f"h{rank}",
+        world=world,
         device=torch.device("cpu"),
         flops_per_token=6e6,
-        peak_flops=1e12,
+        peak_flops=peak_flops,
         window=2,
-        progress=Progress(**off, bar=False, total=10, initial=0, log_every=0),
-        trackers=Trackers(**off, run_dir=str(tmp_path), tensorboard=False, mlflow=False, params={}),
+        progress=progress,
+        trackers=trackers,
     )
+
+
+def test_a_steps_measurements_become_its_train_line_and_an_evaluation_its_eval_line(tmp_path):
+    trackers = Trackers(False, str(tmp_path), tensorboard=False, mlflow=False, params={})
+    record = _processor(tmp_path, trackers, rank=1, world=2, peak_flops=1e12)
     for step in (1, 2, 3):
         record.train(step, loss=2.0, job_loss=2.5, lr=1e-3, step_time_s=0.5, wait_s=0.1, tokens=100, job_tokens=200.0)
     record.eval(3, 2.25)
@@ -59,18 +65,7 @@ def test_the_trackers_get_a_steps_scalars_when_published_in_order_and_the_rest_a
             self.got.append((step, sorted(values)))
 
     trackers = Recording()
-    record = MetricsProcessor(
-        str(tmp_path),
-        rank=0,
-        host="h0",
-        world=1,
-        device=torch.device("cpu"),
-        flops_per_token=6e6,
-        peak_flops=None,
-        window=2,
-        progress=Progress(enabled=False, bar=False, total=10, initial=0, log_every=0),
-        trackers=trackers,
-    )
+    record = _processor(tmp_path, trackers, rank=0, world=1, peak_flops=None)
     record.train(1, loss=2.0, job_loss=2.0, lr=1e-3, step_time_s=0.5, wait_s=0.1, tokens=100, job_tokens=100.0)
     record.eval(1, 1.5)
     assert trackers.got == []  # not while the step's checkpoints may still be taken

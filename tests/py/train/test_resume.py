@@ -186,16 +186,25 @@ def test_zero3_training_stops_and_resumes_bit_identical(tmp_path):
     _same_after([_losses(whole, rank) for rank in (0, 1)], run_dir, stop)
 
 
-def test_rng_state_reads_numpys_state_as_numpy_gives_it_after_every_kind_of_draw():
-    # rng_state() skips numpy.random.get_state() while NumPy's words are those of its last full read; a Gaussian
-    # cached (and then used up, which leaves the words as they were) and a state set must still be seen.
+def test_rng_state_gives_each_generators_state_as_it_is_after_every_kind_of_draw():
+    # rng_state() skips random.getstate() and numpy.random.get_state() while their state's bytes are those of the
+    # last full read; a Gaussian cached (and then used up, which leaves NumPy's words as they were) and a state set
+    # must still be seen.
+    import random
+
     import numpy
 
-    from dtcore.train.resume import rng_state, set_rng_state
+    from dtcore.train.rng import rng_state, set_rng_state
 
-    def numpy_state():
-        kind, keys, pos, has_gauss, gauss = numpy.random.get_state()
-        return [kind, keys.tolist(), int(pos), int(has_gauss), float(gauss)]
+    def expected():
+        version, internal, gauss = random.getstate()
+        kind, keys, pos, has_gauss, cached = numpy.random.get_state()
+        return [version, list(internal), gauss], [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)]
+
+    def ours():
+        state = rng_state()
+        python, np = state["python"], state["numpy"]
+        return [python[0], python[1].tolist(), python[2]], [np[0], np[1].tolist(), *np[2:]]
 
     draws = [
         lambda: None,
@@ -204,13 +213,17 @@ def test_rng_state_reads_numpys_state_as_numpy_gives_it_after_every_kind_of_draw
         lambda: numpy.random.standard_normal(),  # the cached one used: the words do not move
         lambda: numpy.random.seed(3),
         lambda: numpy.random.randint(0, 5, 700),  # past the end of the 624 words: all of them anew
+        lambda: random.random(),
+        lambda: random.gauss(0, 1),  # Python's cached Gaussian: an attribute, the words as they were
+        lambda: random.gauss(0, 1),
+        lambda: random.seed(5),
+        lambda: random.getrandbits(64 * 700),
     ]
     for draw in draws * 3:
         draw()
-        ours = rng_state()["numpy"]
-        assert [ours[0], ours[1].tolist(), *ours[2:]] == numpy_state()
+        assert ours() == expected()
     taken = rng_state()
     numpy.random.standard_normal()
+    random.gauss(0, 1)
     set_rng_state(taken)
-    ours = rng_state()["numpy"]
-    assert [ours[0], ours[1].tolist(), *ours[2:]] == numpy_state()
+    assert ours() == expected()
