@@ -13,13 +13,15 @@ order that rotates each round, --steps steps of each side:
   transformers  Hugging Face's Trainer as dtcore.integrations.transformers.Trainer(dtcore_plugin=
                 DtcorePlugin(zero=...)) over a module around the same model whose forward returns
                 {"loss": ...}: a Dataset of dicts, the Trainer's default collator, the optimizer passed in
-                with a constant LR scheduler (no clipping, logging, evaluation, checkpoints or progress bar).
+                with a constant LR scheduler (no clipping, logging, evaluation, checkpoints or progress bar);
+  dtcore_norm   the hand-written loop, also taking the gradients' global norm at every step, as the Trainer
+                does to log it (transformers 5.23: whatever max_grad_norm is).
 The model is the demo GPT (--preset), AdamW (foreach=False). A step is the time from one batch's
 start to the next's (data, forward, backward, optimizer step, and the integration's hooks), in wall
 time and in the process's CPU time (which other processes on the machine disturb less); the first two
 of each run are left out (the buckets' first plan, the optimizer's shards cut). Rank 0 prints each
 side's median, and for each integration its ratio over the hand-written loop per round and the
-median of those ratios.
+median of those ratios; for the Trainer also over dtcore_norm (transformers_over_dtcore_norm_*).
 dtcore.init() runs once per rank, first; each side's objects (the Trainers, Accelerators, wrapped models)
 are built afresh each round and find that context.
 """
@@ -27,6 +29,7 @@ are built afresh each round and find that context.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import tempfile
@@ -155,7 +158,9 @@ def lightning_steps(args) -> list[tuple[float, float]]:
     return steps_between(clock.marks)
 
 
-def hand_steps(args) -> list[tuple[float, float]]:
+def hand_steps(args, norm: bool = False) -> list[tuple[float, float]]:
+    """The hand-written loop; with `norm`, also the gradients' global norm at every step, as transformers' Trainer
+    takes it to log it (clip_grad_norm_ with an infinite bound) whatever max_grad_norm is."""
     ctx = dtcore.get_context()
     dataset = data(args)
     loader = DataLoader(dataset, batch_size=args.batch, sampler=DistributedSampler(dataset, shuffle=False))
@@ -170,6 +175,8 @@ def hand_steps(args) -> list[tuple[float, float]]:
         if step == args.steps:
             break
         net(x.to(ctx.device), y.to(ctx.device)).backward()
+        if norm:
+            dtcore.clip_grad_norm_(net, float("inf"))  # over the shards at zero>=2, as the Trainer's accelerator
         opt.step()
         opt.zero_grad()
     return steps_between(marks)
@@ -196,9 +203,7 @@ def transformers_steps(args) -> list[tuple[float, float]]:
     clock = TrainerClock()
     net = LMGPT(model(args))
     opt = torch.optim.AdamW(net.parameters(), lr=3e-4, foreach=False)
-    # The others step no scheduler. At zero>=1 torch warns once "lr_scheduler.step() before optimizer.step()": the
-    # Trainer prepares the optimizer (a ShardedOptimizer steps) but not a scheduler passed in, which watches
-    # `opt`; the LR still reaches the ShardedOptimizer, whose param_groups are opt's very dicts.
+    # The others step no scheduler: a constant one (the Trainer points it at the ShardedOptimizer at zero>=1).
     constant = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
     with tempfile.TemporaryDirectory() as out:  # nothing is saved there (save_strategy="no")
         training_args = transformers.TrainingArguments(
@@ -248,6 +253,7 @@ def worker(args) -> None:
         "lightning": lightning_steps,
         "accelerate": accelerate_steps,
         "transformers": transformers_steps,
+        "dtcore_norm": functools.partial(hand_steps, norm=True),
     }
     names = list(runs)
     medians: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}  # per round: (wall, CPU)
@@ -263,10 +269,13 @@ def worker(args) -> None:
         for i, what in enumerate(("wall", "cpu")):
             for name, rounds in medians.items():
                 report[f"{name}_{what}_ms"] = round(statistics.median(r[i] for r in rounds) * 1e3, 2)
-            for name in names[1:]:
-                ratios = [theirs[i] / own[i] for theirs, own in zip(medians[name], medians["dtcore"])]
-                report[f"{name}_{what}_ratio"] = round(statistics.median(ratios), 4)
-                report[f"{name}_{what}_ratios"] = [round(r, 3) for r in ratios]
+            # Each integration against the loop; the Trainer also against the loop that takes the norm as it does.
+            pairs = [(name, "dtcore") for name in names[1:]] + [("transformers", "dtcore_norm")]
+            for name, base in pairs:
+                ratios = [theirs[i] / own[i] for theirs, own in zip(medians[name], medians[base])]
+                label = name if base == "dtcore" else f"{name}_over_{base}"
+                report[f"{label}_{what}_ratio"] = round(statistics.median(ratios), 4)
+                report[f"{label}_{what}_ratios"] = [round(r, 3) for r in ratios]
         print(json.dumps({**report, **vars(args)}), flush=True)
 
 

@@ -11,4 +11,4 @@ PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --disable-pip-version-chec
   -Cbuild-dir=build/py -Ccmake.define.DTCORE_BUILD_TESTS=ON .
 
 ctest --test-dir build/py --output-on-failure -j2 --timeout 120
-timeout 1500 python3 -m pytest tests/py
+timeout 1500 python3 -m pytest --durations=25 tests/py  # (the slowest tests listed: the suite must stay under its budget)
