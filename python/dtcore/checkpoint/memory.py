@@ -50,7 +50,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import operator
 import os
 import subprocess
 import sys
@@ -311,9 +310,9 @@ class MemoryCheckpoints:
             ) from None
         # The copies: the chunks that are views of the live tensors, then (at each save) the others taken anew
         # and the values of the step (per_step), in that order.
-        taken = {i for i, *_ in self._refresh}
+        taken = [i for i, *_ in self._refresh]
         fixed = [i for i in range(len(chunks)) if i not in taken]
-        order = fixed + [i for i, *_ in self._refresh] + list(range(len(chunks), len(chunks) + len(per_step)))
+        order = fixed + taken + list(range(len(chunks), len(chunks) + len(per_step)))
         self._plans = [_C.CopyPlan([f.views[i] for i in order], [chunks[i][1] for i in fixed]) for f in files]
         self._slots = files
         log.info(
@@ -412,11 +411,14 @@ class _Watch:
         ]
         self.sharded = isinstance(optimizer, ShardedOptimizer)
         self.state = optimizer.state if optimizer is not None and not self.sharded else None
-        self.entries = list(self.state.values()) if self.state is not None else []
-        tables += self.entries  # a torch optimizer's state entries are tables too
+        entries = list(self.state.items()) if self.state is not None else []
+        tables += [entry for _, entry in entries]  # a torch optimizer's state entries are tables too
         held = [
             (table, name, t) for table in tables for name, t in table.items() if isinstance(t, (torch.Tensor, Module))
         ]
+        if self.state is not None:  # and its state a table of them: each parameter's entry the same dict
+            tables.append(self.state)
+            held += [(self.state, param, entry) for param, entry in entries]
         empty = [(table, name) for table in tables for name, t in table.items() if t is None]  # set since?
         self.watch = _C.TensorWatch(
             tables,
@@ -441,10 +443,7 @@ class _Watch:
         if self.sharded:
             if self._pieces(optimizer) != self.pieces:
                 return False
-        elif (optimizer.state if optimizer is not None else None) is not self.state or (
-            self.state is not None
-            and (len(self.state) != len(self.entries) or not all(map(operator.is_, self.state.values(), self.entries)))
-        ):
+        elif (optimizer.state if optimizer is not None else None) is not self.state:
             return False
         return self.watch.same()
 
